@@ -1,0 +1,86 @@
+// StepPlan: the plain-data description of one step that every Device executes. Nothing
+// request-scoped reaches a device except through it. Struct-of-arrays so a device can upload
+// each array as is. Built by plan_builder from pre-step state; see DESIGN.md §2.3.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/ids.h"
+
+namespace twinstep::engine {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy (argmax)
+  int32_t top_k = 0;         // 0 = no top-k cut
+  float top_p = 1.0f;        // 1 = no nucleus cut
+  uint64_t seed = 0;         // per request; the draw for output token i uses (seed, i)
+  bool greedy() const { return temperature <= 0.0f; }
+};
+
+// Geometry of one family's page pool. The device allocates storage from this; the engine's
+// pool hands out page indices into it.
+//
+// Device storage layout of a family (bf16 on CUDA), one contiguous buffer:
+//   [layers][pages_total][2 (K then V)][page_size][kv_heads][head_dim]
+// Page index 0 is the padding page: never handed out, never written by a plan.
+struct PoolLayout {
+  Family family = Family::kGlobal;
+  PoolTag tag;
+  int32_t page_size = 0;    // tokens per page
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t layers = 0;       // layers of this family
+  int32_t pages_total = 0;  // including the padding page
+
+  int64_t elements_per_page_per_layer() const {
+    return int64_t{2} * page_size * kv_heads * head_dim;
+  }
+  int64_t elements_total() const {
+    return elements_per_page_per_layer() * pages_total * layers;
+  }
+};
+
+// One request's span of rows in the step.
+struct PlanSeq {
+  RequestId request;
+  int32_t row_begin = 0;      // rows [row_begin, row_begin + row_count) belong to this seq
+  int32_t row_count = 0;
+  int32_t kv_len_before = 0;  // frontier before the step == position of the first row
+  int32_t logits_index = -1;  // >= 0: the last row produces logits, sampled into that slot
+  int32_t output_index = 0;   // how many tokens the request has generated before this step
+  SamplingParams sampling;
+};
+
+// Per-family paging for the step.
+struct FamilyPlan {
+  Family family = Family::kGlobal;
+  PoolTag pool;
+  // Pool-local page indices, for each seq in logical order starting at its first held page.
+  std::vector<uint32_t> page_indices;  // [sum of seq page counts]
+  std::vector<int32_t> seq_page_begin;  // [seqs + 1] offsets into page_indices
+  // Logical page number (position / page_size) of each seq's first listed page. 0 for the
+  // global family; for the local family, pages wholly behind the window have been released.
+  std::vector<int32_t> seq_first_page;  // [seqs]
+  // Where each row's K/V is written: page_index * page_size + position % page_size.
+  std::vector<int64_t> row_slot;  // [rows]
+};
+
+struct StepPlan {
+  uint64_t step_index = 0;
+  int32_t page_size = 0;
+  int32_t sliding_window = 0;
+  std::vector<int32_t> tokens;     // [rows]
+  std::vector<int32_t> positions;  // [rows] absolute position of each row
+  std::vector<int32_t> row_seq;    // [rows] index into seqs
+  std::vector<PlanSeq> seqs;       // [seqs]
+  FamilyPlan global;
+  FamilyPlan local;
+  int32_t num_logits = 0;  // seqs with logits_index >= 0; logits_index is 0..num_logits-1
+
+  int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
+  const FamilyPlan& family(Family f) const { return f == Family::kGlobal ? global : local; }
+  FamilyPlan& family(Family f) { return f == Family::kGlobal ? global : local; }
+};
+
+}  // namespace twinstep::engine
