@@ -1,0 +1,204 @@
+// kernels/ops.h: the host-callable launcher API of every CUDA kernel the Gemma 4 forward needs.
+// Plain device pointers, one cudaStream_t per call, bf16 storage, fp32 math. Includable from
+// host C++ compiled by g++ (only the CUDA runtime headers are needed).
+//
+// Conventions for every launcher:
+//   - All pointers are device pointers unless the comment says "host". Shapes are row-major;
+//     "[rows, dim]" means element (r, c) at ptr[r * dim + c] unless a row stride is given.
+//   - A launcher validates its scalar arguments and returns kBadArgument naming the field;
+//     it checks the launch with cudaGetLastError and returns kCuda on failure. It never
+//     synchronises. Out-of-range data that only the device sees (a token >= vocab, a page
+//     index outside the pool, a position whose page is not listed) makes the kernel __trap():
+//     the host plan check (kernels/plan_check.h) is the first line of defence, the trap the
+//     second, so a bad plan poisons the context loudly instead of writing someone else's KV.
+//   - In-place use (out == in) is allowed where the comment says so, nowhere else.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "engine/result.h"
+
+namespace twinstep::kernels {
+
+using bf16 = __nv_bfloat16;
+
+enum class KernelErrorCode {
+  kBadArgument,  // a launcher argument is out of its documented range
+  kCuda,         // a CUDA runtime call or launch failed
+  kCublas,       // a cuBLAS call failed
+};
+using KernelError = Error<KernelErrorCode>;
+using KernelStatus = Status<KernelError>;
+
+// Head dims the templated kernels are instantiated for.
+inline constexpr int32_t kHeadDims[] = {64, 128, 256, 512};
+bool head_dim_supported(int32_t head_dim);
+
+// ---------------------------------------------------------------------------------------
+// Views of one step's plan and one family's pool, as device copies of engine/plan.h arrays.
+
+// Per-row arrays of a StepPlan (device copies).
+struct RowsView {
+  const int32_t* positions = nullptr;  // [rows] absolute position of each row
+  const int32_t* row_seq = nullptr;    // [rows] index into the seqs of the plan
+  int32_t rows = 0;
+};
+
+// One FamilyPlan (device copies). For the row at position p of seq s, key position j lives at
+// page page_indices[seq_page_begin[s] + (j / page_size - seq_first_page[s])], offset
+// j % page_size.
+struct PagingView {
+  const uint32_t* page_indices = nullptr;  // [pages_listed]
+  const int32_t* seq_page_begin = nullptr;  // [seqs + 1] offsets into page_indices
+  const int32_t* seq_first_page = nullptr;  // [seqs] logical page number of the first listed
+  const int64_t* row_slot = nullptr;        // [rows] page_index * page_size + pos % page_size
+  int32_t pages_listed = 0;
+  int32_t seqs = 0;
+};
+
+// One family's KV pool: the whole buffer, all layers (engine::PoolLayout geometry).
+struct KvPoolView {
+  bf16* data = nullptr;  // [layers][pages_total][2 (K then V)][page_size][kv_heads][head_dim]
+  int32_t layers = 0;
+  int32_t pages_total = 0;  // including padding page 0, which a plan never names
+  int32_t page_size = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;  // one of kHeadDims
+};
+
+// Rotary embedding of one family. Pairs are (d, d + head_dim/2) (rotate_half). Pair d < pairs
+// rotates by position * theta^(-2d/head_dim) (the FULL head_dim in the exponent, also for
+// proportional rope); pairs d >= rotary_pairs have frequency 0 (identity).
+struct Rope {
+  float theta = 10000.0f;
+  int32_t rotary_pairs = 0;  // 0 = no rotation at all
+
+  // HF "default": every pair rotates.
+  static Rope default_rope(int32_t head_dim, float theta) { return {theta, head_dim / 2}; }
+  // HF "proportional": int(factor * head_dim / 2) pairs rotate (factor 0.25 for Gemma 4 global).
+  static Rope proportional(int32_t head_dim, float theta, double partial_rotary_factor) {
+    return {theta, static_cast<int32_t>(partial_rotary_factor * head_dim / 2)};
+  }
+  static Rope none() { return {10000.0f, 0}; }
+};
+
+// ---------------------------------------------------------------------------------------
+// Elementwise and row kernels.
+
+// The embedding scale sqrt(hidden) rounded to bf16 (sqrt(3840) -> 62.0), as a float.
+float embed_scale_bf16(int32_t hidden);
+
+// out[r, :] = table[tokens[r], :] * scale (fp32 product, rounded to bf16).
+// tokens: [rows] int32; table: [vocab, hidden]; out: [rows, hidden]. Traps on a token outside
+// [0, vocab). With scale 1 this is also a plain row gather (e.g. the logits rows).
+KernelStatus embed_gather(const int32_t* tokens, const bf16* table, bf16* out, int32_t rows,
+                          int32_t hidden, int32_t vocab, float scale, cudaStream_t stream);
+
+// out[r, :] = x[r, :] * (mean(x[r, :]^2) + eps)^-0.5 * weight  (weight == nullptr: no weight).
+// x, out: [rows, dim]; weight: [dim] or nullptr. In place allowed.
+KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows, int32_t dim,
+                      float eps, cudaStream_t stream);
+
+// In place, per head: x[r, h, :] = rope(rms_norm(x[r, h, :]) * weight, positions[r]).
+// x: [rows, heads, head_dim] with row stride x_row_stride elements (>= heads * head_dim, so a
+// fused QKV GEMM output works); weight: [head_dim] or nullptr (weightless); positions: [rows].
+// Rope::none() skips the rotation. Used for q (q_norm + rope); k and v go through kv_write.
+KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
+                          const int32_t* positions, int32_t rows, int32_t heads,
+                          int32_t head_dim, float eps, Rope rope, cudaStream_t stream);
+
+// The paged KV write of one layer of one family, fused with k_norm + rope and v_norm:
+//   K = rope(rms_norm(k_raw[r, h, :]) * k_norm_weight, positions[r])
+//   V = rms_norm(v_raw[r, h, :])                       (weightless, no rope)
+// written at pool layer `layer`, slot paging.row_slot[r] (page = slot / page_size, offset =
+// slot % page_size). K==V (global layers with attention_k_eq_v): pass the raw k_proj output
+// as v_raw too (v_raw == k_raw, same stride); the fork happens here, before k_norm.
+// k_raw, v_raw: [rows, kv_heads, head_dim] with their row strides; k_norm_weight: [head_dim].
+// Traps on a page outside [1, pages_total), or an offset != positions[r] % page_size.
+KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
+                      int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
+                      const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                      const PagingView& paging, cudaStream_t stream);
+
+// Paged attention of one layer, causal over absolute positions: the row at position p of seq
+// s attends keys [max(0, p - window + 1), p] (window <= 0: keys [0, p]) of its own seq, read
+// through the pages. The current step's keys must already be written (kv_write first).
+// GQA/MQA: query head h reads kv head h / (q_heads / kv_heads). softmax(scale * q.k) . v,
+// scale 1.0 for Gemma 4. q: [rows, q_heads, head_dim] with row stride q_row_stride;
+// out: [rows, q_heads, head_dim] contiguous (must not alias q).
+// Traps on a row_seq outside [0, seqs), a negative position, a key whose logical page is not
+// listed for its seq, or a page outside [1, pages_total).
+// Both launchers are correct for any plan; they differ in how they spread work:
+//   prefill: a warp per (row, query head), 8 consecutive rows per block (rows of one seq
+//            share K/V through L1) -- for many rows per seq;
+//   decode:  a block per (row, query head), its warps split the key range and merge their
+//            softmax states -- for one row per seq and long contexts.
+KernelStatus attention_prefill(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
+                               const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                               const PagingView& paging, int32_t window, float scale,
+                               cudaStream_t stream);
+KernelStatus attention_decode(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
+                              const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                              const PagingView& paging, int32_t window, float scale,
+                              cudaStream_t stream);
+
+// out[r, c] = gelu_tanh(gate[r, c]) * up[r, c].
+// gate, up: [rows, cols] with row stride in_row_stride (>= cols; a fused gate|up GEMM output
+// [rows, 2*cols] is gate = buf, up = buf + cols, stride 2*cols); out: [rows, cols] contiguous.
+KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stride, bf16* out,
+                           int32_t rows, int32_t cols, cudaStream_t stream);
+
+// out[i] = a[i] + b[i], i < n. In place allowed (out == a or out == b).
+KernelStatus residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n,
+                          cudaStream_t stream);
+
+// x[i] = x[i] * scalar, i < n, in place (the per-layer layer_scalar; read it to host once).
+KernelStatus scale_inplace(bf16* x, float scalar, int64_t n, cudaStream_t stream);
+
+// x[i] = cap * tanh(x[i] / cap), i < n, in place. cap > 0.
+KernelStatus softcap_inplace(float* x, float cap, int64_t n, cudaStream_t stream);
+KernelStatus softcap_inplace(bf16* x, float cap, int64_t n, cudaStream_t stream);
+
+// out[r] = argmax_c x[r, c]; ties go to the lowest index; NaN never wins (a row of all NaN
+// gives 0). x: [rows, cols]; out: [rows] int32.
+KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols,
+                    cudaStream_t stream);
+KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols,
+                    cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------
+// GEMM through cuBLAS: y[m, n] = x[m, k] . w[n, k]^T, bf16 in, fp32 accumulate.
+// x: activations [m, k] row-major; w: an HF Linear weight [out = n, in = k] row-major;
+// y: [m, n] row-major, bf16 or fp32 (fp32 for logits). beta = 0 (y is overwritten).
+// Not thread-safe: one Blas per stream/thread. Move-only.
+class Blas {
+ public:
+  static Result<Blas, KernelError> create(cudaStream_t stream);
+  Blas(Blas&& other) noexcept;
+  Blas& operator=(Blas&& other) noexcept;
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  ~Blas();
+
+  KernelStatus gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k);
+  KernelStatus gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k);
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  Blas(cublasHandle_t handle, cudaStream_t stream) : handle_(handle), stream_(stream) {}
+  KernelStatus gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
+                         int32_t m, int32_t n, int32_t k);
+  cublasHandle_t handle_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+// The error of a failed CUDA call as a KernelStatus (ok for cudaSuccess). `what` names the
+// call, e.g. "cudaMemcpyAsync(positions)".
+KernelStatus cuda_status(cudaError_t err, const char* what);
+
+}  // namespace twinstep::kernels
