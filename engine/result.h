@@ -68,3 +68,10 @@ template <class E>
 using Status = Result<Ok, E>;
 
 }  // namespace twinstep
+
+namespace twinstep::engine {
+using ::twinstep::Ok;
+using ::twinstep::Result;
+using ::twinstep::Status;
+using ::twinstep::unexpected;
+}  // namespace twinstep::engine

@@ -1,0 +1,46 @@
+// Per-request KV state of one family, and the frontier account that says which pages a
+// request must hold at a given frontier (DESIGN.md §2.2).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/ids.h"
+
+namespace twinstep::engine {
+
+struct KvState {
+  int32_t first_page = 0;      // logical page number (position / page_size) of pages[0]
+  std::vector<PageId> pages;   // held pages, logical order, contiguous from first_page
+  int32_t end_page() const { return first_page + static_cast<int32_t>(pages.size()); }
+};
+
+inline int32_t ceil_div(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+// Logical pages [begin, end) a family must hold at frontier `frontier` (tokens written).
+struct PageSpan {
+  int32_t begin = 0;
+  int32_t end = 0;
+  int32_t count() const { return end > begin ? end - begin : 0; }
+};
+
+// Global: every page up to the frontier.
+inline PageSpan global_span(int32_t frontier, int32_t page_size) {
+  return {0, ceil_div(frontier, page_size)};
+}
+
+// Local: only pages that intersect the window of the NEXT token (position `frontier`), i.e.
+// positions [frontier - window + 1, frontier].
+inline PageSpan local_span(int32_t frontier, int32_t page_size, int32_t window) {
+  const int32_t first_visible = frontier - window + 1 > 0 ? frontier - window + 1 : 0;
+  const int32_t end = ceil_div(frontier, page_size);
+  const int32_t begin = first_visible / page_size;
+  return {begin < end ? begin : end, end};
+}
+
+inline PageSpan family_span(Family family, int32_t frontier, int32_t page_size, int32_t window) {
+  return family == Family::kGlobal ? global_span(frontier, page_size)
+                                   : local_span(frontier, page_size, window);
+}
+
+}  // namespace twinstep::engine

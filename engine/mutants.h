@@ -1,0 +1,42 @@
+// Named mutation switches, compiled in only with TWINSTEP_MUTANTS (the sim preset; never a
+// release build) and chosen at run time. Each one plants a classic serving bug so the
+// properties and the campaign can prove they catch it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace twinstep::engine {
+
+enum class Mutant : int {
+  kNone = 0,
+  kSkipRollbackGranted,   // admission: a refused family does not roll back the granted one
+  kFrontierBeforeDevice,  // the frontier advances before the device runs
+  kLeakOnAbort,           // abort forgets to free the request's pages
+  kEarlyWindowRelease,    // a local page is released one step before the window leaves it
+  kCommitOneFamily,       // commit takes the global pages but drops the local reservation
+  kTokenAfterTerminal,    // a finished request gets one more token update
+  kCount,
+};
+
+std::string_view mutant_name(Mutant mutant);
+std::optional<Mutant> mutant_from_name(std::string_view name);
+std::vector<Mutant> all_mutants();  // excluding kNone
+
+// Whether the build has mutation switches at all.
+bool mutants_compiled();
+// Selects the active mutant (kNone to disable). Process-wide; tests set it before building an
+// engine. The environment variable TWINSTEP_MUTANT=<name> selects one at start-up.
+void set_active_mutant(Mutant mutant);
+Mutant active_mutant();
+
+}  // namespace twinstep::engine
+
+#ifdef TWINSTEP_MUTANTS
+#define TS_MUTANT(name) \
+  (::twinstep::engine::active_mutant() == ::twinstep::engine::Mutant::name)
+#else
+#define TS_MUTANT(name) false
+#endif

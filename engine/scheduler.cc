@@ -1,0 +1,555 @@
+// Scheduler: admission, planning, commit/rollback and retirement. Invariants are asserted
+// where state is written and re-checked in full by check_invariants().
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "engine/check.h"
+#include "engine/mutants.h"
+
+namespace twinstep::engine {
+
+struct Scheduler::Scheduled {
+  RequestId id;
+  int32_t rows = 0;
+  int32_t kv_len_before = 0;
+  bool newly_admitted = false;
+  RequestPhase phase_before = RequestPhase::kWaiting;
+  bool produces_logits = false;
+  int32_t logits_index = -1;
+  std::vector<PageId> reserved[kFamilyCount];
+};
+
+namespace {
+
+FaultSite alloc_site(Family f) {
+  return f == Family::kGlobal ? FaultSite::kAllocGlobal : FaultSite::kAllocLocal;
+}
+
+Terminal rejection(RejectReason reason, std::string message) {
+  return Terminal{TerminalKind::kRejected, reason, std::move(message)};
+}
+
+}  // namespace
+
+void Ledger::record(const RequestUpdate& update) {
+  TS_CHECK(!terminated(update.id)) << "ledger: update for " << update.id
+                                   << " after its terminal (tokens=" << update.new_tokens.size()
+                                   << ")";
+  if (update.terminal) terminated_.insert(update.id);
+}
+
+Scheduler::Scheduler(const ModelConfig& model, const EngineConfig& config, Device& device)
+    : model_(model), config_(config), device_(device) {
+  max_context_ = config.max_context > 0 ? config.max_context : model.max_position_embeddings;
+  for (const Family f : kFamilies) {
+    const FamilyGeometry& g = model.family(f);
+    const int32_t capacity = f == Family::kGlobal ? config.pages_global : config.pages_local;
+    pools_[static_cast<int>(f)] = std::make_unique<PagePool>(f, config.page_size, g.kv_heads,
+                                                             g.head_dim, g.num_layers, capacity);
+  }
+}
+
+std::optional<Terminal> Scheduler::validate(const Request& request) const {
+  if (request.prompt.empty()) {
+    return rejection(RejectReason::kEmptyPrompt, "prompt is empty (expected at least one token id)");
+  }
+  if (request.max_tokens <= 0) {
+    return rejection(RejectReason::kZeroMaxTokens,
+                     "max_tokens is " + std::to_string(request.max_tokens) +
+                         " (expected at least 1)");
+  }
+  const int32_t vocab = model_.vocab_size;
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t t = request.prompt[i];
+    if (t < 0 || t >= vocab) {
+      return rejection(RejectReason::kTokenOutOfVocab,
+                       "prompt[" + std::to_string(i) + "] = " + std::to_string(t) +
+                           " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  for (size_t i = 0; i < request.stop_ids.size(); ++i) {
+    const int32_t t = request.stop_ids[i];
+    if (t < 0 || t >= vocab) {
+      return rejection(RejectReason::kTokenOutOfVocab,
+                       "stop[" + std::to_string(i) + "] = " + std::to_string(t) +
+                           " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+  }
+  const SamplingParams& s = request.sampling;
+  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature)) {
+    return rejection(RejectReason::kBadSampling, "temperature must be a finite number >= 0");
+  }
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+    return rejection(RejectReason::kBadSampling, "top_p must be in (0, 1]");
+  }
+  if (s.top_k < 0) return rejection(RejectReason::kBadSampling, "top_k must be >= 0");
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
+  if (total > max_context_) {
+    return rejection(RejectReason::kExceedsContext,
+                     "prompt (" + std::to_string(request.prompt.size()) + " tokens) + max_tokens (" +
+                         std::to_string(request.max_tokens) + ") = " + std::to_string(total) +
+                         " exceeds the context limit of " + std::to_string(max_context_) +
+                         " tokens");
+  }
+  // Never fits: even alone, with prefill chunks shrunk to one token. The global family holds
+  // the whole context; the local family at most the window plus one page.
+  const int32_t p = config_.page_size;
+  const int32_t total_pages = ceil_div(static_cast<int32_t>(total), p);
+  const int32_t local_pages =
+      std::min(total_pages, ceil_div(model_.sliding_window, p) + 1);
+  if (total_pages > pool(Family::kGlobal).capacity() ||
+      local_pages > pool(Family::kLocal).capacity()) {
+    return rejection(RejectReason::kNeverFits,
+                     "request needs " + std::to_string(total_pages) + " global and " +
+                         std::to_string(local_pages) + " local pages at most, pools hold " +
+                         std::to_string(pool(Family::kGlobal).capacity()) + " and " +
+                         std::to_string(pool(Family::kLocal).capacity()));
+  }
+  return std::nullopt;
+}
+
+void Scheduler::emit(StepOutputs* out, RequestUpdate update) {
+  ledger_.record(update);
+  out->updates.push_back(std::move(update));
+}
+
+void Scheduler::release_all(RequestState& r) {
+  for (const Family f : kFamilies) {
+    KvState& kv = r.kv_of(f);
+    for (const PageId page : kv.pages) pool_mut(f).release(page);
+    kv.pages.clear();
+    kv.first_page = 0;
+  }
+}
+
+void Scheduler::finish(RequestState& r, Terminal terminal, RequestUpdate* update) {
+  TS_CHECK(r.phase != RequestPhase::kDone) << r.id << " finished twice";
+  counters_.terminals[static_cast<int>(terminal.kind)] += 1;
+  update->terminal = std::move(terminal);
+  r.phase = RequestPhase::kDone;
+  std::erase(running_, r.id);
+  std::erase(waiting_, r.id);
+  finished_this_step_.push_back(r.id);
+}
+
+void Scheduler::retire_aborted(StepOutputs* out) {
+  for (auto& [id, r] : requests_) {
+    if (r.phase == RequestPhase::kDone || !r.abort_flag->load(std::memory_order_acquire)) continue;
+    counters_.aborts_by_phase[static_cast<int>(r.phase)] += 1;
+    if (TS_MUTANT(kLeakOnAbort)) {
+      for (const Family f : kFamilies) r.kv_of(f) = KvState{};  // forgets, never frees
+    } else {
+      release_all(r);
+    }
+    RequestUpdate update{.id = id, .kv_len = r.frontier};
+    finish(r, Terminal{TerminalKind::kAborted, RejectReason::kNone, "aborted"}, &update);
+    emit(out, std::move(update));
+  }
+}
+
+int32_t Scheduler::rows_that_fit(const RequestState& r, int32_t wanted) const {
+  const int32_t p = config_.page_size;
+  int64_t max_post = INT64_MAX;
+  for (const Family f : kFamilies) {
+    const int64_t end = r.kv_of(f).end_page();
+    max_post = std::min<int64_t>(max_post, (end + pool(f).free_count()) * p);
+  }
+  const int64_t fit = std::min<int64_t>(wanted, max_post - r.frontier);
+  return fit > 0 ? static_cast<int32_t>(fit) : 0;
+}
+
+bool Scheduler::reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal) {
+  const int32_t post = r.frontier + rows;
+  for (const Family f : kFamilies) {
+    const int32_t need = ceil_div(post, config_.page_size) - r.kv_of(f).end_page();
+    TS_CHECK(need >= 0) << r.id << " " << family_name(f) << " need=" << need;
+    bool granted = true;
+    if (need > 0 && config_.faults != nullptr && config_.faults->fire(alloc_site(f))) {
+      granted = false;  // forced refusal
+    } else if (!pool_mut(f).reserve(need, &s->reserved[static_cast<int>(f)])) {
+      granted = false;
+      *capacity_refusal = true;
+    }
+    if (granted) continue;
+    if (!TS_MUTANT(kSkipRollbackGranted)) {
+      for (const Family g : kFamilies) {
+        pool_mut(g).unreserve(s->reserved[static_cast<int>(g)]);
+        s->reserved[static_cast<int>(g)].clear();
+      }
+    }
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_capacity) {
+  int32_t budget = config_.max_step_tokens;
+  for (const RequestId id : running_) {
+    if (budget == 0) break;
+    RequestState& r = requests_.at(id);
+    const int32_t rows = rows_that_fit(r, std::min(r.pending(), budget));
+    if (rows == 0) {
+      *stalled_on_capacity = true;
+      continue;
+    }
+    Scheduled s{.id = id, .rows = rows, .kv_len_before = r.frontier, .phase_before = r.phase};
+    bool capacity_refusal = false;
+    if (!reserve_both(r, rows, &s, &capacity_refusal)) {
+      *stalled_on_capacity |= capacity_refusal;
+      continue;
+    }
+    budget -= rows;
+    scheduled->push_back(std::move(s));
+  }
+  // FCFS admission; nothing is admitted while a running request starves for pages.
+  while (!*stalled_on_capacity && budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < config_.max_running) {
+    RequestState& r = requests_.at(waiting_.front());
+    const int32_t rows = rows_that_fit(r, std::min(r.pending(), budget));
+    Scheduled s{.id = r.id, .rows = rows, .kv_len_before = r.frontier, .newly_admitted = true,
+                .phase_before = r.phase};
+    bool capacity_refusal = false;
+    if (rows == 0 || !reserve_both(r, rows, &s, &capacity_refusal)) {
+      if (rows == 0 || capacity_refusal) counters_.admission_waits += 1;
+      break;  // the head waits; FCFS means nobody overtakes it
+    }
+    waiting_.pop_front();
+    running_.push_back(r.id);
+    r.phase = RequestPhase::kPrefill;
+    r.admitted_seq = ++admitted_counter_;
+    budget -= rows;
+    scheduled->push_back(std::move(s));
+  }
+}
+
+StepPlan Scheduler::build_plan(const std::vector<Scheduled>& scheduled) const {
+  const int32_t p = config_.page_size;
+  StepPlan plan;
+  plan.step_index = step_index_;
+  plan.page_size = p;
+  plan.sliding_window = model_.sliding_window;
+  for (const Family f : kFamilies) {
+    plan.family(f).family = f;
+    plan.family(f).pool = pool(f).tag();
+  }
+  for (size_t si = 0; si < scheduled.size(); ++si) {
+    const Scheduled& s = scheduled[si];
+    const RequestState& r = requests_.at(s.id);
+    PlanSeq seq{.request = s.id,
+                .row_begin = plan.num_rows(),
+                .row_count = s.rows,
+                .kv_len_before = r.frontier,
+                .logits_index = s.logits_index,
+                .output_index = r.generated(),
+                .sampling = r.request.sampling};
+    for (int32_t i = 0; i < s.rows; ++i) {
+      plan.tokens.push_back(r.tokens[r.frontier + i]);
+      plan.positions.push_back(r.frontier + i);
+      plan.row_seq.push_back(static_cast<int32_t>(si));
+    }
+    for (const Family f : kFamilies) {
+      FamilyPlan& fp = plan.family(f);
+      const KvState& kv = r.kv_of(f);
+      const int32_t begin = static_cast<int32_t>(fp.page_indices.size());
+      fp.seq_page_begin.push_back(begin);
+      fp.seq_first_page.push_back(kv.first_page);
+      for (const PageId page : kv.pages) fp.page_indices.push_back(page.index);
+      for (const PageId page : s.reserved[static_cast<int>(f)]) fp.page_indices.push_back(page.index);
+      const int32_t listed = static_cast<int32_t>(fp.page_indices.size()) - begin;
+      for (int32_t i = 0; i < s.rows; ++i) {
+        const int32_t pos = r.frontier + i;
+        const int32_t logical = pos / p - kv.first_page;
+        TS_CHECK(logical >= 0 && logical < listed)
+            << s.id << " " << family_name(f) << " pos=" << pos << " first_page=" << kv.first_page
+            << " listed=" << listed;
+        fp.row_slot.push_back(int64_t{fp.page_indices[begin + logical]} * p + pos % p);
+      }
+    }
+    plan.seqs.push_back(seq);
+  }
+  for (const Family f : kFamilies) {
+    plan.family(f).seq_page_begin.push_back(static_cast<int32_t>(plan.family(f).page_indices.size()));
+  }
+  for (const PlanSeq& seq : plan.seqs) plan.num_logits += seq.logits_index >= 0 ? 1 : 0;
+  return plan;
+}
+
+void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& error,
+                         StepOutputs* out) {
+  // Reverse order restores each free list to exactly its pre-step order.
+  for (auto it = scheduled.rbegin(); it != scheduled.rend(); ++it) {
+    for (const Family f : {Family::kLocal, Family::kGlobal}) {
+      pool_mut(f).unreserve(it->reserved[static_cast<int>(f)]);
+      it->reserved[static_cast<int>(f)].clear();
+    }
+    RequestState& r = requests_.at(it->id);
+    if (!TS_MUTANT(kFrontierBeforeDevice)) {
+      TS_CHECK(r.frontier == it->kv_len_before) << r.id << " frontier moved in a failed step";
+    }
+    if (it->newly_admitted) {
+      std::erase(running_, it->id);
+      waiting_.push_front(it->id);
+      r.phase = it->phase_before;
+      --admitted_counter_;
+    }
+  }
+  for (const Scheduled& s : scheduled) {
+    RequestState& r = requests_.at(s.id);
+    r.consecutive_failures += 1;
+    if (r.consecutive_failures < config_.max_step_failures) continue;
+    release_all(r);
+    RequestUpdate update{.id = s.id, .kv_len = r.frontier};
+    finish(r,
+           Terminal{TerminalKind::kFailed, RejectReason::kNone,
+                    "device failed " + std::to_string(r.consecutive_failures) +
+                        " consecutive steps; last error: " + error.message},
+           &update);
+    emit(out, std::move(update));
+  }
+  out->failed = true;
+  out->error = error.message;
+  counters_.steps_failed += 1;
+}
+
+void Scheduler::release_window_pages(RequestState& r) {
+  const int32_t p = config_.page_size;
+  const int32_t frontier = TS_MUTANT(kEarlyWindowRelease) ? r.frontier + 1 : r.frontier;
+  const PageSpan span = local_span(frontier, p, model_.sliding_window);
+  KvState& kv = r.kv_of(Family::kLocal);
+  while (kv.first_page < span.begin && !kv.pages.empty()) {
+    pool_mut(Family::kLocal).release(kv.pages.front());
+    kv.pages.erase(kv.pages.begin());
+    kv.first_page += 1;
+    counters_.window_pages_released += 1;
+  }
+}
+
+void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result,
+                       StepOutputs* out) {
+  for (Scheduled& s : scheduled) {
+    RequestState& r = requests_.at(s.id);
+    for (const Family f : kFamilies) {
+      auto& pages = s.reserved[static_cast<int>(f)];
+      if (f == Family::kLocal && TS_MUTANT(kCommitOneFamily)) {
+        pool_mut(f).unreserve(pages);  // the local pages never reach the request
+        pages.clear();
+        continue;
+      }
+      pool_mut(f).commit(pages);
+      KvState& kv = r.kv_of(f);
+      kv.pages.insert(kv.pages.end(), pages.begin(), pages.end());
+    }
+    const bool was_prefill = s.kv_len_before + 1 < static_cast<int32_t>(r.tokens.size());
+    r.frontier = s.kv_len_before + s.rows;
+    r.consecutive_failures = 0;
+    if (was_prefill) counters_.prompt_tokens_computed += s.rows;
+    RequestUpdate update{.id = s.id, .scheduled_tokens = s.rows, .kv_len = r.frontier};
+    std::optional<Terminal> terminal;
+    if (s.produces_logits) {
+      const int32_t token = result.sampled.at(s.logits_index);
+      TS_CHECK(token >= 0 && token < model_.vocab_size) << "device sampled token " << token;
+      r.tokens.push_back(token);
+      update.new_tokens.push_back(token);
+      counters_.tokens_generated += 1;
+      const auto& stops = r.request.stop_ids;
+      if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+        terminal = Terminal{TerminalKind::kStop, RejectReason::kNone, ""};
+      } else if (r.generated() >= r.request.max_tokens) {
+        terminal = Terminal{TerminalKind::kLength, RejectReason::kNone, ""};
+      }
+    } else {
+      counters_.chunked_prefills += 1;
+    }
+    if (terminal) {
+      release_all(r);
+      finish(r, std::move(*terminal), &update);
+      emit(out, std::move(update));
+      if (TS_MUTANT(kTokenAfterTerminal)) {
+        emit(out, RequestUpdate{.id = s.id, .kv_len = r.frontier, .new_tokens = {0}});
+      }
+      continue;
+    }
+    release_window_pages(r);
+    r.phase = r.pending() == 1 && r.frontier >= r.prompt_len ? RequestPhase::kDecode
+                                                              : RequestPhase::kPrefill;
+    emit(out, std::move(update));
+  }
+}
+
+void Scheduler::preempt_youngest(StepOutputs* out) {
+  if (running_.empty()) return;
+  const RequestId victim = running_.back();
+  RequestState& r = requests_.at(victim);
+  release_all(r);
+  r.frontier = 0;
+  r.phase = RequestPhase::kPreempted;
+  running_.pop_back();
+  waiting_.push_front(victim);
+  counters_.preemptions += 1;
+  emit(out, RequestUpdate{.id = victim, .kv_len = 0, .preempted = true});
+}
+
+void Scheduler::erase_finished() {
+  for (const RequestId id : finished_this_step_) requests_.erase(id);
+  finished_this_step_.clear();
+}
+
+StepOutputs Scheduler::step(
+    std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>> arrivals) {
+  StepOutputs out;
+  out.step_index = step_index_;
+  counters_.steps += 1;
+  for (auto& [id, request, flag] : arrivals) enqueue(id, std::move(request), std::move(flag), &out);
+  retire_aborted(&out);
+
+  std::vector<Scheduled> scheduled;
+  bool stalled = false;
+  schedule(&scheduled, &stalled);
+  int32_t logits = 0;
+  for (Scheduled& s : scheduled) {
+    const RequestState& r = requests_.at(s.id);
+    s.produces_logits = s.kv_len_before + s.rows == static_cast<int32_t>(r.tokens.size());
+    s.logits_index = s.produces_logits ? logits++ : -1;
+  }
+  if (!scheduled.empty()) {
+    const StepPlan plan = build_plan(scheduled);
+    out.rows = plan.num_rows();
+    if (TS_MUTANT(kFrontierBeforeDevice)) {
+      for (const Scheduled& s : scheduled) requests_.at(s.id).frontier += s.rows;
+    }
+    out.device_ran = true;
+    auto result = device_.execute(plan);
+    if (!result) {
+      rollback(scheduled, result.error(), &out);
+    } else {
+      TS_CHECK(static_cast<int32_t>(result->sampled.size()) == plan.num_logits)
+          << "device returned " << result->sampled.size() << " tokens for " << plan.num_logits
+          << " logits rows";
+      out.cost_ns = result->cost_ns;
+      commit(scheduled, *result, &out);
+    }
+  }
+  if (stalled && !out.failed) preempt_youngest(&out);
+  erase_finished();
+  step_index_ += 1;
+  return out;
+}
+
+void Scheduler::enqueue(RequestId id, Request request, std::shared_ptr<std::atomic<bool>> flag,
+                        StepOutputs* out) {
+  counters_.submitted += 1;
+  RequestUpdate update{.id = id};
+  if (flag->load(std::memory_order_acquire)) {
+    counters_.aborts_by_phase[static_cast<int>(RequestPhase::kQueued)] += 1;
+    counters_.terminals[static_cast<int>(TerminalKind::kAborted)] += 1;
+    update.terminal = Terminal{TerminalKind::kAborted, RejectReason::kNone, "aborted"};
+    emit(out, std::move(update));
+    return;
+  }
+  if (auto rejected = validate(request)) {
+    counters_.rejections[static_cast<int>(rejected->reason)] += 1;
+    counters_.terminals[static_cast<int>(TerminalKind::kRejected)] += 1;
+    update.terminal = std::move(rejected);
+    emit(out, std::move(update));
+    return;
+  }
+  RequestState r;
+  r.id = id;
+  r.tokens = request.prompt;
+  r.prompt_len = static_cast<int32_t>(request.prompt.size());
+  r.request = std::move(request);
+  r.abort_flag = std::move(flag);
+  requests_.emplace(id, std::move(r));
+  waiting_.push_back(id);
+}
+
+Metrics Scheduler::metrics() const {
+  Metrics m;
+  m.running = static_cast<int32_t>(running_.size());
+  m.waiting = static_cast<int32_t>(waiting_.size());
+  for (const Family f : kFamilies) {
+    FamilyLoad& load = f == Family::kGlobal ? m.global : m.local;
+    load.pages_used = pool(f).held_count();
+    load.pages_total = pool(f).capacity();
+    load.pages_peak = pool(f).held_peak();
+  }
+  m.counters = counters_;
+  return m;
+}
+
+std::vector<std::string> Scheduler::check_invariants() const {
+  std::vector<std::string> violations;
+  auto fail = [&](const std::string& what) { violations.push_back(what); };
+  const int32_t p = config_.page_size;
+  const int32_t w = model_.sliding_window;
+  for (const Family f : kFamilies) {
+    const PagePool& pl = pool(f);
+    std::ostringstream id;
+    id << family_name(f) << " pool: ";
+    if (pl.free_count() + pl.reserved_count() + pl.held_count() != pl.capacity()) {
+      fail(id.str() + "free " + std::to_string(pl.free_count()) + " + reserved " +
+           std::to_string(pl.reserved_count()) + " + held " + std::to_string(pl.held_count()) +
+           " != capacity " + std::to_string(pl.capacity()));
+    }
+    if (pl.reserved_count() != 0) {
+      fail(id.str() + std::to_string(pl.reserved_count()) + " pages reserved between steps");
+    }
+    std::vector<int32_t> owners(static_cast<size_t>(pl.capacity()) + 1, 0);
+    for (const auto& [rid, r] : requests_) {
+      for (const PageId page : r.kv_of(f).pages) {
+        if (!pl.owns(page)) {
+          std::ostringstream os;
+          os << id.str() << rid << " holds foreign " << page;
+          fail(os.str());
+          continue;
+        }
+        owners[page.index] += 1;
+      }
+    }
+    int32_t held = 0;
+    for (uint32_t i = 1; i < owners.size(); ++i) {
+      const auto state = pl.state(PageId{pl.tag(), i});
+      held += state == PagePool::PageState::kHeld ? 1 : 0;
+      const bool should_be_held = owners[i] > 0;
+      if (owners[i] > 1) fail(id.str() + "page " + std::to_string(i) + " held by " +
+                              std::to_string(owners[i]) + " requests");
+      if (should_be_held != (state == PagePool::PageState::kHeld)) {
+        fail(id.str() + "page " + std::to_string(i) + (should_be_held ? " owned by a request but not held"
+                                                                      : " held but owned by no request"));
+      }
+    }
+    if (held != pl.held_count()) fail(id.str() + "held counter disagrees with page states");
+  }
+  for (const auto& [rid, r] : requests_) {
+    std::ostringstream who;
+    who << rid << ": ";
+    if (r.frontier < 0 || r.frontier >= static_cast<int32_t>(r.tokens.size())) {
+      fail(who.str() + "frontier " + std::to_string(r.frontier) + " outside [0, " +
+           std::to_string(r.tokens.size()) + ")");
+    }
+    for (const Family f : kFamilies) {
+      const PageSpan span = family_span(f, r.frontier, p, w);
+      const KvState& kv = r.kv_of(f);
+      if (kv.first_page != span.begin || kv.end_page() != span.end) {
+        fail(who.str() + family_name(f) + " holds logical pages [" + std::to_string(kv.first_page) +
+             ", " + std::to_string(kv.end_page()) + ") but frontier " +
+             std::to_string(r.frontier) + " accounts for [" + std::to_string(span.begin) + ", " +
+             std::to_string(span.end) + ")");
+      }
+    }
+    const int32_t local_bound = ceil_div(w - 1, p) + 1;
+    if (static_cast<int32_t>(r.kv_of(Family::kLocal).pages.size()) > local_bound) {
+      fail(who.str() + "local pages exceed the window bound " + std::to_string(local_bound));
+    }
+    const bool is_running = std::find(running_.begin(), running_.end(), rid) != running_.end();
+    const bool is_waiting = std::find(waiting_.begin(), waiting_.end(), rid) != waiting_.end();
+    if (is_running == is_waiting) fail(who.str() + "must be exactly one of running or waiting");
+    if (is_waiting && r.frontier != 0) fail(who.str() + "waiting with a non-zero frontier");
+  }
+  return violations;
+}
+
+}  // namespace twinstep::engine

@@ -1,0 +1,109 @@
+// The scheduler: request table, FCFS admission with atomic dual-pool reservations, chunked
+// prefill mixed with decode under a per-step token budget, plan building, commit and
+// rollback, preemption by recompute, and the terminal ledger.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/device.h"
+#include "engine/engine.h"
+#include "engine/kv_state.h"
+#include "engine/page_pool.h"
+#include "engine/plan.h"
+
+namespace twinstep::engine {
+
+struct RequestState {
+  RequestId id;
+  Request request;
+  std::shared_ptr<std::atomic<bool>> abort_flag;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int32_t prompt_len = 0;
+  int32_t frontier = 0;         // tokens whose K/V are written, both families
+  KvState kv[kFamilyCount];     // indexed by Family
+  RequestPhase phase = RequestPhase::kWaiting;
+  int32_t consecutive_failures = 0;
+  uint64_t admitted_seq = 0;    // admission order, for preemption victims
+
+  int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
+  int32_t pending() const { return static_cast<int32_t>(tokens.size()) - frontier; }
+  const KvState& kv_of(Family f) const { return kv[static_cast<int>(f)]; }
+  KvState& kv_of(Family f) { return kv[static_cast<int>(f)]; }
+};
+
+// "Exactly one terminal per request, nothing after it."
+class Ledger {
+ public:
+  void record(const RequestUpdate& update);
+  bool terminated(RequestId id) const { return terminated_.count(id) != 0; }
+
+ private:
+  std::set<RequestId> terminated_;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const ModelConfig& model, const EngineConfig& config, Device& device);
+
+  // Takes a validated-or-not request from the inbox at the start of a step.
+  void enqueue(RequestId id, Request request, std::shared_ptr<std::atomic<bool>> flag,
+               StepOutputs* out);
+  StepOutputs step(std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>>
+                       arrivals);
+  std::optional<Terminal> validate(const Request& request) const;
+  std::vector<std::string> check_invariants() const;
+  Metrics metrics() const;
+
+  const ModelConfig& model() const { return model_; }
+  const EngineConfig& config() const { return config_; }
+  const PagePool& pool(Family f) const { return *pools_[static_cast<int>(f)]; }
+  const std::map<RequestId, RequestState>& requests() const { return requests_; }
+  const std::deque<RequestId>& waiting() const { return waiting_; }
+  const std::vector<RequestId>& running() const { return running_; }
+  const Counters& counters() const { return counters_; }
+  bool idle() const { return requests_.empty(); }
+  int32_t max_context() const { return max_context_; }
+
+ private:
+  struct Scheduled;  // one request's share of the step
+  PagePool& pool_mut(Family f) { return *pools_[static_cast<int>(f)]; }
+
+  void retire_aborted(StepOutputs* out);
+  void schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_capacity);
+  int32_t rows_that_fit(const RequestState& r, int32_t wanted) const;
+  bool reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal);
+  StepPlan build_plan(const std::vector<Scheduled>& scheduled) const;
+  void rollback(std::vector<Scheduled>& scheduled, const DeviceError& error, StepOutputs* out);
+  void commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result, StepOutputs* out);
+  void release_window_pages(RequestState& r);
+  void release_all(RequestState& r);
+  void finish(RequestState& r, Terminal terminal, RequestUpdate* update);
+  void preempt_youngest(StepOutputs* out);
+  void emit(StepOutputs* out, RequestUpdate update);
+  void erase_finished();
+
+  ModelConfig model_;
+  EngineConfig config_;
+  Device& device_;
+  int32_t max_context_ = 0;
+  std::unique_ptr<PagePool> pools_[kFamilyCount];
+  std::map<RequestId, RequestState> requests_;  // live requests only
+  std::deque<RequestId> waiting_;               // FCFS; preempted requests go to the front
+  std::vector<RequestId> running_;              // admission order
+  std::vector<RequestId> finished_this_step_;
+  Ledger ledger_;
+  Counters counters_;
+  uint64_t step_index_ = 0;
+  uint64_t admitted_counter_ = 0;
+};
+
+}  // namespace twinstep::engine

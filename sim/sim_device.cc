@@ -1,0 +1,184 @@
+// SimDevice: plan validation, KV record writes, read-back hashing and the oracle.
+#include "sim/sim_device.h"
+
+#include <bit>
+#include <cstring>
+#include <optional>
+
+#include "sim/rng.h"
+
+namespace twinstep::sim {
+
+using engine::DeviceError;
+using engine::DeviceErrorCode;
+using engine::Family;
+using engine::FaultSite;
+
+namespace {
+
+constexpr uint64_t kPoison = 0xdeadbeefcafef00dULL;
+
+uint64_t absorb(uint64_t h, int32_t token, int32_t position) {
+  const uint64_t word = (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) |
+                        static_cast<uint32_t>(position);
+  return mix64(h ^ word) + 0x632be59bd9b4e019ULL;
+}
+
+// Combines the two families' read-backs and the sampling parameters into a token.
+int32_t finish_token(uint64_t global_hash, uint64_t local_hash,
+                     const engine::SamplingParams& sampling, int32_t output_index,
+                     int32_t vocab_size) {
+  uint64_t h = mix64(global_hash * 3 + local_hash);
+  if (!sampling.greedy()) {
+    uint64_t draw = sampling.seed ^ (static_cast<uint64_t>(output_index) + 1) * 0x9e3779b97f4a7c15ULL;
+    draw ^= static_cast<uint64_t>(std::bit_cast<uint32_t>(sampling.temperature)) << 1;
+    draw ^= static_cast<uint64_t>(sampling.top_k) << 33;
+    draw ^= static_cast<uint64_t>(std::bit_cast<uint32_t>(sampling.top_p)) << 7;
+    h = mix64(h ^ mix64(draw));
+  }
+  return static_cast<int32_t>(h % static_cast<uint64_t>(vocab_size));
+}
+
+}  // namespace
+
+int32_t oracle_next_token(std::span<const int32_t> tokens, int32_t position, int32_t window,
+                          const engine::SamplingParams& sampling, int32_t output_index,
+                          int32_t vocab_size) {
+  TS_CHECK(position >= 0 && position < static_cast<int32_t>(tokens.size()))
+      << "position=" << position << " tokens=" << tokens.size();
+  uint64_t global_hash = 0;
+  for (int32_t j = 0; j <= position; ++j) global_hash = absorb(global_hash, tokens[j], j);
+  uint64_t local_hash = 0;
+  for (int32_t j = std::max(0, position - window + 1); j <= position; ++j) {
+    local_hash = absorb(local_hash, tokens[j], j);
+  }
+  return finish_token(global_hash, local_hash, sampling, output_index, vocab_size);
+}
+
+SimDevice::SimDevice(const engine::ModelConfig& model, engine::FaultInjector* faults,
+                     CostModel cost)
+    : model_(model), faults_(faults), cost_(cost) {}
+
+engine::Status<DeviceError> SimDevice::bind(const engine::PoolLayout& global,
+                                            const engine::PoolLayout& local) {
+  if (global.family != Family::kGlobal || local.family != Family::kLocal ||
+      global.page_size != local.page_size || global.page_size <= 0) {
+    return engine::unexpected(DeviceError{DeviceErrorCode::kBadLayout,
+                                          "expected a global and a local layout of one page size"});
+  }
+  for (const engine::PoolLayout& layout : {global, local}) {
+    HostPool& pool = pools_[static_cast<int>(layout.family)];
+    pool.layout = layout;
+    pool.records.assign(static_cast<size_t>(layout.pages_total) * layout.page_size, Record{});
+    for (int32_t i = 0; i < layout.page_size; ++i) pool.records[i] = Record{-2, -2};  // padding
+  }
+  bound_ = true;
+  return engine::Ok{};
+}
+
+std::optional<DeviceError> SimDevice::validate(const engine::StepPlan& plan) const {
+  auto bad = [](std::string message) {
+    return DeviceError{DeviceErrorCode::kBadPlan, std::move(message)};
+  };
+  if (!bound_) return bad("execute() before bind()");
+  const int32_t rows = plan.num_rows();
+  if (static_cast<int32_t>(plan.positions.size()) != rows ||
+      static_cast<int32_t>(plan.row_seq.size()) != rows) {
+    return bad("plan arrays disagree on the row count");
+  }
+  for (int32_t i = 0; i < rows; ++i) {
+    if (plan.tokens[i] < 0 || plan.tokens[i] >= model_.vocab_size) {
+      return bad("row " + std::to_string(i) + " token " + std::to_string(plan.tokens[i]) +
+                 " is outside the vocabulary [0, " + std::to_string(model_.vocab_size) + ")");
+    }
+  }
+  for (const Family f : engine::kFamilies) {
+    const engine::FamilyPlan& fp = plan.family(f);
+    const HostPool& pool = pools_[static_cast<int>(f)];
+    if (fp.pool != pool.layout.tag) {
+      return bad(std::string(engine::family_name(f)) + " plan names pool " +
+                 std::to_string(fp.pool.value) + ", device holds pool " +
+                 std::to_string(pool.layout.tag.value));
+    }
+    if (static_cast<int32_t>(fp.row_slot.size()) != rows ||
+        fp.seq_page_begin.size() != plan.seqs.size() + 1) {
+      return bad(std::string(engine::family_name(f)) + " plan arrays have the wrong length");
+    }
+    for (const uint32_t page : fp.page_indices) {
+      if (page == 0 || page >= static_cast<uint32_t>(pool.layout.pages_total)) {
+        return bad(std::string(engine::family_name(f)) + " page " + std::to_string(page) +
+                   " outside [1, " + std::to_string(pool.layout.pages_total) + ")");
+      }
+    }
+    const int64_t slots = static_cast<int64_t>(pool.records.size());
+    for (const int64_t slot : fp.row_slot) {
+      if (slot < plan.page_size || slot >= slots) {
+        return bad(std::string(engine::family_name(f)) + " write slot " + std::to_string(slot) +
+                   " outside the pool");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+bool SimDevice::fire(FaultSite site) { return faults_ != nullptr && faults_->fire(site); }
+
+uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t seq, int32_t from,
+                                int32_t to, int64_t* reads) const {
+  const engine::FamilyPlan& fp = plan.family(f);
+  const HostPool& pool = pools_[static_cast<int>(f)];
+  const int32_t p = plan.page_size;
+  const int32_t begin = fp.seq_page_begin[seq];
+  const int32_t listed = fp.seq_page_begin[seq + 1] - begin;
+  uint64_t h = 0;
+  for (int32_t j = from; j <= to; ++j) {
+    const int32_t logical = j / p - fp.seq_first_page[seq];
+    if (logical < 0 || logical >= listed) {
+      h = mix64(h ^ kPoison);  // a page the plan does not list: garbage, as on a real device
+      continue;
+    }
+    const Record& rec = pool.records[int64_t{fp.page_indices[begin + logical]} * p + j % p];
+    h = absorb(h, rec.token, rec.position);
+    *reads += 1;
+  }
+  return h;
+}
+
+engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engine::StepPlan& plan) {
+  if (auto error = validate(plan)) return engine::unexpected(std::move(*error));
+  auto fault = [](FaultSite site) {
+    return engine::unexpected(DeviceError{DeviceErrorCode::kFault,
+                                          "injected fault at " + std::string(fault_site_name(site)),
+                                          site});
+  };
+  if (fire(FaultSite::kUpload)) return fault(FaultSite::kUpload);
+  if (fire(FaultSite::kLaunch)) return fault(FaultSite::kLaunch);
+  for (const Family f : engine::kFamilies) {
+    HostPool& pool = pools_[static_cast<int>(f)];
+    const engine::FamilyPlan& fp = plan.family(f);
+    for (int32_t i = 0; i < plan.num_rows(); ++i) {
+      pool.records[fp.row_slot[i]] = Record{plan.tokens[i], plan.positions[i]};
+    }
+  }
+  if (fire(FaultSite::kAfterKvWrite)) return fault(FaultSite::kAfterKvWrite);
+  engine::DeviceOutput out;
+  out.sampled.assign(plan.num_logits, -1);
+  int64_t reads = 0;
+  for (int32_t s = 0; s < static_cast<int32_t>(plan.seqs.size()); ++s) {
+    const engine::PlanSeq& seq = plan.seqs[s];
+    if (seq.logits_index < 0) continue;
+    const int32_t position = seq.kv_len_before + seq.row_count - 1;
+    const uint64_t gh = read_family(plan, Family::kGlobal, s, 0, position, &reads);
+    const uint64_t lh = read_family(plan, Family::kLocal, s,
+                                    std::max(0, position - plan.sliding_window + 1), position, &reads);
+    out.sampled[seq.logits_index] =
+        finish_token(gh, lh, seq.sampling, seq.output_index, model_.vocab_size);
+  }
+  if (fire(FaultSite::kSync)) return fault(FaultSite::kSync);
+  out.cost_ns = cost_.base_ns + cost_.per_row_ns * plan.num_rows() + cost_.per_kv_read_ns * reads;
+  now_ns_ += out.cost_ns;
+  steps_executed_ += 1;
+  return out;
+}
+
+}  // namespace twinstep::sim

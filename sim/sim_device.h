@@ -1,0 +1,72 @@
+// The simulated Device (DESIGN.md §2.4). It executes a StepPlan for real over host pools: each
+// row's KV record (token, position) goes into its planned slot, and each logits row's next
+// token is a hash of what it READS BACK through the page tables (every position for the global
+// family, the window for the local one). The oracle computes the same hash from the plain
+// token list, so any paging bug changes the output. A cost model drives a virtual clock, and
+// named fault sites fire from a seeded plan.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/device.h"
+#include "engine/fault.h"
+
+namespace twinstep::sim {
+
+// Step time = base + per row + per KV record read; nanoseconds of virtual time.
+struct CostModel {
+  int64_t base_ns = 150'000;
+  int64_t per_row_ns = 2'000;
+  int64_t per_kv_read_ns = 5;
+};
+
+// The token a logits row at `position` yields, computed from the plain token list
+// (tokens[0..position] are the request's tokens, prompt then generated).
+int32_t oracle_next_token(std::span<const int32_t> tokens, int32_t position, int32_t window,
+                          const engine::SamplingParams& sampling, int32_t output_index,
+                          int32_t vocab_size);
+
+class SimDevice final : public engine::Device {
+ public:
+  SimDevice(const engine::ModelConfig& model, engine::FaultInjector* faults = nullptr,
+            CostModel cost = {});
+
+  std::string name() const override { return "sim"; }
+  engine::Status<engine::DeviceError> bind(const engine::PoolLayout& global,
+                                           const engine::PoolLayout& local) override;
+  engine::Result<engine::DeviceOutput, engine::DeviceError> execute(
+      const engine::StepPlan& plan) override;
+
+  int64_t now_ns() const { return now_ns_; }
+  // Lets a harness charge idle time (e.g. waiting for arrivals) to the virtual clock.
+  void advance_ns(int64_t ns) { now_ns_ += ns; }
+  uint64_t steps_executed() const { return steps_executed_; }
+
+ private:
+  struct Record {
+    int32_t token = -1;
+    int32_t position = -1;
+  };
+  struct HostPool {
+    engine::PoolLayout layout;
+    std::vector<Record> records;  // [pages_total * page_size]
+  };
+  std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
+  bool fire(engine::FaultSite site);
+  uint64_t read_family(const engine::StepPlan& plan, engine::Family f, int32_t seq,
+                       int32_t from, int32_t to, int64_t* reads) const;
+
+  engine::ModelConfig model_;
+  engine::FaultInjector* faults_;
+  CostModel cost_;
+  HostPool pools_[engine::kFamilyCount];
+  bool bound_ = false;
+  int64_t now_ns_ = 0;
+  uint64_t steps_executed_ = 0;
+};
+
+}  // namespace twinstep::sim
