@@ -1,0 +1,91 @@
+// kernels/blas.cc: the cuBLAS GEMM wrapper of ops.h and the host-only helpers (CUDA error
+// conversion, the bf16-rounded embedding scale). Plain C++: no device code here.
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+KernelStatus cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Ok{};
+  return unexpected(KernelError{KernelErrorCode::kCuda, std::string(what) + " failed: " +
+                                                            cudaGetErrorName(err) + " (" +
+                                                            cudaGetErrorString(err) + ")"});
+}
+
+float embed_scale_bf16(int32_t hidden) {
+  TS_CHECK(hidden > 0) << "hidden=" << hidden;
+  return __bfloat162float(__float2bfloat16(std::sqrt(static_cast<float>(hidden))));
+}
+
+namespace {
+KernelStatus cublas_status(cublasStatus_t st, const char* what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return Ok{};
+  return unexpected(KernelError{KernelErrorCode::kCublas, std::string(what) + " failed: " +
+                                                              cublasGetStatusName(st) + " (" +
+                                                              cublasGetStatusString(st) + ")"});
+}
+}  // namespace
+
+Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
+  cublasHandle_t handle = nullptr;
+  if (auto s = cublas_status(cublasCreate(&handle), "cublasCreate"); !s.ok()) {
+    return unexpected(s.error());
+  }
+  if (auto s = cublas_status(cublasSetStream(handle, stream), "cublasSetStream"); !s.ok()) {
+    cublasDestroy(handle);
+    return unexpected(s.error());
+  }
+  return Blas(handle, stream);
+}
+
+Blas::Blas(Blas&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)), stream_(other.stream_) {}
+
+Blas& Blas::operator=(Blas&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+    handle_ = std::exchange(other.handle_, nullptr);
+    stream_ = other.stream_;
+  }
+  return *this;
+}
+
+Blas::~Blas() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
+KernelStatus Blas::gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n,
+                        int32_t k) {
+  return gemm_impl(x, w, y, CUDA_R_16BF, m, n, k);
+}
+KernelStatus Blas::gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n,
+                        int32_t k) {
+  return gemm_impl(x, w, y, CUDA_R_32F, m, n, k);
+}
+
+// Row-major y[m, n] = x[m, k] . w[n, k]^T is, read column-major, y^T[n, m] = w^T' . x^T':
+// cuBLAS sees w as a k x n column-major matrix (ld k) to transpose, x as k x m (ld k) as is,
+// and writes n x m column-major (ld n), which is y row-major.
+KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
+                             int32_t m, int32_t n, int32_t k) {
+  TS_CHECK(handle_ != nullptr) << "gemm on a moved-from Blas";
+  if (m < 0 || n <= 0 || k <= 0) {
+    return unexpected(KernelError{KernelErrorCode::kBadArgument,
+                                  "gemm: need m >= 0, n > 0, k > 0, got m=" +
+                                      std::to_string(m) + " n=" + std::to_string(n) +
+                                      " k=" + std::to_string(k)});
+  }
+  if (m == 0) return Ok{};
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  return cublas_status(
+      cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, x,
+                   CUDA_R_16BF, k, &beta, y, y_type, n, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
+}  // namespace twinstep::kernels

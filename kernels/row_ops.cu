@@ -1,0 +1,540 @@
+// kernels/row_ops.cu: the row-wise and elementwise kernels of ops.h (embedding gather, RMSNorm,
+// q/k norm + RoPE, the paged KV write, gelu_tanh * up, residual add, scaling, softcap, argmax)
+// and their launchers. Attention lives in attention.cu, cuBLAS in blas.cc.
+#include <cfloat>
+#include <climits>
+#include <cmath>
+
+#include "kernels/common.cuh"
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+namespace {
+
+using namespace detail;
+
+constexpr int kRowThreads = 256;    // threads of a block that owns one row
+constexpr int kRowChunksMax = 8;    // 8-element chunks a thread keeps in registers
+constexpr int kWarpsPerBlock = 8;   // blocks of per-(row, head) warps
+constexpr int kFlatThreads = 256;   // elementwise kernels
+
+// ---- embedding ------------------------------------------------------------------------
+
+__global__ void embed_gather_kernel(const int32_t* __restrict__ tokens,
+                                    const bf16* __restrict__ table, bf16* __restrict__ out,
+                                    int32_t hidden, int32_t vocab, float scale) {
+  const int32_t row = blockIdx.x;
+  const int32_t token = tokens[row];
+  TS_DEVICE_REQUIRE(token >= 0 && token < vocab);
+  const bf16* src = table + static_cast<int64_t>(token) * hidden;
+  bf16* dst = out + static_cast<int64_t>(row) * hidden;
+  for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
+    float f[8];
+    load_bf16<8>(src + c, f);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] *= scale;
+    store_bf16<8>(dst + c, f);
+  }
+}
+
+// ---- RMSNorm: a block per row; up to kRowThreads * kRowChunksMax * 8 elements stay in
+// registers (one read of x), longer rows are read twice. -------------------------------
+
+__global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(const bf16* __restrict__ x,
+                                                               const bf16* __restrict__ weight,
+                                                               bf16* __restrict__ out,
+                                                               int32_t dim, float eps) {
+  __shared__ float scratch[kRowThreads / kWarp];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
+  const int stride = blockDim.x * 8;
+  const bool cached = dim <= stride * kRowChunksMax;
+  float v[kRowChunksMax][8];
+  float ss = 0.0f;
+  if (cached) {
+#pragma unroll
+    for (int k = 0; k < kRowChunksMax; ++k) {
+      const int c = threadIdx.x * 8 + k * stride;
+      if (c < dim) {
+        load_bf16<8>(x + base + c, v[k]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
+      }
+    }
+  } else {
+    for (int c = threadIdx.x * 8; c < dim; c += stride) {
+      float f[8];
+      load_bf16<8>(x + base + c, f);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
+    }
+  }
+  const float inv = rsqrtf(block_sum(ss, scratch) / dim + eps);
+  if (cached) {
+#pragma unroll
+    for (int k = 0; k < kRowChunksMax; ++k) {
+      const int c = threadIdx.x * 8 + k * stride;
+      if (c < dim) {
+        float w[8];
+        if (weight != nullptr) {
+          load_bf16<8>(weight + c, w);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) w[i] = 1.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[k][i] = v[k][i] * inv * w[i];
+        store_bf16<8>(out + base + c, v[k]);
+      }
+    }
+  } else {
+    for (int c = threadIdx.x * 8; c < dim; c += stride) {
+      float f[8], w[8];
+      load_bf16<8>(x + base + c, f);
+      if (weight != nullptr) {
+        load_bf16<8>(weight + c, w);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = 1.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = f[i] * inv * w[i];
+      store_bf16<8>(out + base + c, f);
+    }
+  }
+}
+
+// ---- q/k norm + rope: a warp per (row, head) ------------------------------------------
+
+template <int HD>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
+    qk_norm_rope_kernel(bf16* __restrict__ x, int64_t row_stride,
+                        const bf16* __restrict__ weight, const int32_t* __restrict__ positions,
+                        int32_t rows, int32_t heads, float eps, float theta,
+                        int32_t rotary_pairs) {
+  constexpr int E = HD / kWarp;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (item >= static_cast<int64_t>(rows) * heads) return;
+  const int32_t row = static_cast<int32_t>(item / heads);
+  const int32_t head = static_cast<int32_t>(item % heads);
+  const int32_t position = positions[row];
+  TS_DEVICE_REQUIRE(position >= 0);
+  bf16* p = x + row * row_stride + static_cast<int64_t>(head) * HD + (threadIdx.x % kWarp) * E;
+  float f[E];
+  load_bf16<E>(p, f);
+  norm_rope_head<HD>(f, weight, eps, position, theta, rotary_pairs);
+  store_bf16<E>(p, f);
+}
+
+// ---- paged KV write: a warp per (row, kv head) ----------------------------------------
+
+struct KvWriteArgs {
+  const bf16* k_raw;
+  int64_t k_row_stride;
+  const bf16* v_raw;
+  int64_t v_row_stride;
+  const bf16* k_norm_weight;
+  float eps;
+  float theta;
+  int32_t rotary_pairs;
+  bf16* layer_base;  // pool.data + layer * pages_total * elements_per_page
+  int32_t pages_total;
+  int32_t page_size;
+  int32_t kv_heads;
+  const int32_t* positions;
+  const int64_t* row_slot;
+  int32_t rows;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) kv_write_kernel(KvWriteArgs a) {
+  constexpr int E = HD / kWarp;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  if (item >= static_cast<int64_t>(a.rows) * a.kv_heads) return;
+  const int32_t row = static_cast<int32_t>(item / a.kv_heads);
+  const int32_t head = static_cast<int32_t>(item % a.kv_heads);
+  const int lane = threadIdx.x % kWarp;
+  const int32_t position = a.positions[row];
+  const int64_t slot = a.row_slot[row];
+  TS_DEVICE_REQUIRE(position >= 0 && slot >= 0);
+  const int64_t page = slot / a.page_size;
+  const int32_t offset = static_cast<int32_t>(slot % a.page_size);
+  TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
+  TS_DEVICE_REQUIRE(offset == position % a.page_size);
+
+  float k[E], v[E];
+  load_bf16<E>(a.k_raw + row * a.k_row_stride + static_cast<int64_t>(head) * HD + lane * E, k);
+  load_bf16<E>(a.v_raw + row * a.v_row_stride + static_cast<int64_t>(head) * HD + lane * E, v);
+  norm_rope_head<HD>(k, a.k_norm_weight, a.eps, position, a.theta, a.rotary_pairs);
+  norm_rope_head<HD>(v, nullptr, a.eps, position, a.theta, 0);
+
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+  bf16* k_dst = a.layer_base + (page * 2 * a.page_size + offset) * token_elems +
+                static_cast<int64_t>(head) * HD + lane * E;
+  bf16* v_dst = k_dst + a.page_size * token_elems;
+  store_bf16<E>(k_dst, k);
+  store_bf16<E>(v_dst, v);
+}
+
+// ---- elementwise ----------------------------------------------------------------------
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void gelu_tanh_mul_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
+                                     int64_t in_row_stride, bf16* __restrict__ out,
+                                     int32_t rows, int32_t cols) {
+  const int64_t chunks_per_row = cols / 8;
+  const int64_t total = chunks_per_row * rows;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / chunks_per_row;
+    const int64_t col = (i % chunks_per_row) * 8;
+    float g[8], u[8];
+    load_bf16<8>(gate + row * in_row_stride + col, g);
+    load_bf16<8>(up + row * in_row_stride + col, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) g[k] = gelu_tanh(g[k]) * u[k];
+    store_bf16<8>(out + row * cols + col, g);
+  }
+}
+
+// Elementwise ops: n / 8 chunks through vector loads, the tail (n % 8) element by element.
+__global__ void residual_add_kernel(const bf16* a, const bf16* b, bf16* out, int64_t n) {
+  const int64_t n8 = n / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float x[8], y[8];
+    load_bf16<8>(a + i * 8, x);
+    load_bf16<8>(b + i * 8, y);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] += y[k];
+    store_bf16<8>(out + i * 8, x);
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t i = n8 * 8 + threadIdx.x; i < n; i += blockDim.x) {
+      out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+    }
+  }
+}
+
+__global__ void scale_kernel(bf16* x, float scalar, int64_t n) {
+  const int64_t n8 = n / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float f[8];
+    load_bf16<8>(x + i * 8, f);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] *= scalar;
+    store_bf16<8>(x + i * 8, f);
+  }
+  if (blockIdx.x == 0) {
+    for (int64_t i = n8 * 8 + threadIdx.x; i < n; i += blockDim.x) {
+      x[i] = __float2bfloat16(__bfloat162float(x[i]) * scalar);
+    }
+  }
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ void from_float(float v, float* out) { *out = v; }
+__device__ __forceinline__ void from_float(float v, bf16* out) { *out = __float2bfloat16(v); }
+
+template <class T>
+__global__ void softcap_kernel(T* x, float cap, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    from_float(cap * tanhf(to_float(x[i]) / cap), &x[i]);
+  }
+}
+
+// ---- argmax: a block per row; (value, index) pairs reduced with lowest-index tie-break ----
+
+__device__ __forceinline__ void argmax_merge(float& best, int32_t& idx, float v, int32_t i) {
+  if (v > best || (v == best && i < idx)) {
+    best = v;
+    idx = i;
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kRowThreads) argmax_kernel(const T* __restrict__ x,
+                                                             int32_t* __restrict__ out,
+                                                             int32_t cols) {
+  __shared__ float best_s[kRowThreads / kWarp];
+  __shared__ int32_t idx_s[kRowThreads / kWarp];
+  const T* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+  float best = -INFINITY;
+  int32_t idx = INT_MAX;
+  for (int32_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    argmax_merge(best, idx, to_float(row[c]), c);  // NaN compares false: never wins
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float ob = __shfl_xor_sync(kFullMask, best, o);
+    const int32_t oi = __shfl_xor_sync(kFullMask, idx, o);
+    argmax_merge(best, idx, ob, oi);
+  }
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  if (lane == 0) {
+    best_s[warp] = best;
+    idx_s[warp] = idx;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
+      argmax_merge(best, idx, best_s[w], idx_s[w]);
+    }
+    out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+  }
+}
+
+int flat_blocks(int64_t items) {
+  const int64_t blocks = (items + kFlatThreads - 1) / kFlatThreads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, 132 * 16)));
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+KernelStatus check_rows_view(const RowsView& rows) {
+  if (rows.rows < 0) return bad_argument("rows.rows must be >= 0, got " + str(rows.rows));
+  if (rows.rows > 0 && (rows.positions == nullptr || rows.row_seq == nullptr)) {
+    return bad_argument("rows.positions and rows.row_seq must be device pointers");
+  }
+  return Ok{};
+}
+
+template <template <int> class Launch, class... Args>
+KernelStatus dispatch_head_dim(int32_t head_dim, Args&&... args) {
+  switch (head_dim) {
+    case 64: Launch<64>::run(args...); break;
+    case 128: Launch<128>::run(args...); break;
+    case 256: Launch<256>::run(args...); break;
+    case 512: Launch<512>::run(args...); break;
+    default:
+      return bad_argument("head_dim " + str(head_dim) + " is not one of 64, 128, 256, 512");
+  }
+  return Ok{};
+}
+
+template <int HD>
+struct QkNormRopeLaunch {
+  static void run(int blocks, cudaStream_t stream, bf16* x, int64_t row_stride,
+                  const bf16* weight, const int32_t* positions, int32_t rows, int32_t heads,
+                  float eps, float theta, int32_t rotary_pairs) {
+    qk_norm_rope_kernel<HD><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(
+        x, row_stride, weight, positions, rows, heads, eps, theta, rotary_pairs);
+  }
+};
+
+template <int HD>
+struct KvWriteLaunch {
+  static void run(int blocks, cudaStream_t stream, const KvWriteArgs& args) {
+    kv_write_kernel<HD><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(args);
+  }
+};
+
+KernelStatus check_rope(Rope rope, int32_t head_dim) {
+  if (rope.rotary_pairs < 0 || rope.rotary_pairs > head_dim / 2) {
+    return bad_argument("rope.rotary_pairs must be in [0, head_dim/2 = " + str(head_dim / 2) +
+                        "], got " + str(rope.rotary_pairs));
+  }
+  if (rope.rotary_pairs > 0 && !(rope.theta > 1.0f)) {
+    return bad_argument("rope.theta must be > 1, got " + std::to_string(rope.theta));
+  }
+  return Ok{};
+}
+
+}  // namespace
+
+bool head_dim_supported(int32_t head_dim) {
+  for (int32_t d : kHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
+}
+
+KernelStatus embed_gather(const int32_t* tokens, const bf16* table, bf16* out, int32_t rows,
+                          int32_t hidden, int32_t vocab, float scale, cudaStream_t stream) {
+  if (rows < 0) return bad_argument("embed_gather: rows must be >= 0, got " + str(rows));
+  if (hidden <= 0 || hidden % 8 != 0) {
+    return bad_argument("embed_gather: hidden must be a positive multiple of 8, got " +
+                        str(hidden));
+  }
+  if (vocab <= 0) return bad_argument("embed_gather: vocab must be > 0, got " + str(vocab));
+  if (!aligned16(table) || !aligned16(out)) {
+    return bad_argument("embed_gather: table and out must be 16-byte aligned");
+  }
+  if (rows == 0) return Ok{};
+  embed_gather_kernel<<<rows, 128, 0, stream>>>(tokens, table, out, hidden, vocab, scale);
+  return launch_status("embed_gather_kernel");
+}
+
+KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows, int32_t dim,
+                      float eps, cudaStream_t stream) {
+  if (rows < 0) return bad_argument("rms_norm: rows must be >= 0, got " + str(rows));
+  if (dim <= 0 || dim % 8 != 0) {
+    return bad_argument("rms_norm: dim must be a positive multiple of 8, got " + str(dim));
+  }
+  if (!aligned16(x) || !aligned16(out) || (weight != nullptr && !aligned16(weight))) {
+    return bad_argument("rms_norm: x, out and weight must be 16-byte aligned");
+  }
+  if (!(eps > 0.0f)) return bad_argument("rms_norm: eps must be > 0");
+  if (rows == 0) return Ok{};
+  // Fewer threads for short rows so that no warp idles; a multiple of 32 covering dim/8.
+  const int chunks = dim / 8;
+  const int threads = std::min(kRowThreads, std::max(kWarp, (chunks + kWarp - 1) / kWarp * kWarp));
+  rms_norm_kernel<<<rows, threads, 0, stream>>>(x, weight, out, dim, eps);
+  return launch_status("rms_norm_kernel");
+}
+
+KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
+                          const int32_t* positions, int32_t rows, int32_t heads,
+                          int32_t head_dim, float eps, Rope rope, cudaStream_t stream) {
+  if (rows < 0 || heads <= 0) {
+    return bad_argument("qk_norm_rope: need rows >= 0 and heads > 0, got rows=" + str(rows) +
+                        " heads=" + str(heads));
+  }
+  if (x_row_stride < static_cast<int64_t>(heads) * head_dim || x_row_stride % 8 != 0) {
+    return bad_argument("qk_norm_rope: x_row_stride must be >= heads*head_dim and a multiple "
+                        "of 8, got " + str(x_row_stride));
+  }
+  if (!aligned16(x) || (weight != nullptr && !aligned16(weight))) {
+    return bad_argument("qk_norm_rope: x and weight must be 16-byte aligned");
+  }
+  if (!(eps > 0.0f)) return bad_argument("qk_norm_rope: eps must be > 0");
+  if (auto s = check_rope(rope, head_dim); !s.ok()) return s;
+  if (rows == 0) return Ok{};
+  const int64_t items = static_cast<int64_t>(rows) * heads;
+  const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (auto s = dispatch_head_dim<QkNormRopeLaunch>(head_dim, blocks, stream, x, x_row_stride,
+                                                   weight, positions, rows, heads, eps,
+                                                   rope.theta, rope.rotary_pairs);
+      !s.ok()) {
+    return s;
+  }
+  return launch_status("qk_norm_rope_kernel");
+}
+
+KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
+                      int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
+                      const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                      const PagingView& paging, cudaStream_t stream) {
+  if (auto s = check_rows_view(rows); !s.ok()) return s;
+  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 ||
+      pool.pages_total < 2) {
+    return bad_argument("kv_write: pool needs data, page_size > 0, kv_heads > 0 and "
+                        "pages_total >= 2 (page 0 is padding)");
+  }
+  if (layer < 0 || layer >= pool.layers) {
+    return bad_argument("kv_write: layer " + str(layer) + " outside [0, " + str(pool.layers) +
+                        ")");
+  }
+  const int64_t head_elems = static_cast<int64_t>(pool.kv_heads) * pool.head_dim;
+  if (k_row_stride < head_elems || v_row_stride < head_elems || k_row_stride % 8 != 0 ||
+      v_row_stride % 8 != 0) {
+    return bad_argument("kv_write: row strides must be >= kv_heads*head_dim = " +
+                        str(head_elems) + " and multiples of 8, got k=" + str(k_row_stride) +
+                        " v=" + str(v_row_stride));
+  }
+  if (!aligned16(k_raw) || !aligned16(v_raw) || !aligned16(pool.data) ||
+      (k_norm_weight != nullptr && !aligned16(k_norm_weight))) {
+    return bad_argument("kv_write: k_raw, v_raw, k_norm_weight and pool.data must be 16-byte "
+                        "aligned");
+  }
+  if (rows.rows > 0 && paging.row_slot == nullptr) {
+    return bad_argument("kv_write: paging.row_slot must be a device pointer");
+  }
+  if (!(eps > 0.0f)) return bad_argument("kv_write: eps must be > 0");
+  if (auto s = check_rope(rope, pool.head_dim); !s.ok()) return s;
+  if (rows.rows == 0) return Ok{};
+  const int64_t per_layer = static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size *
+                            head_elems;
+  KvWriteArgs args{k_raw,        k_row_stride,      v_raw,          v_row_stride,
+                   k_norm_weight, eps,              rope.theta,     rope.rotary_pairs,
+                   pool.data + per_layer * layer,   pool.pages_total, pool.page_size,
+                   pool.kv_heads, rows.positions,   paging.row_slot, rows.rows};
+  const int64_t items = static_cast<int64_t>(rows.rows) * pool.kv_heads;
+  const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (auto s = dispatch_head_dim<KvWriteLaunch>(pool.head_dim, blocks, stream, args); !s.ok()) {
+    return s;
+  }
+  return launch_status("kv_write_kernel");
+}
+
+KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stride, bf16* out,
+                           int32_t rows, int32_t cols, cudaStream_t stream) {
+  if (rows < 0 || cols <= 0 || cols % 8 != 0) {
+    return bad_argument("gelu_tanh_mul: need rows >= 0 and cols a positive multiple of 8, got "
+                        "rows=" + str(rows) + " cols=" + str(cols));
+  }
+  if (in_row_stride < cols || in_row_stride % 8 != 0) {
+    return bad_argument("gelu_tanh_mul: in_row_stride must be >= cols and a multiple of 8, "
+                        "got " + str(in_row_stride));
+  }
+  if (!aligned16(gate) || !aligned16(up) || !aligned16(out)) {
+    return bad_argument("gelu_tanh_mul: gate, up and out must be 16-byte aligned");
+  }
+  if (rows == 0) return Ok{};
+  gelu_tanh_mul_kernel<<<flat_blocks(static_cast<int64_t>(rows) * cols / 8), kFlatThreads, 0,
+                         stream>>>(gate, up, in_row_stride, out, rows, cols);
+  return launch_status("gelu_tanh_mul_kernel");
+}
+
+KernelStatus residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n,
+                          cudaStream_t stream) {
+  if (n < 0) return bad_argument("residual_add: n must be >= 0, got " + str(n));
+  if (!aligned16(a) || !aligned16(b) || !aligned16(out)) {
+    return bad_argument("residual_add: a, b and out must be 16-byte aligned");
+  }
+  if (n == 0) return Ok{};
+  residual_add_kernel<<<flat_blocks(n / 8 + 1), kFlatThreads, 0, stream>>>(a, b, out, n);
+  return launch_status("residual_add_kernel");
+}
+
+KernelStatus scale_inplace(bf16* x, float scalar, int64_t n, cudaStream_t stream) {
+  if (n < 0) return bad_argument("scale_inplace: n must be >= 0, got " + str(n));
+  if (!aligned16(x)) return bad_argument("scale_inplace: x must be 16-byte aligned");
+  if (n == 0) return Ok{};
+  scale_kernel<<<flat_blocks(n / 8 + 1), kFlatThreads, 0, stream>>>(x, scalar, n);
+  return launch_status("scale_kernel");
+}
+
+template <class T>
+KernelStatus softcap_impl(T* x, float cap, int64_t n, cudaStream_t stream) {
+  if (n < 0) return bad_argument("softcap_inplace: n must be >= 0, got " + str(n));
+  if (!(cap > 0.0f)) return bad_argument("softcap_inplace: cap must be > 0");
+  if (n == 0) return Ok{};
+  softcap_kernel<T><<<flat_blocks(n), kFlatThreads, 0, stream>>>(x, cap, n);
+  return launch_status("softcap_kernel");
+}
+KernelStatus softcap_inplace(float* x, float cap, int64_t n, cudaStream_t stream) {
+  return softcap_impl(x, cap, n, stream);
+}
+KernelStatus softcap_inplace(bf16* x, float cap, int64_t n, cudaStream_t stream) {
+  return softcap_impl(x, cap, n, stream);
+}
+
+template <class T>
+KernelStatus argmax_impl(const T* x, int32_t* out, int32_t rows, int32_t cols,
+                         cudaStream_t stream) {
+  if (rows < 0 || cols <= 0) {
+    return bad_argument("argmax: need rows >= 0 and cols > 0, got rows=" + str(rows) +
+                        " cols=" + str(cols));
+  }
+  if (rows == 0) return Ok{};
+  argmax_kernel<T><<<rows, kRowThreads, 0, stream>>>(x, out, cols);
+  return launch_status("argmax_kernel");
+}
+KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols,
+                    cudaStream_t stream) {
+  return argmax_impl(x, out, rows, cols, stream);
+}
+KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols,
+                    cudaStream_t stream) {
+  return argmax_impl(x, out, rows, cols, stream);
+}
+
+}  // namespace twinstep::kernels
