@@ -128,7 +128,8 @@ std::optional<ConfigError> refuse_unsupported(const json& j) {
       {"num_experts", "MoE blocks"},
       {"num_local_experts", "MoE blocks"},
       {"hidden_size_per_layer_input", "per-layer input embeddings"},
-      {"vocab_size_per_layer_input", "per-layer input embeddings"},
+      // Not vocab_size_per_layer_input: transformers 5.17 always writes it (default 262144),
+      // and it only matters when hidden_size_per_layer_input is non-zero.
       {"num_kv_shared_layers", "KV-shared layers"},
       {"attention_bias", "attention biases"},
       {"attn_logit_softcapping", "attention logit softcapping"},
