@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "engine/ids.h"
+
 namespace twinstep::engine {
 
 enum class FaultSite : uint8_t {
@@ -31,11 +33,12 @@ inline std::string_view fault_site_name(FaultSite site) {
   return "?";
 }
 
-// Decides whether a site fires. Implementations are seeded and deterministic.
+// Decides whether a site fires. Implementations are seeded and deterministic. `request` names
+// the request an allocation is for (engine sites); device sites pass no request.
 class FaultInjector {
  public:
   virtual ~FaultInjector() = default;
-  virtual bool fire(FaultSite site) = 0;
+  virtual bool fire(FaultSite site, RequestId request = RequestId{}) = 0;
 };
 
 }  // namespace twinstep::engine

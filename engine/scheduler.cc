@@ -167,7 +167,7 @@ bool Scheduler::reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* 
     const int32_t need = ceil_div(post, config_.page_size) - r.kv_of(f).end_page();
     TS_CHECK(need >= 0) << r.id << " " << family_name(f) << " need=" << need;
     bool granted = true;
-    if (need > 0 && config_.faults != nullptr && config_.faults->fire(alloc_site(f))) {
+    if (need > 0 && config_.faults != nullptr && config_.faults->fire(alloc_site(f), r.id)) {
       granted = false;  // forced refusal
     } else if (!pool_mut(f).reserve(need, &s->reserved[static_cast<int>(f)])) {
       granted = false;

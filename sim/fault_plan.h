@@ -17,16 +17,24 @@ class FaultPlan final : public engine::FaultInjector {
   void set_all_rates_ppm(uint32_t ppm) { rate_ppm_.fill(ppm); }
   // The next consultation of `site` fires, whatever its rate.
   void force_once(engine::FaultSite site) { forced_[index(site)] += 1; }
+  // The next consultation of `site` on behalf of `request` fires (engine allocation sites).
+  void force_once_for(engine::FaultSite site, engine::RequestId request) {
+    targeted_[index(site)] = request;
+  }
   void clear() {
     rate_ppm_.fill(0);
     forced_.fill(0);
+    targeted_.fill(engine::RequestId{});
   }
 
-  bool fire(engine::FaultSite site) override {
+  bool fire(engine::FaultSite site, engine::RequestId request = engine::RequestId{}) override {
     const int i = index(site);
     consulted_[i] += 1;
     bool fired = false;
-    if (forced_[i] > 0) {
+    if (targeted_[i].value != 0 && targeted_[i] == request) {
+      targeted_[i] = engine::RequestId{};
+      fired = true;
+    } else if (forced_[i] > 0) {
       forced_[i] -= 1;
       fired = true;
     } else if (rate_ppm_[i] > 0) {
@@ -44,6 +52,7 @@ class FaultPlan final : public engine::FaultInjector {
   Rng rng_;
   std::array<uint32_t, engine::kFaultSiteCount> rate_ppm_{};
   std::array<uint32_t, engine::kFaultSiteCount> forced_{};
+  std::array<engine::RequestId, engine::kFaultSiteCount> targeted_{};
   std::array<uint64_t, engine::kFaultSiteCount> fired_{};
   std::array<uint64_t, engine::kFaultSiteCount> consulted_{};
 };

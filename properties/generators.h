@@ -1,0 +1,115 @@
+// RapidCheck generators shared by the property tests: small engine geometries that still
+// exercise paging (tiny pages, windows that cross pages) and requests that fit them.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "sim/harness.h"
+
+namespace twinstep::properties {
+
+struct Scenario {
+  engine::ModelConfig model;
+  engine::EngineConfig config;
+  uint64_t fault_seed = 0;
+};
+
+inline engine::ModelConfig tiny_model(int32_t window, int32_t vocab) {
+  engine::ModelConfig model = engine::ModelConfig::preset("sim-tiny").value();
+  model.sliding_window = window;
+  model.vocab_size = vocab;
+  model.max_position_embeddings = 512;
+  return model;
+}
+
+// Pools sized from "barely fits one request" to roomy, so waiting, preemption and never-fits
+// all happen.
+inline rc::Gen<Scenario> gen_scenario() {
+  return rc::gen::exec([] {
+    Scenario s;
+    const int32_t page = *rc::gen::element(1, 2, 4, 8, 16);
+    const int32_t window = *rc::gen::inRange(1, 41);
+    const int32_t vocab = *rc::gen::element(16, 64, 4096);
+    s.model = tiny_model(window, vocab);
+    s.config.page_size = page;
+    const int32_t one_request_pages = (80 + page - 1) / page;
+    s.config.pages_global = *rc::gen::inRange(std::max(1, one_request_pages / 2), 3 * one_request_pages + 2);
+    const int32_t local_need = (window + page - 1) / page + 1;
+    s.config.pages_local = *rc::gen::inRange(std::max(1, local_need - 1), 4 * local_need + 2);
+    s.config.max_running = *rc::gen::inRange(1, 9);
+    s.config.max_step_tokens = *rc::gen::inRange(1, 65);
+    s.config.max_step_failures = *rc::gen::inRange(2, 6);
+    s.fault_seed = *rc::gen::arbitrary<uint64_t>();
+    return s;
+  });
+}
+
+inline rc::Gen<engine::Request> gen_request(int32_t vocab) {
+  return rc::gen::exec([vocab] {
+    engine::Request r;
+    const int32_t len = *rc::gen::inRange(1, 61);
+    r.prompt = *rc::gen::container<std::vector<int32_t>>(len, rc::gen::inRange(0, vocab));
+    r.max_tokens = *rc::gen::inRange(1, 21);
+    if (*rc::gen::inRange(0, 4) == 0) r.stop_ids = {*rc::gen::inRange(0, vocab)};
+    if (*rc::gen::inRange(0, 3) == 0) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_p = 0.9f;
+      r.sampling.seed = *rc::gen::arbitrary<uint64_t>();
+    }
+    return r;
+  });
+}
+
+inline std::string describe(const sim::Harness& h) {
+  std::string out;
+  for (const sim::Violation& v : h.violations()) {
+    out += "step " + std::to_string(v.step) + " [" + v.invariant + "] " + v.detail + "\n";
+  }
+  return out;
+}
+
+// Per-request state the engine must not change in a failed step.
+struct RequestSnapshot {
+  int32_t frontier;
+  std::vector<int32_t> tokens;
+  std::vector<engine::PageId> pages[engine::kFamilyCount];
+  int32_t first_page[engine::kFamilyCount];
+  engine::RequestPhase phase;
+  bool operator==(const RequestSnapshot&) const = default;
+};
+
+struct EngineSnapshot {
+  std::map<engine::RequestId, RequestSnapshot> requests;
+  std::vector<engine::RequestId> waiting;
+  std::vector<engine::RequestId> running;
+  int32_t held[engine::kFamilyCount];
+  int32_t free[engine::kFamilyCount];
+  bool operator==(const EngineSnapshot&) const = default;
+};
+
+inline EngineSnapshot snapshot(const engine::Engine& e) {
+  const engine::Scheduler& s = e.scheduler();
+  EngineSnapshot out;
+  for (const auto& [id, r] : s.requests()) {
+    RequestSnapshot rs{r.frontier, r.tokens, {}, {}, r.phase};
+    for (const engine::Family f : engine::kFamilies) {
+      rs.pages[static_cast<int>(f)] = r.kv_of(f).pages;
+      rs.first_page[static_cast<int>(f)] = r.kv_of(f).first_page;
+    }
+    out.requests.emplace(id, std::move(rs));
+  }
+  out.waiting.assign(s.waiting().begin(), s.waiting().end());
+  out.running = s.running();
+  for (const engine::Family f : engine::kFamilies) {
+    out.held[static_cast<int>(f)] = s.pool(f).held_count();
+    out.free[static_cast<int>(f)] = s.pool(f).free_count();
+  }
+  return out;
+}
+
+}  // namespace twinstep::properties

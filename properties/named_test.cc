@@ -1,0 +1,253 @@
+// The named properties of the serving core, each its own ctest test.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include "engine/scheduler.h"
+#include "properties/generators.h"
+
+namespace twinstep::properties {
+namespace {
+
+using engine::Family;
+using engine::FaultSite;
+using engine::RequestPhase;
+
+void assert_clean(const sim::Harness& h) {
+  if (!h.violations().empty()) RC_FAIL(describe(h));
+}
+
+// Runs `steps` random steps of a random background workload.
+void run_background(sim::Harness& h, const Scenario& s, int32_t requests, int32_t steps) {
+  for (int32_t i = 0; i < requests; ++i) h.submit(*gen_request(s.model.vocab_size));
+  for (int32_t i = 0; i < steps; ++i) {
+    h.step();
+    assert_clean(h);
+  }
+}
+
+int32_t pages_of(const engine::Engine& e, engine::RequestId id, Family f) {
+  const auto& live = e.scheduler().requests();
+  auto it = live.find(id);
+  return it == live.end() ? 0 : static_cast<int32_t>(it->second.kv_of(f).pages.size());
+}
+
+int32_t pages_held_by_requests(const engine::Engine& e, Family f) {
+  int32_t total = 0;
+  for (const auto& [id, r] : e.scheduler().requests()) {
+    total += static_cast<int32_t>(r.kv_of(f).pages.size());
+  }
+  return total;
+}
+
+// A forced refusal on either side, at the moment a request is admitted (or grows), leaves
+// both pools exactly at their pre-request occupancy: the refused request holds what it held,
+// nothing stays reserved, and the pools hold exactly what requests hold.
+RC_GTEST_PROP(Properties, AdmissionIsAtomicAcrossPools, ()) {
+  const Scenario s = *gen_scenario();
+  sim::Harness h(s.model, s.config, s.fault_seed);
+  run_background(h, s, *rc::gen::inRange(0, 6), *rc::gen::inRange(0, 12));
+  const engine::RequestId target = h.submit(*gen_request(s.model.vocab_size)).id();
+  const FaultSite site = *rc::gen::element(FaultSite::kAllocGlobal, FaultSite::kAllocLocal);
+  h.faults().force_once_for(site, target);
+  const uint64_t fired_before = h.faults().fired(site);
+  const int32_t held_before[2] = {pages_of(h.engine(), target, Family::kGlobal),
+                                  pages_of(h.engine(), target, Family::kLocal)};
+  h.step();
+  assert_clean(h);
+  RC_CLASSIFY(h.faults().fired(site) > fired_before, "refusal fired");
+  if (h.faults().fired(site) > fired_before) {
+    for (const Family f : engine::kFamilies) {
+      RC_ASSERT(pages_of(h.engine(), target, f) == held_before[static_cast<int>(f)]);
+      const engine::PagePool& pool = h.engine().scheduler().pool(f);
+      RC_ASSERT(pool.reserved_count() == 0);
+      RC_ASSERT(pool.held_count() == pages_held_by_requests(h.engine(), f));
+      RC_ASSERT(pool.free_count() + pool.held_count() == pool.capacity());
+    }
+  }
+  h.faults().clear();
+  RC_ASSERT(h.drain(100'000));
+  h.check_baseline();
+  assert_clean(h);
+}
+
+
+// A fault at any device site leaves all request state unchanged, and the retry yields exactly
+// the tokens of a run that never faulted.
+RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
+  Scenario s = *gen_scenario();
+  s.config.max_step_failures = 1000;  // no request may fail out of this property
+  const auto requests = *rc::gen::container<std::vector<engine::Request>>(
+      *rc::gen::inRange(1, 7), gen_request(s.model.vocab_size));
+  const int32_t fault_step = *rc::gen::inRange(0, 25);
+  const FaultSite site = *rc::gen::element(FaultSite::kUpload, FaultSite::kLaunch,
+                                                FaultSite::kAfterKvWrite, FaultSite::kSync);
+
+  auto run = [&](bool with_fault) {
+    sim::Harness h(s.model, s.config, s.fault_seed);
+    for (const auto& r : requests) h.submit(r);
+    for (int32_t i = 0; i < fault_step && !h.engine().idle(); ++i) h.step();
+    if (with_fault && !h.engine().idle()) {
+      const EngineSnapshot before = snapshot(h.engine());
+      h.faults().force_once(site);
+      const engine::StepOutputs& out = h.step();
+      assert_clean(h);
+      if (out.device_ran) {
+        RC_ASSERT(out.failed);
+        EngineSnapshot after = snapshot(h.engine());
+        // Requests that arrived with this step are only queued: no frontier, no pages.
+        for (auto it = after.requests.begin(); it != after.requests.end();) {
+          if (before.requests.count(it->first) != 0) {
+            ++it;
+            continue;
+          }
+          RC_ASSERT(it->second.frontier == 0);
+          RC_ASSERT(it->second.pages[0].empty() && it->second.pages[1].empty());
+          std::erase(after.waiting, it->first);
+          it = after.requests.erase(it);
+        }
+        RC_ASSERT(after == before);
+      }
+    }
+    RC_ASSERT(h.drain(100'000));
+    h.check_baseline();
+    assert_clean(h);
+    if (with_fault) RC_TAG(engine::fault_site_name(site));
+    std::map<engine::RequestId, std::pair<std::vector<int32_t>, engine::TerminalKind>> outputs;
+    for (const auto& [id, rec] : h.records()) {
+      outputs[id] = {rec.output, rec.terminal->kind};
+    }
+    return outputs;
+  };
+  RC_ASSERT(run(true) == run(false));
+}
+
+// Abort in every request state returns every page: queued (between submit and the first
+// step), waiting, mid chunked prefill, decode, and preempted.
+RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
+  Scenario s = *gen_scenario();
+  const RequestPhase phase = *rc::gen::element(RequestPhase::kQueued, RequestPhase::kWaiting,
+                                               RequestPhase::kPrefill, RequestPhase::kDecode,
+                                               RequestPhase::kPreempted);
+  const int32_t vocab = s.model.vocab_size;
+  if (phase == RequestPhase::kWaiting) s.config.max_running = 1;
+  if (phase == RequestPhase::kPrefill) s.config.max_step_tokens = *rc::gen::inRange(1, 8);
+  sim::Harness h(s.model, s.config, s.fault_seed);
+  run_background(h, s, *rc::gen::inRange(phase == RequestPhase::kWaiting ? 1 : 0, 6),
+                 *rc::gen::inRange(0, 6));
+  engine::Request request = *gen_request(vocab);
+  if (phase == RequestPhase::kPrefill) {
+    request.prompt = *rc::gen::container<std::vector<int32_t>>(
+        *rc::gen::inRange(s.config.max_step_tokens + 1, 61), rc::gen::inRange(0, vocab));
+  }
+  if (phase == RequestPhase::kPreempted) {
+    // Many long requests into tight pools: the youngest gets preempted.
+    for (int i = 0; i < 6; ++i) {
+      engine::Request big = *gen_request(vocab);
+      big.max_tokens = 20;
+      big.stop_ids.clear();
+      h.submit(big);
+    }
+  }
+  const engine::RequestId target = h.submit(request).id();
+  bool reached = phase == RequestPhase::kQueued;
+  for (int32_t i = 0; i < 400 && !reached; ++i) {
+    if (h.phase_of(target) == RequestPhase::kDone) break;
+    h.step();
+    assert_clean(h);
+    reached = h.phase_of(target) == phase;
+    if (phase == RequestPhase::kPreempted && !reached) {
+      // Preempt a different request in that state if the target never gets there.
+      for (const auto& [id, r] : h.engine().scheduler().requests()) {
+        if (r.phase == RequestPhase::kPreempted) {
+          reached = true;
+          const_cast<engine::RequestId&>(target) = id;
+          break;
+        }
+      }
+    }
+  }
+  RC_PRE(reached);
+  RC_TAG(engine::request_phase_name(phase));
+  const int32_t held[2] = {pages_of(h.engine(), target, Family::kGlobal),
+                           pages_of(h.engine(), target, Family::kLocal)};
+  const engine::Metrics before = h.engine().metrics();
+  h.abort(target);
+  // When no other request moved in this step, the pools drop by exactly the target's pages.
+  const engine::StepOutputs& out = h.step();
+  assert_clean(h);
+  RC_ASSERT(h.phase_of(target) == RequestPhase::kDone);
+  RC_ASSERT(h.records().at(target).terminal->kind == engine::TerminalKind::kAborted);
+  for (const Family f : engine::kFamilies) {
+    RC_ASSERT(h.engine().scheduler().pool(f).held_count() ==
+              pages_held_by_requests(h.engine(), f));
+  }
+  const bool others_moved =
+      out.device_ran || std::any_of(out.updates.begin(), out.updates.end(),
+                                    [](const engine::RequestUpdate& u) { return u.preempted; });
+  if (!others_moved) {
+    const engine::Metrics after = h.engine().metrics();
+    RC_ASSERT(after.global.pages_used == before.global.pages_used - held[0]);
+    RC_ASSERT(after.local.pages_used == before.local.pages_used - held[1]);
+  }
+  RC_ASSERT(h.drain(100'000));
+  h.check_baseline();
+  assert_clean(h);
+}
+
+// Two runs of one seed give equal trace hashes.
+RC_GTEST_PROP(Properties, SameSeedSameTrace, ()) {
+  const Scenario s = *gen_scenario();
+  const auto requests = *rc::gen::container<std::vector<engine::Request>>(
+      *rc::gen::inRange(1, 10), gen_request(s.model.vocab_size));
+  const uint32_t fault_ppm = *rc::gen::inRange(0, 200'000);
+  const uint32_t abort_every = *rc::gen::inRange(2, 9);
+  auto run = [&] {
+    sim::Harness h(s.model, s.config, s.fault_seed);
+    h.faults().set_all_rates_ppm(fault_ppm);
+    std::vector<engine::RequestId> ids;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      ids.push_back(h.submit(requests[i]).id());
+      h.step();
+      if (i % abort_every == 0) h.abort(ids[i / 2]);
+    }
+    h.faults().clear();
+    h.drain(100'000);
+    assert_clean(h);
+    return std::make_pair(h.trace_hash(), h.engine().metrics().counters.steps_failed > 0);
+  };
+  const auto first = run();
+  RC_TAG(first.second ? "with failed steps" : "no failed steps");
+  RC_ASSERT(first == run());
+}
+
+// A request's tokens do not depend on what else shares its steps.
+RC_GTEST_PROP(Properties, BatchingDoesNotChangeTokens, ()) {
+  const Scenario s = *gen_scenario();
+  const engine::Request target = *gen_request(s.model.vocab_size);
+  const auto others = *rc::gen::container<std::vector<engine::Request>>(
+      *rc::gen::inRange(1, 8), gen_request(s.model.vocab_size));
+  const auto arrival_steps =
+      *rc::gen::container<std::vector<int32_t>>(others.size(), rc::gen::inRange(0, 10));
+  auto run = [&](bool crowded) {
+    sim::Harness h(s.model, s.config, s.fault_seed);
+    const engine::RequestId id = h.submit(target).id();
+    for (int32_t step = 0; step < 10; ++step) {
+      for (size_t i = 0; crowded && i < others.size(); ++i) {
+        if (arrival_steps[i] == step) h.submit(others[i]);
+      }
+      h.step();
+    }
+    RC_ASSERT(h.drain(100'000));
+    assert_clean(h);
+    const sim::RequestRecord& rec = h.records().at(id);
+    return std::make_pair(rec.output, rec.terminal->kind);
+  };
+  const auto alone = run(false);
+  const auto crowded = run(true);
+  RC_TAG(alone.first.size() >= 5 ? ">= 5 tokens" : "< 5 tokens");
+  RC_ASSERT(alone == crowded);
+}
+
+}  // namespace
+}  // namespace twinstep::properties

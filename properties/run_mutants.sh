@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the property binary once per mutant and fails unless every mutant is caught by at least
+# one property. Prints each mutant with the properties that caught it.
+set -u
+bin="$1"
+mutants=(skip_rollback_granted frontier_before_device leak_on_abort early_window_release
+         commit_one_family token_after_terminal)
+# The un-mutated engine must pass, or a "caught" mutant would prove nothing.
+if ! RC_PARAMS="max_success=200 noshrink=1" "$bin" >/dev/null 2>&1; then
+  echo "FAIL: the properties fail without any mutant"
+  exit 1
+fi
+missed=0
+for m in "${mutants[@]}"; do
+  out=$(TWINSTEP_MUTANT="$m" RC_PARAMS="max_success=1000 noshrink=1" "$bin" 2>&1)
+  caught=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([A-Za-z]*\.[A-Za-z]*\) .*/\1/p' | sort -u | paste -sd, -)
+  if [ -n "$caught" ]; then
+    printf 'mutant %-24s caught by: %s\n' "$m" "$caught"
+  else
+    printf 'mutant %-24s NOT CAUGHT\n' "$m"
+    missed=$((missed + 1))
+  fi
+done
+if [ "$missed" -ne 0 ]; then
+  echo "FAIL: $missed mutant(s) survived"
+  exit 1
+fi
+echo "all ${#mutants[@]} mutants caught"

@@ -1,0 +1,103 @@
+// Model-based (stateful) test: random sequences of submit / abort (live, finished, unknown) /
+// step / step-with-a-fault, with every invariant checked after every command and the drained
+// engine back at baseline at the end.
+#include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+#include <rapidcheck/state.h>
+
+#include "properties/generators.h"
+
+namespace twinstep::properties {
+namespace {
+
+using engine::FaultSite;
+
+struct Model {
+  int32_t vocab = 0;
+  int32_t submitted = 0;
+};
+
+using Command = rc::state::Command<Model, sim::Harness>;
+
+void assert_clean(const sim::Harness& h) {
+  if (!h.violations().empty()) RC_FAIL(describe(h));
+}
+
+struct Submit : Command {
+  engine::Request request;
+  explicit Submit(const Model& m) : request(*gen_request(m.vocab)) {}
+  void apply(Model& m) const override { m.submitted += 1; }
+  void run(const Model&, sim::Harness& h) const override { h.submit(request); }
+  void show(std::ostream& os) const override {
+    os << "Submit(prompt=" << request.prompt.size() << ", max_tokens=" << request.max_tokens
+       << ")";
+  }
+};
+
+enum class AbortTarget { kLive, kFinished, kUnknown };
+
+struct Abort : Command {
+  AbortTarget target = *rc::gen::element(AbortTarget::kLive, AbortTarget::kFinished,
+                                         AbortTarget::kUnknown);
+  uint32_t pick = *rc::gen::arbitrary<uint32_t>();
+  explicit Abort(const Model&) {}
+  void checkPreconditions(const Model& m) const override {
+    RC_PRE(m.submitted > 0 || target == AbortTarget::kUnknown);
+  }
+  void apply(Model&) const override {}
+  void run(const Model&, sim::Harness& h) const override {
+    std::vector<engine::RequestId> candidates;
+    for (const auto& [id, rec] : h.records()) {
+      const bool finished = rec.terminal.has_value();
+      if ((target == AbortTarget::kFinished) == finished) candidates.push_back(id);
+    }
+    if (target == AbortTarget::kUnknown || candidates.empty()) {
+      h.abort(engine::RequestId{1'000'000 + pick % 1000});  // never issued
+    } else {
+      h.abort(candidates[pick % candidates.size()]);
+    }
+    assert_clean(h);
+  }
+  void show(std::ostream& os) const override { os << "Abort(" << int(target) << ", " << pick << ")"; }
+};
+
+struct Step : Command {
+  explicit Step(const Model&) {}
+  void apply(Model&) const override {}
+  void run(const Model&, sim::Harness& h) const override {
+    h.step();
+    assert_clean(h);
+  }
+  void show(std::ostream& os) const override { os << "Step"; }
+};
+
+struct StepWithFault : Command {
+  FaultSite site = static_cast<FaultSite>(*rc::gen::inRange(0, engine::kFaultSiteCount));
+  explicit StepWithFault(const Model&) {}
+  void apply(Model&) const override {}
+  void run(const Model&, sim::Harness& h) const override {
+    h.faults().force_once(site);
+    h.step();
+    assert_clean(h);
+  }
+  void show(std::ostream& os) const override {
+    os << "StepWithFault(" << engine::fault_site_name(site) << ")";
+  }
+};
+
+RC_GTEST_PROP(Stateful, RandomCommandsKeepEveryInvariant, ()) {
+  const Scenario s = *gen_scenario();
+  sim::Harness h(s.model, s.config, s.fault_seed);
+  Model initial{s.model.vocab_size, 0};
+  rc::state::check(initial, h,
+                   rc::state::gen::execOneOfWithArgs<Submit, Abort, Step, Step, StepWithFault>());
+  h.faults().clear();
+  RC_ASSERT(h.drain(100'000));
+  h.check_baseline();
+  assert_clean(h);
+  RC_TAG(h.engine().metrics().counters.preemptions > 0 ? "preempted" : "no-preemption");
+}
+
+}  // namespace
+}  // namespace twinstep::properties
