@@ -1,0 +1,129 @@
+// The campaign runner behind twinstep-sim: per seed, a swarm-randomised configuration (pools,
+// page size, window, budgets, model geometry, fault and abort rates, arrival process, length
+// distributions), a safety phase with faults and aborts, then a liveness phase without them
+// that must drain to the pools' baseline. Every step goes through the Harness checks; the
+// campaign adds its own end-of-seed checks, counts coverage marks and aggregates statistics.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "engine/fault.h"
+#include "sim/harness.h"
+#include "sim/sim_device.h"
+#include "sim/workload.h"
+
+namespace twinstep::sim {
+
+// Everything one seed runs with. Drawn from the seed, then pinned by Overrides.
+struct SeedConfig {
+  uint64_t seed = 0;
+  std::string model_name;  // preset name or config.json path
+  engine::ModelConfig model;
+  engine::EngineConfig engine;
+  WorkloadSpec workload;
+  std::array<uint32_t, engine::kFaultSiteCount> fault_ppm{};  // safety phase only
+  uint32_t abort_ppm = 0;         // per safety step: chance to abort one live request
+  uint32_t queued_abort_ppm = 0;  // per submitted request: aborted before its first step
+  int64_t safety_steps_max = 4000;
+  CostModel cost;
+
+  std::string describe() const;  // one line, for the seed's progress line
+  nlohmann::json to_json() const;
+};
+
+// Command-line pins; an unset field keeps the seed's draw. The draw always consumes the same
+// random numbers, so pinning one knob never changes the others.
+struct Overrides {
+  std::optional<std::string> model_preset;
+  std::optional<engine::ModelConfig> model_config;  // from --config FILE
+  std::string model_config_path;
+  std::optional<int32_t> page_size, pages_global, pages_local, window, max_running,
+      max_step_tokens, max_context, max_step_failures, requests;
+  std::optional<ArrivalProcess> arrival;
+  std::optional<int64_t> mean_interarrival_ns;
+  std::optional<LengthDist> prompt, output;
+  std::array<std::optional<uint32_t>, engine::kFaultSiteCount> fault_ppm;
+  std::optional<uint32_t> abort_ppm, queued_abort_ppm, invalid_ppm;
+  std::optional<int64_t> safety_steps;
+};
+
+// Draws the seed's configuration. Fails (with a message naming the knob) when the pins make
+// the engine refuse its config or leave no room for a request.
+Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& overrides);
+
+struct FirstViolation {
+  uint64_t step = 0;
+  std::string phase;      // "safety", "liveness" or "final"
+  std::string invariant;  // e.g. "state", "oracle", "ledger", "baseline", "ts-check"
+  std::string detail;
+};
+
+// Per-seed (and, summed, per-campaign) statistics.
+struct RunStats {
+  uint64_t requests = 0;
+  uint64_t terminals[5] = {};  // by engine::TerminalKind
+  uint64_t rejections[engine::kRejectReasonCount] = {};
+  uint64_t aborts_by_phase[engine::kRequestPhaseCount] = {};
+  uint64_t tokens = 0;
+  uint64_t prompt_tokens_computed = 0;
+  uint64_t steps = 0;
+  uint64_t steps_failed = 0;
+  uint64_t preemptions = 0;
+  uint64_t window_pages_released = 0;
+  uint64_t chunked_prefills = 0;
+  uint64_t admission_waits = 0;
+  int64_t sim_ns = 0;
+  uint64_t faults_fired[engine::kFaultSiteCount] = {};
+  // Peak pool occupancy as a fraction of the pool, per family; max over seeds when summed.
+  double peak_fraction[engine::kFamilyCount] = {};
+  int32_t peak_pages[engine::kFamilyCount] = {};
+  std::vector<int64_t> ttft_ns;  // submit -> first token, virtual time
+  std::vector<int64_t> tpot_ns;  // gap between consecutive tokens of a request
+
+  void add(const RunStats& other);
+};
+
+struct SeedResult {
+  uint64_t seed = 0;
+  SeedConfig config;
+  uint64_t trace_hash = 0;
+  std::optional<FirstViolation> violation;
+  RunStats stats;
+  bool ok() const { return !violation.has_value(); }
+};
+
+// What a running seed reports, for progress display.
+struct SeedProgress {
+  uint64_t seed = 0;
+  const char* phase = "";
+  uint64_t step = 0;
+  uint64_t submitted = 0;
+  uint64_t planned = 0;
+};
+using ProgressFn = std::function<void(const SeedProgress&)>;
+
+// Runs one seed to completion or to its first violation. A TS_CHECK failure inside the engine
+// (its own ledger, for example) is caught and reported as a violation, not an abort.
+SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress = {});
+
+// A named "sometimes" point and how often a campaign reached it.
+struct CoverageMark {
+  std::string name;
+  uint64_t hits = 0;
+};
+std::vector<CoverageMark> coverage_marks(const RunStats& totals);
+
+// Nearest-rank percentile (p in [0, 100]) of unsorted values; 0 for none.
+int64_t percentile(std::vector<int64_t> values, double p);
+
+nlohmann::json stats_to_json(const RunStats& stats);
+
+}  // namespace twinstep::sim
