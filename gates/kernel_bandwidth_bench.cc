@@ -1,0 +1,162 @@
+// gates/kernel_bandwidth_bench.cc: a benchmark program (not a test): the achieved bandwidth of
+// the bandwidth-bound kernels (RMSNorm, the paged KV write) against a device-to-device
+// cudaMemcpy measured in the same run, at sizes several times the 60 MB L2. Bytes are the
+// fewest each must move (every input read once, every output written once); times are the
+// median of repeats measured with CUDA events. Method and figures: perf/NOTES.md.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "sim/rng.h"
+
+namespace {
+
+using twinstep::kernels::bf16;
+
+#define BENCH_CUDA(expr)                                                            \
+  do {                                                                              \
+    cudaError_t e_ = (expr);                                                        \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));      \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+#define BENCH_OK(expr)                                                              \
+  do {                                                                              \
+    auto s_ = (expr);                                                               \
+    if (!s_.ok()) {                                                                 \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.error().message.c_str());  \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+constexpr int kWarmup = 3;
+constexpr int kRepeats = 21;
+
+template <class F>
+double median_ms(cudaStream_t stream, F&& launch) {
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < kWarmup; ++i) launch();
+  std::vector<float> ms(kRepeats);
+  for (int i = 0; i < kRepeats; ++i) {
+    BENCH_CUDA(cudaEventRecord(start, stream));
+    launch();
+    BENCH_CUDA(cudaEventRecord(stop, stream));
+    BENCH_CUDA(cudaEventSynchronize(stop));
+    BENCH_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
+  }
+  BENCH_CUDA(cudaGetLastError());
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[kRepeats / 2];
+}
+
+// Random bf16 in [-1, 1) filled on the host (never zeros: zeros can run faster).
+bf16* random_device(twinstep::sim::Rng& rng, size_t n) {
+  std::vector<bf16> host(n);
+  for (auto& v : host) v = __float2bfloat16(static_cast<float>(rng.unit() * 2.0 - 1.0));
+  bf16* d = nullptr;
+  BENCH_CUDA(cudaMalloc(&d, n * sizeof(bf16)));
+  BENCH_CUDA(cudaMemcpy(d, host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void report(const char* what, double bytes, double ms, double copy_gbs) {
+  const double gbs = bytes / (ms * 1e-3) / 1e9;
+  std::printf("%-34s %9.1f MB %9.3f ms %8.0f GB/s %6.1f%% of copy\n", what, bytes / 1e6, ms,
+              gbs, copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 100.0);
+}
+
+}  // namespace
+
+int main() {
+  int device = 0;
+  BENCH_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, device));
+  std::printf("device: %s, %d SMs, L2 %.0f MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1e6);
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  twinstep::sim::Rng rng(7);
+
+  // 512 MiB in, 512 MiB out everywhere: ~9x the L2 each way.
+  const int32_t rows = 65536, dim = 4096;
+  const size_t n = size_t(rows) * dim;
+  bf16* x = random_device(rng, n);
+  bf16* y = random_device(rng, n);
+  bf16* w = random_device(rng, dim);
+
+  const double copy_bytes = 2.0 * n * sizeof(bf16);
+  const double copy_ms = median_ms(stream, [&] {
+    BENCH_CUDA(cudaMemcpyAsync(y, x, n * sizeof(bf16), cudaMemcpyDeviceToDevice, stream));
+  });
+  const double copy_gbs = copy_bytes / (copy_ms * 1e-3) / 1e9;
+  std::printf("%-34s %9s    %9s    %8s      %s\n", "what", "bytes", "median", "rate", "");
+  report("cudaMemcpy D2D (read + write)", copy_bytes, copy_ms, copy_gbs);
+
+  for (int32_t d : {4096, 3840, 256}) {
+    const int32_t r = static_cast<int32_t>(n / d);
+    const double ms = median_ms(stream, [&] {
+      BENCH_OK(twinstep::kernels::rms_norm(x, w, y, r, d, 1e-6f, stream));
+    });
+    char label[64];
+    std::snprintf(label, sizeof(label), "rms_norm rows=%d dim=%d", r, d);
+    report(label, 2.0 * size_t(r) * d * sizeof(bf16), ms, copy_gbs);
+  }
+
+  // KV write: local family of the 12B (8 KV heads x 256), K and V from separate inputs, rows
+  // of one seq over shuffled pages of 16 tokens. Reads k, v; writes K, V.
+  {
+    const int32_t hd = 256, kvh = 8, page = 16;
+    const int32_t kv_rows = static_cast<int32_t>(n / (size_t(kvh) * hd));  // 65536 * 4096 / 2048
+    const int32_t pages = kv_rows / page + 1;
+    std::vector<uint32_t> order(pages - 1);
+    std::iota(order.begin(), order.end(), 1u);
+    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+    std::vector<int32_t> positions(kv_rows), row_seq(kv_rows, 0);
+    std::vector<int64_t> slot(kv_rows);
+    for (int32_t i = 0; i < kv_rows; ++i) {
+      positions[i] = i;
+      slot[i] = int64_t{order[i / page]} * page + i % page;
+    }
+    const size_t pool_elems = size_t(pages) * 2 * page * kvh * hd;
+    bf16* k = random_device(rng, size_t(kv_rows) * kvh * hd);
+    bf16* v = random_device(rng, size_t(kv_rows) * kvh * hd);
+    bf16* pool = random_device(rng, pool_elems);
+    bf16* kw = random_device(rng, hd);
+    int32_t *d_pos, *d_seq;
+    int64_t* d_slot;
+    BENCH_CUDA(cudaMalloc(&d_pos, kv_rows * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&d_seq, kv_rows * sizeof(int32_t)));
+    BENCH_CUDA(cudaMalloc(&d_slot, kv_rows * sizeof(int64_t)));
+    BENCH_CUDA(cudaMemcpy(d_pos, positions.data(), kv_rows * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(d_seq, row_seq.data(), kv_rows * 4, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaMemcpy(d_slot, slot.data(), kv_rows * 8, cudaMemcpyHostToDevice));
+    twinstep::kernels::KvPoolView view{pool, 1, pages, page, kvh, hd};
+    twinstep::kernels::RowsView rv{d_pos, d_seq, kv_rows};
+    twinstep::kernels::PagingView pv{nullptr, nullptr, nullptr, d_slot, 0, 1};
+    const int64_t stride = int64_t{kvh} * hd;
+    const double ms = median_ms(stream, [&] {
+      BENCH_OK(twinstep::kernels::kv_write(k, stride, v, stride, kw, 1e-6f,
+                                           twinstep::kernels::Rope::default_rope(hd, 1e4f), view,
+                                           0, rv, pv, stream));
+    });
+    // Plan arrays (position 4 B + slot 8 B per row) are counted too.
+    const double bytes = 4.0 * size_t(kv_rows) * stride * sizeof(bf16) + kv_rows * 12.0;
+    char label[64];
+    std::snprintf(label, sizeof(label), "kv_write rows=%d kvh=%d hd=%d", kv_rows, kvh, hd);
+    report(label, bytes, ms, copy_gbs);
+  }
+  BENCH_CUDA(cudaDeviceSynchronize());
+  return 0;
+}

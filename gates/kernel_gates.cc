@@ -1,0 +1,508 @@
+// gates/kernel_gates.cc: one GPU gate per kernel of kernels/ops.h. Each gate checks numerics
+// against an fp64 host reference on random data (never zeros; ||out-ref||/||ref|| <= 1e-2 for
+// bf16, no NaN) and, where rows are independent, the row-offset differential: a run that
+// skips a filler prefix row into sentinel-filled outputs against a run of the suffix alone
+// must agree bit for bit, leave the prefix sentinel, and leave pools equal everywhere else.
+#include <limits>
+
+#include "gates/kernel_gate_util.h"
+
+namespace twinstep::gates {
+namespace {
+
+using kernels::Rope;
+
+class KernelGates : public GpuGate {};
+
+// ---- embedding ------------------------------------------------------------------------
+
+TEST_F(KernelGates, EmbedGather) {
+  EXPECT_EQ(kernels::embed_scale_bf16(3840), 62.0f);  // DESIGN.md §1: sqrt(3840) in bf16
+  sim::Rng rng(11);
+  const int32_t vocab = 1000, hidden = 264, rows = 37;
+  const float scale = kernels::embed_scale_bf16(hidden);
+  std::vector<int32_t> tokens(rows);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(vocab));
+  tokens[3] = vocab - 1;
+  tokens[4] = 0;
+  const auto table = random_bf16(rng, size_t(vocab) * hidden);
+  DeviceBuffer<int32_t> d_tokens(tokens);
+  DeviceBuffer<bf16> d_table(table);
+  const std::vector<bf16> sentinel((rows + 1) * size_t(hidden), sentinel_bf16());
+  DeviceBuffer<bf16> offset_out(sentinel), alone_out(sentinel);
+  // Offset run: rows 1.. of tokens into rows 1.. of the output; row 0 must stay sentinel.
+  KERNEL_OK(kernels::embed_gather(d_tokens.get() + 1, d_table.get(), offset_out.get() + hidden,
+                                  rows - 1, hidden, vocab, scale, stream_));
+  std::vector<int32_t> suffix(tokens.begin() + 1, tokens.end());
+  DeviceBuffer<int32_t> d_suffix(suffix);
+  KERNEL_OK(kernels::embed_gather(d_suffix.get(), d_table.get(), alone_out.get(), rows - 1,
+                                  hidden, vocab, scale, stream_));
+  const auto off = offset_out.download(), alone = alone_out.download();
+  EXPECT_EQ(count_not_sentinel(off, 0, hidden), 0u) << "prefix row written";
+  EXPECT_EQ(bitwise_diffs(off, hidden, alone, 0, size_t(rows - 1) * hidden), 0u);
+  EXPECT_EQ(count_not_sentinel(alone, size_t(rows - 1) * hidden, hidden), 0u) << "wrote past";
+  // The product of two bf16 is exact in fp32: one rounding, so bitwise equal to the host's.
+  size_t wrong = 0;
+  for (int32_t r = 1; r < rows; ++r) {
+    for (int32_t c = 0; c < hidden; ++c) {
+      const bf16 want = to_bf(to_f(table[size_t(tokens[r]) * hidden + c]) * scale);
+      wrong += bits(want) != bits(off[size_t(r) * hidden + c]);
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------
+
+TEST_F(KernelGates, RmsNorm) {
+  sim::Rng rng(12);
+  const float eps = 1e-6f;
+  // 3840: the 12B hidden; 20480 exceeds the register-cached path (256 * 8 * 8).
+  for (int32_t dim : {256, 3840, 20480}) {
+    for (bool weighted : {true, false}) {
+      SCOPED_TRACE("dim=" + std::to_string(dim) + " weighted=" + std::to_string(weighted));
+      const int32_t rows = 19;
+      const auto x = random_bf16(rng, size_t(rows) * dim, -2.0f, 2.0f);
+      const auto w = random_bf16(rng, dim, 0.5f, 1.5f);
+      DeviceBuffer<bf16> d_x(x), d_w(w);
+      const std::vector<bf16> sentinel((rows + 1) * size_t(dim), sentinel_bf16());
+      DeviceBuffer<bf16> offset_out(sentinel), alone_out(sentinel);
+      const bf16* wp = weighted ? d_w.get() : nullptr;
+      KERNEL_OK(kernels::rms_norm(d_x.get() + dim, wp, offset_out.get() + dim, rows - 1, dim,
+                                  eps, stream_));
+      DeviceBuffer<bf16> d_suffix(std::vector<bf16>(x.begin() + dim, x.end()));
+      KERNEL_OK(kernels::rms_norm(d_suffix.get(), wp, alone_out.get(), rows - 1, dim, eps,
+                                  stream_));
+      const auto off = offset_out.download(), alone = alone_out.download();
+      EXPECT_EQ(count_not_sentinel(off, 0, dim), 0u);
+      EXPECT_EQ(bitwise_diffs(off, dim, alone, 0, size_t(rows - 1) * dim), 0u);
+      EXPECT_EQ(count_not_sentinel(alone, size_t(rows - 1) * dim, dim), 0u);
+      const auto xf = to_float(x), wf = to_float(w);
+      std::vector<double> ref(size_t(rows - 1) * dim);
+      for (int32_t r = 1; r < rows; ++r) {
+        ref_rms_norm(&xf[size_t(r) * dim], weighted ? wf.data() : nullptr, dim, eps,
+                     &ref[size_t(r - 1) * dim]);
+      }
+      const std::vector<bf16> got(off.begin() + dim, off.end());
+      EXPECT_LE(rel_error(to_float(got), ref), kBf16Tolerance);
+      // In place gives the same bits.
+      KERNEL_OK(kernels::rms_norm(d_suffix.get(), wp, d_suffix.get(), rows - 1, dim, eps,
+                                  stream_));
+      const auto inplace = d_suffix.download();
+      EXPECT_EQ(bitwise_diffs(inplace, 0, alone, 0, inplace.size()), 0u);
+    }
+  }
+}
+
+// ---- q/k norm + rope --------------------------------------------------------------------
+
+struct RopeCase {
+  int32_t head_dim;
+  Rope rope;
+  double theta;
+  int32_t pairs;
+};
+
+std::vector<RopeCase> rope_cases() {
+  std::vector<RopeCase> cases;
+  for (int32_t hd : kernels::kHeadDims) {
+    cases.push_back({hd, Rope::default_rope(hd, 10000.0f), 10000.0, hd / 2});
+    cases.push_back({hd, Rope::proportional(hd, 1e6f, 0.25), 1e6, hd / 8});
+  }
+  return cases;
+}
+
+TEST_F(KernelGates, QkNormRope) {
+  sim::Rng rng(13);
+  const float eps = 1e-6f;
+  EXPECT_EQ(Rope::proportional(512, 1e6f, 0.25).rotary_pairs, 64);
+  for (const RopeCase& rc : rope_cases()) {
+    SCOPED_TRACE("head_dim=" + std::to_string(rc.head_dim) +
+                 " pairs=" + std::to_string(rc.pairs));
+    const int32_t hd = rc.head_dim, heads = 3, rows = 11;
+    const int64_t stride = int64_t{heads} * hd + 64;  // fused-QKV-like padding, untouched
+    auto x = random_bf16(rng, size_t(rows + 1) * stride, -2.0f, 2.0f);
+    for (int32_t r = 0; r <= rows; ++r) {  // padding and the filler row hold the sentinel
+      for (int64_t c = int64_t{heads} * hd; c < stride; ++c) x[r * stride + c] = sentinel_bf16();
+    }
+    for (int64_t c = 0; c < stride; ++c) x[c] = sentinel_bf16();
+    std::vector<int32_t> positions(rows + 1);
+    for (auto& p : positions) p = static_cast<int32_t>(rng.below(8192));
+    positions[1] = 0;
+    const auto w = random_bf16(rng, hd, 0.5f, 1.5f);
+    DeviceBuffer<bf16> d_off(x), d_w(w);
+    DeviceBuffer<int32_t> d_pos(positions);
+    KERNEL_OK(kernels::qk_norm_rope(d_off.get() + stride, stride, d_w.get(), d_pos.get() + 1,
+                                    rows, heads, hd, eps, rc.rope, stream_));
+    DeviceBuffer<bf16> d_alone(std::vector<bf16>(x.begin() + stride, x.end()));
+    DeviceBuffer<int32_t> d_pos_alone(std::vector<int32_t>(positions.begin() + 1, positions.end()));
+    KERNEL_OK(kernels::qk_norm_rope(d_alone.get(), stride, d_w.get(), d_pos_alone.get(), rows,
+                                    heads, hd, eps, rc.rope, stream_));
+    const auto off = d_off.download(), alone = d_alone.download();
+    EXPECT_EQ(count_not_sentinel(off, 0, stride), 0u);
+    EXPECT_EQ(bitwise_diffs(off, stride, alone, 0, size_t(rows) * stride), 0u);
+    // Padding columns untouched (still sentinel).
+    size_t pad_written = 0;
+    for (int32_t r = 0; r < rows; ++r) {
+      pad_written += count_not_sentinel(alone, r * stride + heads * hd, stride - heads * hd);
+    }
+    EXPECT_EQ(pad_written, 0u);
+    const auto xf = to_float(x), wf = to_float(w);
+    std::vector<double> ref;
+    std::vector<float> got;
+    std::vector<double> head(hd);
+    for (int32_t r = 1; r <= rows; ++r) {
+      for (int32_t h = 0; h < heads; ++h) {
+        const size_t at = r * stride + size_t(h) * hd;
+        ref_rms_norm(&xf[at], wf.data(), hd, eps, head.data());
+        ref_rope(head.data(), hd, positions[r], rc.theta, rc.pairs);
+        for (int32_t d = 0; d < hd; ++d) {
+          ref.push_back(head[d]);
+          got.push_back(to_f(off[at + d]));
+        }
+      }
+    }
+    EXPECT_LE(rel_error(got, ref), kBf16Tolerance);
+    // The non-rotating pairs of proportional rope are the plain normed values.
+    if (rc.pairs < hd / 2) {
+      const size_t at = stride + static_cast<size_t>(hd / 2) - 1;  // row 1, head 0, pair hd/2-1
+      ref_rms_norm(&xf[stride], wf.data(), hd, eps, head.data());
+      EXPECT_NEAR(to_f(off[at]), head[hd / 2 - 1], 1e-2 * std::abs(head[hd / 2 - 1]) + 1e-3);
+    }
+  }
+}
+
+// ---- paged KV write ---------------------------------------------------------------------
+
+struct KvCase {
+  const char* name;
+  int32_t head_dim, kv_heads, window;
+  bool k_eq_v;
+  Rope rope;
+  double theta;
+  int32_t pairs;
+};
+
+void run_kv_write_case(const KvCase& kc, cudaStream_t stream) {
+  SCOPED_TRACE(kc.name);
+  sim::Rng rng(14 + kc.head_dim);
+  const float eps = 1e-6f;
+  const int32_t page = 16, layers = 2, layer = 1, hd = kc.head_dim, kvh = kc.kv_heads;
+  // Seq 0 is the filler: its row is skipped by the offset run.
+  const PagedScenario a = make_scenario(rng, {{5, 1}, {0, 37}, {40, 3}, {70, 1}}, page, kvh, hd,
+                                        layers, kc.window, 3);
+  const PagedScenario b = drop_first_seq(a);
+  const int64_t stride = int64_t{kvh} * hd;
+  const auto k_raw = random_bf16(rng, size_t(a.rows()) * stride, -2.0f, 2.0f);
+  const auto v_raw = kc.k_eq_v ? k_raw : random_bf16(rng, size_t(a.rows()) * stride, -2.0f, 2.0f);
+  const auto w = random_bf16(rng, hd, 0.5f, 1.5f);
+  DeviceBuffer<bf16> d_k(k_raw), d_v(v_raw), d_w(w);
+  const std::vector<bf16> sentinel(a.pool_elems(), sentinel_bf16());
+  DeviceBuffer<bf16> pool_off(sentinel), pool_alone(sentinel);
+  DevicePlan pa(a), pb(b);
+  const bf16* v_ptr = kc.k_eq_v ? d_k.get() : d_v.get();
+  KERNEL_OK(kernels::kv_write(d_k.get() + stride, stride, v_ptr + stride, stride, d_w.get(), eps,
+                              kc.rope, pool_view(a, pool_off.get()), layer, pa.rows_view(1),
+                              pa.paging_view(1), stream));
+  KERNEL_OK(kernels::kv_write(d_k.get() + stride, stride, v_ptr + stride, stride, d_w.get(), eps,
+                              kc.rope, pool_view(b, pool_alone.get()), layer, pb.rows_view(),
+                              pb.paging_view(), stream));
+  const auto off = pool_off.download(), alone = pool_alone.download();
+  EXPECT_EQ(bitwise_diffs(off, 0, alone, 0, off.size()), 0u) << "pools differ";
+  // Expected: every written element; everything else sentinel.
+  std::vector<bool> written(off.size(), false);
+  const auto kf = to_float(k_raw), vf = to_float(v_raw), wf = to_float(w);
+  std::vector<double> ref;
+  std::vector<float> got;
+  std::vector<double> head(hd);
+  for (int32_t r = 1; r < a.rows(); ++r) {
+    const int32_t s = a.row_seq[r], p = a.positions[r];
+    for (int32_t h = 0; h < kvh; ++h) {
+      for (int kind = 0; kind < 2; ++kind) {
+        const float* src = (kind == 0 ? kf : vf).data() + r * stride + size_t(h) * hd;
+        ref_rms_norm(src, kind == 0 ? wf.data() : nullptr, hd, eps, head.data());
+        if (kind == 0) ref_rope(head.data(), hd, p, kc.theta, kc.pairs);
+        const int64_t at = a.elem(layer, s, p, kind, h);
+        for (int32_t d = 0; d < hd; ++d) {
+          written[at + d] = true;
+          ref.push_back(head[d]);
+          got.push_back(to_f(off[at + d]));
+        }
+      }
+    }
+  }
+  EXPECT_LE(rel_error(got, ref), kBf16Tolerance);
+  size_t stray = 0;
+  for (size_t i = 0; i < off.size(); ++i) stray += !written[i] && bits(off[i]) != bits(sentinel_bf16());
+  EXPECT_EQ(stray, 0u) << "elements written outside the planned slots";
+}
+
+TEST_F(KernelGates, KvWrite) {
+  // Global family of the 12B: head_dim 512, one KV head, K==V, proportional rope.
+  run_kv_write_case({"global k==v", 512, 1, 0, true, Rope::proportional(512, 1e6f, 0.25), 1e6,
+                     64},
+                    stream_);
+  // Local family: head_dim 256, two KV heads, separate V, default rope, window 24.
+  run_kv_write_case({"local", 256, 2, 24, false, Rope::default_rope(256, 1e4f), 1e4, 128},
+                    stream_);
+  run_kv_write_case({"small", 64, 4, 0, false, Rope::default_rope(64, 1e4f), 1e4, 32}, stream_);
+  run_kv_write_case({"mid", 128, 2, 0, true, Rope::proportional(128, 1e6f, 0.25), 1e6, 16},
+                    stream_);
+}
+
+// ---- paged attention ------------------------------------------------------------------
+
+struct AttnCase {
+  const char* name;
+  int32_t head_dim, q_heads, kv_heads, window, page_size;
+};
+
+using AttnFn = kernels::KernelStatus (*)(const bf16*, int64_t, bf16*, int32_t,
+                                         const kernels::KvPoolView&, int32_t,
+                                         const kernels::RowsView&, const kernels::PagingView&,
+                                         int32_t, float, cudaStream_t);
+
+// Returns the offset run's output rows (without the filler) for the prefill/decode agreement.
+std::vector<bf16> run_attention_case(const AttnCase& ac, AttnFn fn, cudaStream_t stream) {
+  SCOPED_TRACE(ac.name);
+  sim::Rng rng(15 + ac.head_dim + ac.window);
+  const int32_t hd = ac.head_dim, layers = 2, layer = 1;
+  // Filler, a long prefill chunk continuing a prompt, a fresh prompt, two decode rows.
+  const PagedScenario a = make_scenario(
+      rng, {{9, 1}, {21, 40}, {0, 17}, {130, 1}, {3, 1}}, ac.page_size, ac.kv_heads, hd, layers,
+      ac.window, 2);
+  const PagedScenario b = drop_first_seq(a);
+  // Pool: random K/V on every listed page of every layer; unlisted pages (the padding page,
+  // the spares) hold NaN sentinels, so a read through a wrong page poisons the output.
+  std::vector<bf16> pool(a.pool_elems(), sentinel_bf16());
+  for (int32_t l = 0; l < layers; ++l) {
+    for (uint32_t pg : a.page_indices) {
+      const int64_t base = l * a.layer_elems() + int64_t{pg} * 2 * ac.page_size * a.token_elems();
+      const auto vals = random_bf16(rng, size_t(2) * ac.page_size * a.token_elems(), -2.0f, 2.0f);
+      std::copy(vals.begin(), vals.end(), pool.begin() + base);
+    }
+  }
+  const int64_t q_stride = int64_t{ac.q_heads} * hd;
+  const auto q = random_bf16(rng, size_t(a.rows()) * q_stride, -0.5f, 0.5f);
+  DeviceBuffer<bf16> d_pool(pool), d_q(q);
+  const std::vector<bf16> sentinel(size_t(a.rows() + 1) * q_stride, sentinel_bf16());
+  DeviceBuffer<bf16> out_off(sentinel), out_alone(sentinel);
+  DevicePlan pa(a), pb(b);
+  auto s1 = fn(d_q.get() + q_stride, q_stride, out_off.get() + q_stride, ac.q_heads,
+               pool_view(a, d_pool.get()), layer, pa.rows_view(1), pa.paging_view(1), ac.window,
+               1.0f, stream);
+  EXPECT_TRUE(s1.ok()) << (s1.ok() ? "" : s1.error().message);
+  auto s2 = fn(d_q.get() + q_stride, q_stride, out_alone.get(), ac.q_heads,
+               pool_view(b, d_pool.get()), layer, pb.rows_view(), pb.paging_view(), ac.window,
+               1.0f, stream);
+  EXPECT_TRUE(s2.ok()) << (s2.ok() ? "" : s2.error().message);
+  const auto off = out_off.download(), alone = out_alone.download();
+  const size_t body = size_t(a.rows() - 1) * q_stride;
+  EXPECT_EQ(count_not_sentinel(off, 0, q_stride), 0u) << "filler row written";
+  EXPECT_EQ(bitwise_diffs(off, q_stride, alone, 0, body), 0u);
+  EXPECT_EQ(count_not_sentinel(alone, body, q_stride), 0u) << "wrote past the rows";
+  EXPECT_EQ(bitwise_diffs(d_pool.download(), 0, pool, 0, pool.size()), 0u) << "pool modified";
+
+  // fp64 reference: softmax(q.k) v over keys [first_key(p), p], scale 1.0, GQA.
+  const auto qf = to_float(q), pf = to_float(pool);
+  std::vector<double> ref;
+  std::vector<float> got;
+  const int32_t group = ac.q_heads / ac.kv_heads;
+  for (int32_t r = 1; r < a.rows(); ++r) {
+    const int32_t s = a.row_seq[r], p = a.positions[r];
+    for (int32_t h = 0; h < ac.q_heads; ++h) {
+      const float* qv = &qf[r * q_stride + size_t(h) * hd];
+      std::vector<double> scores;
+      double mx = -INFINITY;
+      for (int32_t j = a.first_key(p); j <= p; ++j) {
+        const float* kv = &pf[a.elem(layer, s, j, 0, h / group)];
+        double dot = 0.0;
+        for (int32_t d = 0; d < hd; ++d) dot += static_cast<double>(qv[d]) * kv[d];
+        scores.push_back(dot);
+        mx = std::max(mx, dot);
+      }
+      double sum = 0.0;
+      for (double& sc : scores) sum += (sc = std::exp(sc - mx));
+      std::vector<double> o(hd, 0.0);
+      for (int32_t j = a.first_key(p), i = 0; j <= p; ++j, ++i) {
+        const float* vv = &pf[a.elem(layer, s, j, 1, h / group)];
+        for (int32_t d = 0; d < hd; ++d) o[d] += scores[i] / sum * vv[d];
+      }
+      for (int32_t d = 0; d < hd; ++d) {
+        ref.push_back(o[d]);
+        got.push_back(to_f(off[r * q_stride + size_t(h) * hd + d]));
+      }
+    }
+  }
+  EXPECT_LE(rel_error(got, ref), kBf16Tolerance);
+  return std::vector<bf16>(off.begin() + q_stride, off.end());
+}
+
+const AttnCase kAttnCases[] = {
+    {"global 12B-like: hd 512, MQA", 512, 4, 1, 0, 16},
+    {"local 12B-like: hd 256, GQA 2, window 24", 256, 4, 2, 24, 16},
+    {"hd 128, window 7, page 4", 128, 6, 3, 7, 4},
+    {"hd 64, MHA", 64, 2, 2, 0, 8},
+};
+
+TEST_F(KernelGates, AttentionPrefill) {
+  for (const AttnCase& ac : kAttnCases) run_attention_case(ac, kernels::attention_prefill, stream_);
+}
+
+TEST_F(KernelGates, AttentionDecode) {
+  for (const AttnCase& ac : kAttnCases) {
+    const auto decode = run_attention_case(ac, kernels::attention_decode, stream_);
+    const auto prefill = run_attention_case(ac, kernels::attention_prefill, stream_);
+    // Two work splits of the same function: close, though not bitwise (summation order).
+    std::vector<double> pref(prefill.size());
+    for (size_t i = 0; i < prefill.size(); ++i) pref[i] = to_f(prefill[i]);
+    EXPECT_LE(rel_error(to_float(decode), pref), kBf16Tolerance) << ac.name;
+  }
+}
+
+// ---- elementwise ------------------------------------------------------------------------
+
+TEST_F(KernelGates, GeluTanhMul) {
+  sim::Rng rng(16);
+  const int32_t rows = 13, cols = 1000;
+  const int64_t stride = 2 * cols;  // fused gate|up GEMM output
+  const auto in = random_bf16(rng, size_t(rows) * stride, -4.0f, 4.0f);
+  DeviceBuffer<bf16> d_in(in);
+  DeviceBuffer<bf16> d_out(std::vector<bf16>(size_t(rows + 1) * cols, sentinel_bf16()));
+  KERNEL_OK(kernels::gelu_tanh_mul(d_in.get(), d_in.get() + cols, stride, d_out.get(), rows,
+                                   cols, stream_));
+  const auto out = d_out.download();
+  EXPECT_EQ(count_not_sentinel(out, size_t(rows) * cols, cols), 0u);
+  std::vector<double> ref;
+  const auto f = to_float(in);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t c = 0; c < cols; ++c) {
+      const double g = f[r * stride + c], u = f[r * stride + cols + c];
+      const double gelu =
+          0.5 * g * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g)));
+      ref.push_back(gelu * u);
+    }
+  }
+  const std::vector<bf16> got(out.begin(), out.begin() + size_t(rows) * cols);
+  EXPECT_LE(rel_error(to_float(got), ref), kBf16Tolerance);
+}
+
+TEST_F(KernelGates, ResidualAdd) {
+  sim::Rng rng(17);
+  const int64_t n = 10007;  // a tail that is not a multiple of 8
+  const auto a = random_bf16(rng, n), b = random_bf16(rng, n);
+  DeviceBuffer<bf16> d_a(a), d_b(b);
+  DeviceBuffer<bf16> d_out(std::vector<bf16>(n + 8, sentinel_bf16()));
+  KERNEL_OK(kernels::residual_add(d_a.get(), d_b.get(), d_out.get(), n, stream_));
+  KERNEL_OK(kernels::residual_add(d_a.get(), d_b.get(), d_a.get(), n, stream_));  // in place
+  const auto out = d_out.download(), inplace = d_a.download();
+  size_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += bits(out[i]) != bits(to_bf(to_f(a[i]) + to_f(b[i])));
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(count_not_sentinel(out, n, 8), 0u);
+  EXPECT_EQ(bitwise_diffs(inplace, 0, out, 0, n), 0u);
+}
+
+TEST_F(KernelGates, ScaleInplace) {
+  sim::Rng rng(18);
+  const int64_t n = 4099;
+  auto x = random_bf16(rng, n + 8);
+  for (int64_t i = n; i < n + 8; ++i) x[i] = sentinel_bf16();
+  DeviceBuffer<bf16> d_x(x);
+  const float scalar = 0.7109375f;
+  KERNEL_OK(kernels::scale_inplace(d_x.get(), scalar, n, stream_));
+  const auto out = d_x.download();
+  size_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += bits(out[i]) != bits(to_bf(to_f(x[i]) * scalar));
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(count_not_sentinel(out, n, 8), 0u);
+}
+
+TEST_F(KernelGates, Softcap) {
+  sim::Rng rng(19);
+  const int64_t n = 5003;
+  const float cap = 30.0f;
+  std::vector<float> xf(n);
+  for (auto& v : xf) v = static_cast<float>(rng.unit() * 200.0 - 100.0);
+  DeviceBuffer<float> d_f(xf);
+  const auto xb = random_bf16(rng, n, -100.0f, 100.0f);
+  DeviceBuffer<bf16> d_b(xb);
+  KERNEL_OK(kernels::softcap_inplace(d_f.get(), cap, n, stream_));
+  KERNEL_OK(kernels::softcap_inplace(d_b.get(), cap, n, stream_));
+  const auto of = d_f.download();
+  const auto ob = to_float(d_b.download());
+  std::vector<double> rf(n), rb(n);
+  for (int64_t i = 0; i < n; ++i) {
+    rf[i] = cap * std::tanh(xf[i] / static_cast<double>(cap));
+    rb[i] = cap * std::tanh(to_f(xb[i]) / static_cast<double>(cap));
+  }
+  EXPECT_LE(rel_error(of, rf), 1e-5);
+  EXPECT_LE(rel_error(ob, rb), kBf16Tolerance);
+}
+
+TEST_F(KernelGates, Argmax) {
+  sim::Rng rng(20);
+  const int32_t rows = 6, cols = 50000;
+  std::vector<float> x(size_t(rows) * cols);
+  for (auto& v : x) v = static_cast<float>(rng.unit() * 10.0 - 5.0);
+  // Row 0: a tie between columns 777 and 40000 -> 777. Row 1: NaNs never win.
+  x[777] = x[40000] = 9.0f;
+  x[size_t(cols) + 5] = std::numeric_limits<float>::quiet_NaN();
+  x[size_t(cols) + 6] = 8.5f;
+  // Row 2: the maximum in the last column; row 3: in the first.
+  x[size_t(2) * cols + cols - 1] = 7.5f;
+  x[size_t(3) * cols] = 7.5f;
+  std::vector<bf16> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = to_bf(x[i]);
+  DeviceBuffer<float> d_x(x);
+  DeviceBuffer<bf16> d_xb(xb);
+  DeviceBuffer<int32_t> d_out(std::vector<int32_t>(rows, -1)), d_outb(std::vector<int32_t>(rows, -1));
+  KERNEL_OK(kernels::argmax(d_x.get(), d_out.get(), rows, cols, stream_));
+  KERNEL_OK(kernels::argmax(d_xb.get(), d_outb.get(), rows, cols, stream_));
+  const auto got = d_out.download(), gotb = d_outb.download();
+  auto host_argmax = [&](auto&& value, int32_t r) {
+    int32_t best = 0;
+    float bv = -INFINITY;
+    for (int32_t c = 0; c < cols; ++c) {
+      const float v = value(size_t(r) * cols + c);
+      if (v > bv) bv = v, best = c;
+    }
+    return best;
+  };
+  for (int32_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(got[r], host_argmax([&](size_t i) { return x[i]; }, r)) << "row " << r;
+    EXPECT_EQ(gotb[r], host_argmax([&](size_t i) { return to_f(xb[i]); }, r)) << "row " << r;
+  }
+  EXPECT_EQ(got[0], 777);
+  EXPECT_EQ(got[1], 6);
+  EXPECT_EQ(got[2], cols - 1);
+  EXPECT_EQ(got[3], 0);
+}
+
+TEST_F(KernelGates, Gemm) {
+  sim::Rng rng(21);
+  auto blas = kernels::Blas::create(stream_);
+  ASSERT_TRUE(blas.ok()) << blas.error().message;
+  for (auto [m, n, k] : {std::tuple{33, 200, 256}, std::tuple{1, 3840, 512}}) {
+    SCOPED_TRACE("m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+    const auto x = random_bf16(rng, size_t(m) * k), w = random_bf16(rng, size_t(n) * k);
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_y(size_t(m) * n);
+    DeviceBuffer<float> d_yf(size_t(m) * n);
+    KERNEL_OK(blas->gemm(d_x.get(), d_w.get(), d_y.get(), m, n, k));
+    KERNEL_OK(blas->gemm(d_x.get(), d_w.get(), d_yf.get(), m, n, k));
+    const auto xf = to_float(x), wf = to_float(w);
+    std::vector<double> ref(size_t(m) * n);
+    for (int32_t i = 0; i < m; ++i) {
+      for (int32_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int32_t t = 0; t < k; ++t) acc += static_cast<double>(xf[i * k + t]) * wf[j * k + t];
+        ref[size_t(i) * n + j] = acc;
+      }
+    }
+    EXPECT_LE(rel_error(to_float(d_y.download()), ref), kBf16Tolerance);
+    EXPECT_LE(rel_error(d_yf.download(), ref), 1e-4);  // fp32 accumulate, fp32 out
+  }
+}
+
+}  // namespace
+}  // namespace twinstep::gates
