@@ -1,0 +1,252 @@
+// apps/twinstep_generate.cc: twinstep-generate, greedy (or sampled) generation of token ids
+// through the real scheduler on the CUDA device or the simulated one. All prompts are
+// submitted at once and batched by the scheduler; one output line per prompt, in order.
+//
+//   twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,7...] --max-tokens N
+//                     [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]
+//                     [--temperature T --top-k K --top-p P --sample-seed S]
+//                     [--page-size P] [--max-step-tokens N]
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "sim/sim_device.h"
+#if defined(TWINSTEP_WITH_CUDA)
+#include "kernels/cuda_device.h"
+#endif
+
+namespace {
+
+using namespace twinstep;
+
+const char* kUsage =
+    "usage: twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,...] --max-tokens N\n"
+    "                         [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]\n"
+    "                         [--temperature T] [--top-k K] [--top-p P] [--sample-seed S]\n"
+    "                         [--page-size P] [--max-step-tokens N]\n"
+    "DIR holds config.json (+ generation_config.json, *.safetensors unless --random-weights);\n"
+    "PRESET is a built-in geometry (gemma4-12b, sim-tiny), which needs --random-weights on cuda.\n"
+    "Prints the generated ids of each prompt, comma-separated, one line per prompt.\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "twinstep-generate: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+struct Options {
+  std::string model;
+  std::vector<std::vector<int32_t>> prompts;
+  int32_t max_tokens = -1;
+#if defined(TWINSTEP_WITH_CUDA)
+  std::string device = "cuda";
+#else
+  std::string device = "sim";
+#endif
+  bool random_weights = false;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  engine::SamplingParams sampling;
+  int32_t page_size = 16;
+  int32_t max_step_tokens = 2048;
+};
+
+int64_t parse_int(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) {
+    usage_error(flag + " expects an integer, got '" + text + "'");
+  }
+  return v;
+}
+
+double parse_double(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') usage_error(flag + " expects a number, got '" + text + "'");
+  return v;
+}
+
+std::vector<std::vector<int32_t>> parse_prompts(const std::string& text) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::stringstream all(text);
+  std::string one;
+  while (std::getline(all, one, ';')) {
+    std::vector<int32_t> ids;
+    std::stringstream ss(one);
+    std::string id;
+    while (std::getline(ss, id, ',')) {
+      const int64_t v = parse_int("--prompt-ids", id);
+      if (v < 0 || v > INT32_MAX) usage_error("--prompt-ids: id " + id + " out of range");
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    if (ids.empty()) usage_error("--prompt-ids: empty prompt in '" + text + "'");
+    prompts.push_back(std::move(ids));
+  }
+  if (prompts.empty()) usage_error("--prompt-ids: no prompt");
+  return prompts;
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model") o.model = value();
+    else if (a == "--prompt-ids") o.prompts = parse_prompts(value());
+    else if (a == "--max-tokens") o.max_tokens = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--device") o.device = value();
+    else if (a == "--random-weights") o.random_weights = true;
+    else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value()));
+    else if (a == "--ignore-eos") o.ignore_eos = true;
+    else if (a == "--temperature") o.sampling.temperature = static_cast<float>(parse_double(a, value()));
+    else if (a == "--top-k") o.sampling.top_k = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--top-p") o.sampling.top_p = static_cast<float>(parse_double(a, value()));
+    else if (a == "--sample-seed") o.sampling.seed = static_cast<uint64_t>(parse_int(a, value()));
+    else if (a == "--page-size") o.page_size = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--max-step-tokens") o.max_step_tokens = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else {
+      usage_error("unknown argument '" + a + "'");
+    }
+  }
+  if (o.model.empty()) usage_error("--model is required");
+  if (o.prompts.empty()) usage_error("--prompt-ids is required");
+  if (o.max_tokens <= 0) usage_error("--max-tokens must be a positive integer");
+  if (o.device != "cuda" && o.device != "sim") {
+    usage_error("--device must be 'cuda' or 'sim', got '" + o.device + "'");
+  }
+  if (o.page_size <= 0) usage_error("--page-size must be positive");
+  return o;
+}
+
+int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  // The model: a checkpoint directory (config + shards), or its config alone / a preset with
+  // --random-weights.
+  std::unique_ptr<engine::ModelWeights> weights;
+  engine::ModelConfig config;
+  if (std::filesystem::is_directory(o.model)) {
+    if (o.random_weights || o.device == "sim") {
+      auto c = engine::ModelConfig::from_file(std::filesystem::path(o.model) / "config.json");
+      if (!c) {
+        std::fprintf(stderr, "twinstep-generate: %s/config.json: %s\n", o.model.c_str(),
+                     c.error().message.c_str());
+        return 1;
+      }
+      config = c.value();
+    } else {
+      auto w = engine::ModelWeights::load(o.model);
+      if (!w) {
+        std::fprintf(stderr, "twinstep-generate: %s\n", w.error().message.c_str());
+        return 1;
+      }
+      weights = std::move(w.value());
+      config = weights->config();
+    }
+  } else {
+    auto c = engine::ModelConfig::preset(o.model);
+    if (!c) {
+      std::fprintf(stderr, "twinstep-generate: --model '%s' is neither a directory nor a preset: %s\n",
+                   o.model.c_str(), c.error().message.c_str());
+      return 1;
+    }
+    if (o.device == "cuda" && !o.random_weights) {
+      usage_error("preset '" + o.model + "' has no weights: add --random-weights");
+    }
+    config = c.value();
+  }
+
+  // Pools sized so that every prompt fits at once: the global family holds whole contexts; the
+  // local family holds as much (the scheduler releases pages behind the window as it goes).
+  engine::EngineConfig ec;
+  ec.page_size = o.page_size;
+  int64_t pages = 0;
+  for (const auto& p : o.prompts) pages += ceil_div(static_cast<int64_t>(p.size()) + o.max_tokens, o.page_size);
+  ec.pages_global = static_cast<int32_t>(pages + 1);
+  ec.pages_local = static_cast<int32_t>(pages + 1);
+  ec.max_running = static_cast<int32_t>(o.prompts.size());
+  ec.max_step_tokens = o.max_step_tokens;
+
+  std::unique_ptr<engine::Device> device;
+  if (o.device == "sim") {
+    device = std::make_unique<sim::SimDevice>(config);
+  } else {
+#if defined(TWINSTEP_WITH_CUDA)
+    kernels::CudaDeviceOptions dopt;
+    dopt.random_seed = o.seed;
+    auto d = kernels::CudaDevice::create(config, weights.get(), dopt);
+    if (!d) {
+      std::fprintf(stderr, "twinstep-generate: cuda device: %s\n", d.error().message.c_str());
+      return 1;
+    }
+    device = std::move(d.value());
+#else
+    usage_error("this build has no CUDA: use --device sim");
+#endif
+  }
+  auto engine = engine::Engine::create(config, ec, *device);
+  if (!engine) {
+    std::fprintf(stderr, "twinstep-generate: engine: %s\n", engine.error().message.c_str());
+    return 1;
+  }
+  std::vector<engine::RequestId> ids;
+  for (const auto& p : o.prompts) {
+    engine::Request r;
+    r.prompt = p;
+    r.max_tokens = o.max_tokens;
+    r.sampling = o.sampling;
+    if (!o.ignore_eos) r.stop_ids = config.eos_token_ids;
+    ids.push_back(engine.value()->submit(std::move(r)).id());
+  }
+  std::map<engine::RequestId, std::vector<int32_t>> out;
+  std::map<engine::RequestId, engine::Terminal> terminal;
+  int failed_steps = 0;
+  while (!engine.value()->idle()) {
+    const engine::StepOutputs step = engine.value()->step();
+    if (step.failed) {
+      std::fprintf(stderr, "twinstep-generate: step %llu failed: %s\n",
+                   static_cast<unsigned long long>(step.step_index), step.error.c_str());
+      if (++failed_steps > 8) return 1;
+    }
+    for (const engine::RequestUpdate& u : step.updates) {
+      auto& tokens = out[u.id];
+      tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.terminal) terminal[u.id] = *u.terminal;
+    }
+  }
+  int rc = 0;
+  for (engine::RequestId id : ids) {
+    const auto it = terminal.find(id);
+    if (it != terminal.end() && (it->second.kind == engine::TerminalKind::kRejected ||
+                                 it->second.kind == engine::TerminalKind::kFailed)) {
+      std::fprintf(stderr, "twinstep-generate: prompt %llu: %s: %s\n",
+                   static_cast<unsigned long long>(id.value),
+                   engine::terminal_kind_name(it->second.kind), it->second.message.c_str());
+      rc = 1;
+    }
+    const auto& tokens = out[id];
+    std::string line;
+    for (size_t i = 0; i < tokens.size(); ++i) line += (i ? "," : "") + std::to_string(tokens[i]);
+    std::printf("%s\n", line.c_str());
+  }
+  return rc;
+}

@@ -1,0 +1,434 @@
+// kernels/cuda_device.cc: the CUDA Device: pools, plan validation and upload, the forward,
+// fault sites, and sampling.
+#include "kernels/cuda_device.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "engine/weight_init.h"
+#include "kernels/plan_check.h"
+
+namespace twinstep::kernels {
+namespace {
+
+using engine::DeviceError;
+using engine::DeviceErrorCode;
+using engine::Family;
+
+Unexpected<DeviceError> device_error(DeviceErrorCode code, std::string message) {
+  return unexpected(DeviceError{code, std::move(message)});
+}
+
+DeviceError from_kernel(const KernelError& e) {
+  return DeviceError{e.code == KernelErrorCode::kBadArgument ? DeviceErrorCode::kBadPlan
+                                                             : DeviceErrorCode::kCuda,
+                     e.message};
+}
+
+DeviceError cuda_error(cudaError_t err, const char* what) {
+  return DeviceError{err == cudaErrorMemoryAllocation ? DeviceErrorCode::kOutOfMemory
+                                                      : DeviceErrorCode::kCuda,
+                     std::string(what) + ": " + cudaGetErrorString(err)};
+}
+
+// Uniform in [0, 1) from (seed, output index): splitmix64 of both, 53 bits.
+double sample_uniform(uint64_t seed, int32_t output_index) {
+  const uint64_t bits = engine::weight_hash(seed ^ engine::weight_hash(
+                                                       0x5A4D504C45ull + static_cast<uint64_t>(output_index)));
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+}  // namespace
+
+int32_t sample_logits(std::span<const float> logits, const engine::SamplingParams& s,
+                      int32_t output_index) {
+  TS_CHECK(!logits.empty()) << "sampling an empty row";
+  auto argmax = [&] {
+    int32_t best = 0;
+    for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
+      // NaN never wins: a comparison with NaN is false.
+      if (logits[i] > logits[best] || std::isnan(logits[best])) best = i;
+    }
+    return best;
+  };
+  if (s.greedy()) return argmax();
+  // Candidates ordered by logit (descending), ties by index: a total, portable order.
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    const float la = std::isnan(logits[a]) ? -INFINITY : logits[a];
+    const float lb = std::isnan(logits[b]) ? -INFINITY : logits[b];
+    return la != lb ? la > lb : a < b;
+  };
+  size_t keep = logits.size();
+  if (s.top_k > 0) keep = std::min<size_t>(keep, static_cast<size_t>(s.top_k));
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
+  order.resize(keep);
+  const double top = logits[order[0]];
+  std::vector<double> p(keep);
+  double sum = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    const double l = std::isnan(logits[order[i]]) ? -INFINITY : logits[order[i]];
+    p[i] = std::exp((l - top) / s.temperature);
+    sum += p[i];
+  }
+  if (s.top_p < 1.0f) {
+    double cumulative = 0.0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      cumulative += p[i] / sum;
+      if (cumulative >= s.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
+  }
+  const double u = sample_uniform(s.seed, output_index) * sum;
+  double acc = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
+    const engine::ModelConfig& config, const engine::ModelWeights* weights,
+    CudaDeviceOptions options) {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
+    return device_error(DeviceErrorCode::kCuda,
+                        std::string("no CUDA device: ") +
+                            (err != cudaSuccess ? cudaGetErrorString(err) : "count is 0"));
+  }
+  if (options.device_ordinal < 0 || options.device_ordinal >= count) {
+    return device_error(DeviceErrorCode::kCuda,
+                        "CUDA device " + std::to_string(options.device_ordinal) +
+                            " does not exist (" + std::to_string(count) + " visible)");
+  }
+  if (cudaError_t err = cudaSetDevice(options.device_ordinal); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaSetDevice"));
+  }
+  std::unique_ptr<CudaDevice> d(new CudaDevice());
+  d->options_ = options;
+  if (cudaError_t err = cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking);
+      err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaStreamCreate"));
+  }
+  auto blas = Blas::create(d->stream_);
+  if (!blas) return unexpected(from_kernel(blas.error()));
+  d->blas_ = std::make_unique<Blas>(std::move(blas.value()));
+  auto model = DeviceModel::create(config, weights, options.random_seed, d->stream_);
+  if (!model) return unexpected(from_kernel(model.error()));
+  d->model_ = std::move(model.value());
+  d->forward_ = std::make_unique<ModelForward>(*d->model_, *d->blas_);
+  return d;
+}
+
+CudaDevice::~CudaDevice() {
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  forward_.reset();
+  model_.reset();
+  blas_.reset();
+  for (bf16* p : pools_) {
+    if (p != nullptr) cudaFree(p);
+  }
+  if (device_stage_ != nullptr) cudaFree(device_stage_);
+  if (host_stage_ != nullptr) cudaFreeHost(host_stage_);
+  if (device_sampled_ != nullptr) cudaFree(device_sampled_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
+                                             const engine::PoolLayout& local) {
+  if (bound_) return device_error(DeviceErrorCode::kBadLayout, "bind() called twice");
+  const engine::ModelConfig& c = model_->config();
+  for (const engine::PoolLayout* layout : {&global, &local}) {
+    const Family f = layout->family;
+    const engine::FamilyGeometry& g = c.family(f);
+    const char* name = engine::family_name(f);
+    if ((layout == &global) != (f == Family::kGlobal)) {
+      return device_error(DeviceErrorCode::kBadLayout, "bind(): layouts passed in the wrong order");
+    }
+    if (layout->kv_heads != g.kv_heads || layout->head_dim != g.head_dim ||
+        layout->layers != g.num_layers) {
+      return device_error(DeviceErrorCode::kBadLayout,
+                          std::string(name) + " pool geometry (kv_heads " +
+                              std::to_string(layout->kv_heads) + ", head_dim " +
+                              std::to_string(layout->head_dim) + ", layers " +
+                              std::to_string(layout->layers) + ") != the model's (" +
+                              std::to_string(g.kv_heads) + ", " + std::to_string(g.head_dim) +
+                              ", " + std::to_string(g.num_layers) + ")");
+    }
+    if (layout->page_size <= 0 || layout->pages_total < 2) {
+      return device_error(DeviceErrorCode::kBadLayout,
+                          std::string(name) + " pool needs page_size > 0 and pages_total >= 2");
+    }
+  }
+  layouts_[static_cast<int>(Family::kGlobal)] = global;
+  layouts_[static_cast<int>(Family::kLocal)] = local;
+  for (Family f : engine::kFamilies) {
+    const engine::PoolLayout& layout = layouts_[static_cast<int>(f)];
+    const int64_t bytes = layout.elements_total() * 2;
+    if (bytes == 0) continue;  // a family with no layers
+    bf16*& pool = pools_[static_cast<int>(f)];
+    if (cudaError_t err = cudaMalloc(&pool, bytes); err != cudaSuccess) {
+      pool = nullptr;
+      return device_error(DeviceErrorCode::kOutOfMemory,
+                          std::string(engine::family_name(f)) + " pool of " +
+                              std::to_string(bytes) + " bytes: " + cudaGetErrorString(err));
+    }
+    // Zeroed, so a read of a never-written slot is finite (the padding page stays zero).
+    if (cudaError_t err = cudaMemsetAsync(pool, 0, bytes, stream_); err != cudaSuccess) {
+      return unexpected(cuda_error(err, "cudaMemsetAsync(pool)"));
+    }
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaStreamSynchronize(bind)"));
+  }
+  bound_ = true;
+  return engine::Ok{};
+}
+
+bool CudaDevice::fire(engine::FaultSite site) {
+  return options_.faults != nullptr && options_.faults->fire(site);
+}
+
+std::optional<DeviceError> CudaDevice::validate(const engine::StepPlan& plan) const {
+  for (Family f : engine::kFamilies) {
+    const engine::FamilyPlan& fp = plan.family(f);
+    const engine::PoolLayout& layout = layouts_[static_cast<int>(f)];
+    if (fp.pool != layout.tag) {
+      return DeviceError{DeviceErrorCode::kBadPlan,
+                         std::string("bad plan: ") + engine::family_name(f) +
+                             " pages come from pool " + std::to_string(fp.pool.value) +
+                             ", this device holds pool " + std::to_string(layout.tag.value)};
+    }
+  }
+  for (const engine::PlanSeq& seq : plan.seqs) {
+    const engine::SamplingParams& s = seq.sampling;
+    if (!(s.temperature >= 0.0f) || s.top_k < 0 || !(s.top_p > 0.0f && s.top_p <= 1.0f)) {
+      return DeviceError{DeviceErrorCode::kBadPlan,
+                         "bad plan: sampling of seq " + std::to_string(seq.request.value) +
+                             " outside temperature >= 0, top_k >= 0, top_p in (0, 1]"};
+    }
+  }
+  auto checked = check_plan(plan, layouts_[0], layouts_[1], model_->config().vocab_size);
+  if (!checked) return checked.error();
+  if (plan.sliding_window != model_->config().sliding_window) {
+    return DeviceError{DeviceErrorCode::kBadPlan,
+                       "bad plan: sliding_window " + std::to_string(plan.sliding_window) +
+                           " != the model's " + std::to_string(model_->config().sliding_window)};
+  }
+  return std::nullopt;
+}
+
+Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) {
+  const int32_t R = plan.num_rows();
+  const int32_t S = static_cast<int32_t>(plan.seqs.size());
+  // The packed image: every array 16-byte aligned.
+  struct Part {
+    const void* src;
+    int64_t bytes;
+    int64_t offset = 0;
+  };
+  std::vector<int32_t> logit_rows(plan.num_logits);
+  for (const engine::PlanSeq& seq : plan.seqs) {
+    if (seq.logits_index >= 0) logit_rows[seq.logits_index] = seq.row_begin + seq.row_count - 1;
+  }
+  std::vector<Part> parts = {{plan.tokens.data(), R * 4},
+                             {plan.positions.data(), R * 4},
+                             {plan.row_seq.data(), R * 4},
+                             {logit_rows.data(), int64_t{plan.num_logits} * 4}};
+  for (Family f : engine::kFamilies) {
+    const engine::FamilyPlan& fp = plan.family(f);
+    parts.push_back({fp.page_indices.data(), static_cast<int64_t>(fp.page_indices.size()) * 4});
+    parts.push_back({fp.seq_page_begin.data(), static_cast<int64_t>(fp.seq_page_begin.size()) * 4});
+    parts.push_back({fp.seq_first_page.data(), static_cast<int64_t>(fp.seq_first_page.size()) * 4});
+    parts.push_back({fp.row_slot.data(), static_cast<int64_t>(fp.row_slot.size()) * 8});
+  }
+  int64_t total = 0;
+  for (Part& p : parts) {
+    p.offset = total;
+    total += align16(p.bytes);
+  }
+  if (total > stage_bytes_) {
+    if (host_stage_ != nullptr) cudaFreeHost(host_stage_);
+    if (device_stage_ != nullptr) cudaFree(device_stage_);
+    host_stage_ = device_stage_ = nullptr;
+    stage_bytes_ = 0;
+    const int64_t bytes = std::max<int64_t>(total * 2, 1 << 16);
+    if (cudaError_t err = cudaMallocHost(&host_stage_, bytes); err != cudaSuccess) {
+      host_stage_ = nullptr;
+      return unexpected(cuda_error(err, "cudaMallocHost(plan stage)"));
+    }
+    if (cudaError_t err = cudaMalloc(&device_stage_, bytes); err != cudaSuccess) {
+      device_stage_ = nullptr;
+      return unexpected(cuda_error(err, "cudaMalloc(plan stage)"));
+    }
+    stage_bytes_ = bytes;
+  }
+  auto* host = static_cast<uint8_t*>(host_stage_);
+  for (const Part& p : parts) {
+    if (p.bytes > 0) std::memcpy(host + p.offset, p.src, p.bytes);
+  }
+  if (cudaError_t err =
+          cudaMemcpyAsync(device_stage_, host_stage_, total, cudaMemcpyHostToDevice, stream_);
+      err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaMemcpyAsync(plan)"));
+  }
+  auto* dev = static_cast<uint8_t*>(device_stage_);
+  auto at = [&](size_t i) { return dev + parts[i].offset; };
+  StepViews v;
+  v.tokens = reinterpret_cast<const int32_t*>(at(0));
+  v.rows = RowsView{reinterpret_cast<const int32_t*>(at(1)), reinterpret_cast<const int32_t*>(at(2)), R};
+  v.logit_rows = reinterpret_cast<const int32_t*>(at(3));
+  v.num_logits = plan.num_logits;
+  v.sliding_window = plan.sliding_window;
+  v.decode_only = S == R;
+  for (Family f : engine::kFamilies) {
+    const int i = static_cast<int>(f);
+    const size_t base = 4 + 4 * i;
+    const engine::FamilyPlan& fp = plan.family(f);
+    v.paging[i] = PagingView{reinterpret_cast<const uint32_t*>(at(base)),
+                             reinterpret_cast<const int32_t*>(at(base + 1)),
+                             reinterpret_cast<const int32_t*>(at(base + 2)),
+                             reinterpret_cast<const int64_t*>(at(base + 3)),
+                             static_cast<int32_t>(fp.page_indices.size()), S};
+    const engine::PoolLayout& layout = layouts_[i];
+    v.pools[i] = KvPoolView{pools_[i], layout.layers, layout.pages_total, layout.page_size,
+                            layout.kv_heads, layout.head_dim};
+  }
+  return v;
+}
+
+engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute(const engine::StepPlan& plan) {
+  return execute_on(plan, stream_);
+}
+
+engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
+    const engine::StepPlan& plan, cudaStream_t stream) {
+  if (stream != stream_) {
+    return device_error(DeviceErrorCode::kBadPlan,
+                        "refused: work offered on a foreign stream; this device runs only on the "
+                        "stream it owns");
+  }
+  int current = -1;
+  if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaGetDevice"));
+  }
+  if (current != options_.device_ordinal) {
+    return device_error(DeviceErrorCode::kBadPlan,
+                        "refused: CUDA device " + std::to_string(current) +
+                            " is current, this device runs on device " +
+                            std::to_string(options_.device_ordinal));
+  }
+  if (!bound_) return device_error(DeviceErrorCode::kBadPlan, "execute() before bind()");
+  if (auto bad = validate(plan)) return unexpected(std::move(*bad));
+  engine::DeviceOutput out;
+  if (plan.num_rows() == 0) return out;
+  if (fire(engine::FaultSite::kUpload)) {
+    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: upload",
+                                  engine::FaultSite::kUpload});
+  }
+  auto views = upload(plan);
+  if (!views) return unexpected(views.error());
+  if (fire(engine::FaultSite::kLaunch)) {
+    // The plan copy may be in flight; nothing else is.
+    cudaStreamSynchronize(stream_);
+    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: launch",
+                                  engine::FaultSite::kLaunch});
+  }
+  launches_ += 1;
+  auto logits = forward_->run(views.value());
+  if (!logits) {
+    cudaStreamSynchronize(stream_);
+    return unexpected(from_kernel(logits.error()));
+  }
+  if (fire(engine::FaultSite::kAfterKvWrite)) {
+    // Every layer's K/V of this step has landed; the engine must treat the step as not having
+    // happened (those slots lie beyond every committed frontier).
+    cudaStreamSynchronize(stream_);
+    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: after KV write",
+                                  engine::FaultSite::kAfterKvWrite});
+  }
+  const int32_t L = plan.num_logits;
+  const int32_t V = model_->config().vocab_size;
+  std::vector<const engine::PlanSeq*> by_slot(L, nullptr);
+  bool all_greedy = true;
+  for (const engine::PlanSeq& seq : plan.seqs) {
+    if (seq.logits_index < 0) continue;
+    by_slot[seq.logits_index] = &seq;
+    all_greedy = all_greedy && seq.sampling.greedy();
+  }
+  out.sampled.assign(L, 0);
+  const bool need_host = options_.capture_logits || !all_greedy;
+  if (L > 0 && !need_host) {
+    if (L > sampled_capacity_) {
+      if (device_sampled_ != nullptr) cudaFree(device_sampled_);
+      device_sampled_ = nullptr;
+      sampled_capacity_ = 0;
+      if (cudaError_t err = cudaMalloc(&device_sampled_, std::max(L, 64) * 4); err != cudaSuccess) {
+        device_sampled_ = nullptr;
+        return unexpected(cuda_error(err, "cudaMalloc(sampled)"));
+      }
+      sampled_capacity_ = std::max(L, 64);
+    }
+    if (auto s = argmax(logits.value(), device_sampled_, L, V, stream_); !s.ok()) {
+      return unexpected(from_kernel(s.error()));
+    }
+    if (cudaError_t err = cudaMemcpyAsync(out.sampled.data(), device_sampled_, L * 4,
+                                          cudaMemcpyDeviceToHost, stream_);
+        err != cudaSuccess) {
+      return unexpected(cuda_error(err, "cudaMemcpyAsync(sampled)"));
+    }
+  }
+  std::vector<float> host_logits;
+  if (L > 0 && need_host) {
+    host_logits.resize(int64_t{L} * V);
+    if (cudaError_t err = cudaMemcpyAsync(host_logits.data(), logits.value(),
+                                          host_logits.size() * 4, cudaMemcpyDeviceToHost, stream_);
+        err != cudaSuccess) {
+      return unexpected(cuda_error(err, "cudaMemcpyAsync(logits)"));
+    }
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaStreamSynchronize(step)"));
+  }
+  if (L > 0 && need_host) {
+    for (int32_t i = 0; i < L; ++i) {
+      const engine::PlanSeq& seq = *by_slot[i];
+      out.sampled[i] = sample_logits(std::span<const float>(host_logits).subspan(int64_t{i} * V, V),
+                                     seq.sampling, seq.output_index);
+    }
+  }
+  if (fire(engine::FaultSite::kSync)) {
+    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: sync",
+                                  engine::FaultSite::kSync});
+  }
+  if (options_.capture_logits) last_logits_ = std::move(host_logits);
+  return out;
+}
+
+Result<std::vector<uint16_t>, DeviceError> CudaDevice::download_pool(Family family) const {
+  const int i = static_cast<int>(family);
+  std::vector<uint16_t> host(layouts_[i].elements_total());
+  if (host.empty()) return host;
+  if (cudaError_t err = cudaMemcpyAsync(host.data(), pools_[i], host.size() * 2,
+                                        cudaMemcpyDeviceToHost, stream_);
+      err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaMemcpyAsync(pool)"));
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaStreamSynchronize(pool)"));
+  }
+  return host;
+}
+
+}  // namespace twinstep::kernels

@@ -1,0 +1,314 @@
+// kernels/model_forward.cc: weight placement (one arena, fused q|k|v and gate|up), upload or
+// on-device random fill, and the per-step layer sequence over kernels/ops.h launchers.
+#include "kernels/model_forward.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+namespace twinstep::kernels {
+namespace {
+
+using engine::Family;
+
+constexpr int64_t kAlignBytes = 256;
+
+int64_t align_up(int64_t bytes) { return (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+
+Unexpected<KernelError> bad(std::string message) {
+  return unexpected(KernelError{KernelErrorCode::kBadArgument, std::move(message)});
+}
+
+#define TS_TRY(expr)                           \
+  do {                                         \
+    auto status_ = (expr);                     \
+    if (!status_.ok()) return unexpected(status_.error()); \
+  } while (0)
+
+// Where every tensor of expected_tensors() lives in the arena (byte offsets), with the fused
+// layouts: q|k|v rows consecutive, gate|up rows consecutive.
+struct Placement {
+  std::map<std::string, int64_t> offset;  // canonical name -> byte offset
+  int64_t bytes = 0;
+};
+
+Placement place(const engine::ModelConfig& c) {
+  Placement p;
+  auto put = [&](const std::string& name, int64_t elements) {
+    p.offset[name] = p.bytes;
+    p.bytes += align_up(elements * 2);
+  };
+  // Consecutive (unaligned-between) placement for fused matrices: each part's size is a
+  // multiple of 8 rows * hidden elements, so parts stay 16-byte aligned.
+  auto put_fused = [&](const std::vector<std::pair<std::string, int64_t>>& parts) {
+    int64_t at = p.bytes;
+    for (const auto& [name, elements] : parts) {
+      p.offset[name] = at;
+      at += elements * 2;
+    }
+    p.bytes = align_up(at);
+  };
+  const int64_t H = c.hidden_size;
+  const int64_t I = c.intermediate_size;
+  put("embed_tokens.weight", int64_t{c.vocab_size} * H);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const engine::FamilyGeometry& g = c.family(c.layer_types[l]);
+    const bool kv_shared = c.layer_types[l] == Family::kGlobal && c.k_eq_v;
+    const std::string s = "layers." + std::to_string(l) + ".";
+    const int64_t q_out = int64_t{c.num_q_heads} * g.head_dim;
+    const int64_t kv_out = int64_t{g.kv_heads} * g.head_dim;
+    put(s + "input_layernorm.weight", H);
+    std::vector<std::pair<std::string, int64_t>> qkv = {{s + "self_attn.q_proj.weight", q_out * H},
+                                                        {s + "self_attn.k_proj.weight", kv_out * H}};
+    if (!kv_shared) qkv.push_back({s + "self_attn.v_proj.weight", kv_out * H});
+    put_fused(qkv);
+    put(s + "self_attn.o_proj.weight", H * q_out);
+    put(s + "self_attn.q_norm.weight", g.head_dim);
+    put(s + "self_attn.k_norm.weight", g.head_dim);
+    put(s + "post_attention_layernorm.weight", H);
+    put(s + "pre_feedforward_layernorm.weight", H);
+    put_fused({{s + "mlp.gate_proj.weight", I * H}, {s + "mlp.up_proj.weight", I * H}});
+    put(s + "mlp.down_proj.weight", H * I);
+    put(s + "post_feedforward_layernorm.weight", H);
+  }
+  put("norm.weight", H);
+  return p;
+}
+
+}  // namespace
+
+Rope DeviceModel::rope(Family family) const {
+  const engine::FamilyGeometry& g = config_.family(family);
+  if (g.rope.type == engine::RopeType::kProportional) {
+    return Rope::proportional(g.head_dim, static_cast<float>(g.rope.theta),
+                              g.rope.partial_rotary_factor);
+  }
+  return Rope::default_rope(g.head_dim, static_cast<float>(g.rope.theta));
+}
+
+Result<std::unique_ptr<DeviceModel>, KernelError> DeviceModel::create(
+    const engine::ModelConfig& c, const engine::ModelWeights* weights, uint64_t seed,
+    cudaStream_t stream) {
+  for (Family f : engine::kFamilies) {
+    if (c.family(f).num_layers > 0 && !head_dim_supported(c.family(f).head_dim)) {
+      return bad(std::string("model: ") + engine::family_name(f) + " head_dim " +
+                 std::to_string(c.family(f).head_dim) + " has no kernel (supported 64/128/256/512)");
+    }
+  }
+  if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
+    return bad("model: hidden_size and intermediate_size must be multiples of 8");
+  }
+  if (c.num_q_heads % c.local.kv_heads != 0 ||
+      (c.global.num_layers > 0 && c.num_q_heads % c.global.kv_heads != 0)) {
+    return bad("model: num_attention_heads must be a multiple of every family's KV heads");
+  }
+  std::unique_ptr<DeviceModel> m(new DeviceModel());
+  m->config_ = c;
+  const Placement placement = place(c);
+  m->arena_bytes_ = placement.bytes;
+  TS_TRY(cuda_status(cudaMalloc(&m->arena_, placement.bytes), "cudaMalloc(weights)"));
+  auto* base = static_cast<uint8_t*>(m->arena_);
+  const std::vector<engine::TensorSpec> specs = engine::expected_tensors(c);
+  std::map<std::string, float> scalars;
+  for (uint32_t id = 0; id < specs.size(); ++id) {
+    const engine::TensorSpec& spec = specs[id];
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    if (spec.init == engine::WeightInit::kScalar) {
+      // Layer scalars stay on the host: the scale launcher takes a float.
+      scalars[spec.name] =
+          weights != nullptr
+              ? engine::bf16_bits_to_float(weights->get(spec.name).bf16[0])
+              : engine::bf16_bits_to_float(engine::float_to_bf16_bits(
+                    engine::weight_value(engine::weight_init_for(spec, id, seed), 0)));
+      continue;
+    }
+    auto* dst = reinterpret_cast<bf16*>(base + placement.offset.at(spec.name));
+    if (weights != nullptr) {
+      const engine::WeightView& w = weights->get(spec.name);
+      TS_CHECK(static_cast<int64_t>(w.bf16.size()) == n) << spec.name;
+      TS_TRY(cuda_status(cudaMemcpyAsync(dst, w.bf16.data(), n * 2, cudaMemcpyHostToDevice, stream),
+                         "cudaMemcpyAsync(weights)"));
+    } else {
+      TS_TRY(fill_random_weights(dst, n, engine::weight_init_for(spec, id, seed), stream));
+    }
+  }
+  auto at = [&](const std::string& name) {
+    return reinterpret_cast<const bf16*>(base + placement.offset.at(name));
+  };
+  m->embed_ = at("embed_tokens.weight");
+  m->final_norm_ = at("norm.weight");
+  int32_t family_index[engine::kFamilyCount] = {0, 0};
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const std::string s = "layers." + std::to_string(l) + ".";
+    Layer L;
+    L.family = c.layer_types[l];
+    L.family_index = family_index[static_cast<int>(L.family)]++;
+    const engine::FamilyGeometry& g = c.family(L.family);
+    L.head_dim = g.head_dim;
+    L.kv_heads = g.kv_heads;
+    L.k_eq_v = L.family == Family::kGlobal && c.k_eq_v;
+    L.qkv_cols = (c.num_q_heads + g.kv_heads * (L.k_eq_v ? 1 : 2)) * g.head_dim;
+    L.input_norm = at(s + "input_layernorm.weight");
+    L.qkv = at(s + "self_attn.q_proj.weight");
+    L.o = at(s + "self_attn.o_proj.weight");
+    L.q_norm = at(s + "self_attn.q_norm.weight");
+    L.k_norm = at(s + "self_attn.k_norm.weight");
+    L.post_attn_norm = at(s + "post_attention_layernorm.weight");
+    L.pre_ff_norm = at(s + "pre_feedforward_layernorm.weight");
+    L.gate_up = at(s + "mlp.gate_proj.weight");
+    L.down = at(s + "mlp.down_proj.weight");
+    L.post_ff_norm = at(s + "post_feedforward_layernorm.weight");
+    L.scalar = scalars.at(s + "layer_scalar");
+    m->layers_.push_back(L);
+  }
+  TS_TRY(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize(weights)"));
+  return m;
+}
+
+DeviceModel::~DeviceModel() {
+  if (arena_ != nullptr) cudaFree(arena_);
+}
+
+ModelForward::~ModelForward() {
+  if (arena_ != nullptr) cudaFree(arena_);
+}
+
+Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, int32_t logit_rows) {
+  if (rows <= rows_capacity_ && logit_rows <= logits_capacity_ && arena_ != nullptr) {
+    return buffers_;
+  }
+  const engine::ModelConfig& c = model_.config();
+  const int32_t R = std::max({rows, rows_capacity_, 16});
+  const int32_t L = std::max({logit_rows, logits_capacity_, 16});
+  int64_t qkv_cols = 0;
+  int64_t attn_cols = 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    qkv_cols = std::max<int64_t>(qkv_cols, model_.layer(l).qkv_cols);
+    attn_cols = std::max<int64_t>(attn_cols, int64_t{c.num_q_heads} * model_.layer(l).head_dim);
+  }
+  const int64_t H = c.hidden_size;
+  const int64_t I = c.intermediate_size;
+  const int64_t sizes[] = {R * H * 2,        R * H * 2,     R * qkv_cols * 2, R * attn_cols * 2,
+                           R * H * 2,        R * 2 * I * 2, R * I * 2,        L * H * 2,
+                           L * int64_t{c.vocab_size} * 4};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += align_up(s);
+  if (arena_ != nullptr) {
+    // Work queued on the old buffers must finish before they go.
+    TS_TRY(cuda_status(cudaStreamSynchronize(blas_.stream()), "cudaStreamSynchronize(grow)"));
+    cudaFree(arena_);
+    arena_ = nullptr;
+  }
+  const cudaError_t err = cudaMalloc(&arena_, total);
+  if (err != cudaSuccess) {
+    arena_ = nullptr;
+    rows_capacity_ = logits_capacity_ = 0;
+    return unexpected(KernelError{KernelErrorCode::kCuda,
+                                  "cudaMalloc(activations, " + std::to_string(total) +
+                                      " bytes): " + cudaGetErrorString(err)});
+  }
+  auto* p = static_cast<uint8_t*>(arena_);
+  void* slots[9];
+  for (int i = 0; i < 9; ++i) {
+    slots[i] = p;
+    p += align_up(sizes[i]);
+  }
+  buffers_ = Buffers{static_cast<bf16*>(slots[0]), static_cast<bf16*>(slots[1]),
+                     static_cast<bf16*>(slots[2]), static_cast<bf16*>(slots[3]),
+                     static_cast<bf16*>(slots[4]), static_cast<bf16*>(slots[5]),
+                     static_cast<bf16*>(slots[6]), static_cast<bf16*>(slots[7]),
+                     static_cast<float*>(slots[8])};
+  rows_capacity_ = R;
+  logits_capacity_ = L;
+  return buffers_;
+}
+
+KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L, Blas& blas,
+                          const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream) {
+  const engine::ModelConfig& c = model.config();
+  const int32_t H = c.hidden_size;
+  const int32_t I = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t n = int64_t{rows} * H;
+  // x = x + post_attention_layernorm(o_proj(attn))
+  if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, c.num_q_heads * L.head_dim); !s.ok()) return s;
+  if (auto s = rms_norm(b.o, L.post_attn_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
+  if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
+  // x = x + post_feedforward_layernorm(down(gelu_tanh(gate(h)) * up(h))), h = pre_ff_norm(x)
+  if (auto s = rms_norm(b.x, L.pre_ff_norm, b.h, rows, H, eps, stream); !s.ok()) return s;
+  if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
+  if (auto s = gelu_tanh_mul(b.gu, b.gu + I, 2 * I, b.act, rows, I, stream); !s.ok()) return s;
+  if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) return s;
+  if (auto s = rms_norm(b.o, L.post_ff_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
+  if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
+  // x = x * layer_scalar
+  return scale_inplace(b.x, L.scalar, n, stream);
+}
+
+KernelStatus lm_head(const DeviceModel& model, Blas& blas, const ModelForward::Buffers& b,
+                     const int32_t* logit_rows, int32_t num_logits, int32_t rows,
+                     cudaStream_t stream) {
+  const engine::ModelConfig& c = model.config();
+  if (num_logits == 0) return Ok{};
+  // A plain row gather (scale 1) of the logits rows; the row count plays the vocabulary, so a
+  // bad row index traps.
+  if (auto s = embed_gather(logit_rows, b.x, b.xl, num_logits, c.hidden_size, rows, 1.0f, stream);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = rms_norm(b.xl, model.final_norm(), b.xl, num_logits, c.hidden_size,
+                        static_cast<float>(c.rms_norm_eps), stream);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = blas.gemm(b.xl, model.embed(), b.logits, num_logits, c.vocab_size, c.hidden_size);
+      !s.ok()) {
+    return s;
+  }
+  if (c.final_logit_softcapping) {
+    return softcap_inplace(b.logits, static_cast<float>(*c.final_logit_softcapping),
+                           int64_t{num_logits} * c.vocab_size, stream);
+  }
+  return Ok{};
+}
+
+Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
+  const engine::ModelConfig& c = model_.config();
+  const int32_t R = step.rows.rows;
+  const cudaStream_t stream = blas_.stream();
+  auto reserved = reserve(R, step.num_logits);
+  if (!reserved) return unexpected(reserved.error());
+  const Buffers b = reserved.value();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
+                      embed_scale_bf16(c.hidden_size), stream));
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const DeviceModel::Layer& L = model_.layer(l);
+    const int f = static_cast<int>(L.family);
+    const Rope rope = model_.rope(L.family);
+    const int32_t q_out = c.num_q_heads * L.head_dim;
+    const int32_t kv_out = L.kv_heads * L.head_dim;
+    TS_TRY(rms_norm(b.x, L.input_norm, b.h, R, c.hidden_size, eps, stream));
+    TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
+    TS_TRY(qk_norm_rope(b.qkv, L.qkv_cols, L.q_norm, step.rows.positions, R, c.num_q_heads,
+                        L.head_dim, eps, rope, stream));
+    const bf16* k_raw = b.qkv + q_out;
+    const bf16* v_raw = L.k_eq_v ? k_raw : k_raw + kv_out;
+    TS_TRY(kv_write(k_raw, L.qkv_cols, v_raw, L.qkv_cols, L.k_norm, eps, rope, step.pools[f],
+                    L.family_index, step.rows, step.paging[f], stream));
+    const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
+    if (step.decode_only) {
+      TS_TRY(attention_decode(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
+                              L.family_index, step.rows, step.paging[f], window, 1.0f, stream));
+    } else {
+      TS_TRY(attention_prefill(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
+                               L.family_index, step.rows, step.paging[f], window, 1.0f, stream));
+    }
+    TS_TRY(finish_layer(model_, L, blas_, b, R, stream));
+  }
+  TS_TRY(lm_head(model_, blas_, b, step.logit_rows, step.num_logits, R, stream));
+  return static_cast<const float*>(b.logits);
+}
+
+}  // namespace twinstep::kernels

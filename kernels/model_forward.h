@@ -1,0 +1,127 @@
+// kernels/model_forward.h: the Gemma 4 text tower on the GPU. DeviceModel holds the weights
+// in one device arena (q|k|v and gate|up fused per layer, so each is one GEMM), from a
+// checkpoint or seeded random on the device; ModelForward runs the layer sequence of DESIGN.md
+// §1 over one step's rows through the launchers of kernels/ops.h, reading and writing KV
+// through the paged pools, and leaves fp32 logits of the rows that produce them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+class DeviceModel {
+ public:
+  struct Layer {
+    engine::Family family = engine::Family::kLocal;
+    int32_t family_index = 0;  // layer slot in its family's pool
+    int32_t head_dim = 0;
+    int32_t kv_heads = 0;
+    bool k_eq_v = false;   // V is the raw k_proj output (no v_proj rows in qkv)
+    int32_t qkv_cols = 0;  // q_out + kv_out (+ kv_out unless k_eq_v)
+    const bf16* input_norm = nullptr;
+    const bf16* qkv = nullptr;  // [qkv_cols, hidden]: q_proj rows, k_proj rows, v_proj rows
+    const bf16* o = nullptr;    // [hidden, q_out]
+    const bf16* q_norm = nullptr;
+    const bf16* k_norm = nullptr;
+    const bf16* post_attn_norm = nullptr;
+    const bf16* pre_ff_norm = nullptr;
+    const bf16* gate_up = nullptr;  // [2 * intermediate, hidden]: gate rows then up rows
+    const bf16* down = nullptr;     // [hidden, intermediate]
+    const bf16* post_ff_norm = nullptr;
+    float scalar = 1.0f;  // layer_scalar (read to host once)
+  };
+
+  // Uploads `weights` (a checked checkpoint), or, when null, fills every tensor on the device
+  // with the seeded random recipe of engine/weight_init.h. Synchronises `stream` at the end.
+  static Result<std::unique_ptr<DeviceModel>, KernelError> create(
+      const engine::ModelConfig& config, const engine::ModelWeights* weights, uint64_t seed,
+      cudaStream_t stream);
+  ~DeviceModel();
+  DeviceModel(const DeviceModel&) = delete;
+  DeviceModel& operator=(const DeviceModel&) = delete;
+
+  const engine::ModelConfig& config() const { return config_; }
+  const Layer& layer(int32_t i) const { return layers_[i]; }
+  const bf16* embed() const { return embed_; }
+  const bf16* final_norm() const { return final_norm_; }
+  Rope rope(engine::Family family) const;
+  int64_t arena_bytes() const { return arena_bytes_; }
+
+ private:
+  DeviceModel() = default;
+  engine::ModelConfig config_;
+  void* arena_ = nullptr;
+  int64_t arena_bytes_ = 0;
+  const bf16* embed_ = nullptr;
+  const bf16* final_norm_ = nullptr;
+  std::vector<Layer> layers_;
+};
+
+// One step as the forward sees it: device copies of the plan's arrays.
+struct StepViews {
+  const int32_t* tokens = nullptr;      // [rows]
+  RowsView rows;                        // positions, row_seq
+  PagingView paging[engine::kFamilyCount];  // by Family
+  KvPoolView pools[engine::kFamilyCount];   // by Family
+  const int32_t* logit_rows = nullptr;  // [num_logits] row index of each logits slot
+  int32_t num_logits = 0;
+  int32_t sliding_window = 0;
+  bool decode_only = false;  // every seq has one row: the decode attention launcher
+};
+
+// Activation buffers sized for a row count, grown on demand.
+class ModelForward {
+ public:
+  ModelForward(const DeviceModel& model, Blas& blas) : model_(model), blas_(blas) {}
+  ~ModelForward();
+  ModelForward(const ModelForward&) = delete;
+  ModelForward& operator=(const ModelForward&) = delete;
+
+  // Runs every layer over the step's rows (writing their K/V into the pools), then the final
+  // norm, LM head and softcap of the logits rows. Returns the device logits [num_logits,
+  // vocab] fp32, valid until the next call.
+  Result<const float*, KernelError> run(const StepViews& step);
+
+  // The contiguous no-KV oracle uses the same activations (see oracle_forward.h).
+  struct Buffers {
+    bf16* x = nullptr;       // [rows, hidden] residual stream
+    bf16* h = nullptr;       // [rows, hidden] normed input of a block
+    bf16* qkv = nullptr;     // [rows, max qkv_cols]
+    bf16* attn = nullptr;    // [rows, q_heads * max head_dim]
+    bf16* o = nullptr;       // [rows, hidden] block output
+    bf16* gu = nullptr;      // [rows, 2 * intermediate]
+    bf16* act = nullptr;     // [rows, intermediate]
+    bf16* xl = nullptr;      // [logit rows, hidden]
+    float* logits = nullptr; // [logit rows, vocab]
+  };
+  Result<Buffers, KernelError> reserve(int32_t rows, int32_t logit_rows);
+
+ private:
+  const DeviceModel& model_;
+  Blas& blas_;
+  void* arena_ = nullptr;
+  int32_t rows_capacity_ = 0;
+  int32_t logits_capacity_ = 0;
+  Buffers buffers_;
+};
+
+// Shared by the paged forward and the oracle: the layer's MLP half and the residual updates
+// after attention produced `b.attn` for `rows` rows.
+KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& layer, Blas& blas,
+                          const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream);
+// Final norm, LM head (tied embedding) and softcap over the gathered rows in b.xl.
+KernelStatus lm_head(const DeviceModel& model, Blas& blas, const ModelForward::Buffers& b,
+                     const int32_t* logit_rows, int32_t num_logits, int32_t rows,
+                     cudaStream_t stream);
+
+// Device fill of `count` bf16 with engine::weight_value(spec, i) (model_forward_kernels.cu).
+KernelStatus fill_random_weights(bf16* out, int64_t count, const engine::WeightInitSpec& spec,
+                                 cudaStream_t stream);
+
+}  // namespace twinstep::kernels
