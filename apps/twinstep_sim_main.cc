@@ -24,7 +24,7 @@ namespace twinstep::sim {
 namespace {
 
 // The README's first command runs this many seeds; it must stay well under a minute.
-constexpr int64_t kDefaultSeeds = 40;
+constexpr int64_t kDefaultSeeds = 256;
 
 constexpr const char* kUsage = R"(usage: twinstep-sim [--seeds N | --seed S] [options]
 
@@ -33,7 +33,7 @@ swarm-randomised configuration; the options below pin parts of it. Each seed has
 phase (faults, aborts) and a liveness phase (none) that must drain to the pools' baseline.
 
 campaign:
-  --seeds N              run N seeds, starting at --first-seed (default 1)   [default 40]
+  --seeds N              run N seeds, starting at --first-seed (default 1)   [default 256]
   --seed S               run only seed S (a replay)
   --first-seed S         first seed of a --seeds campaign
   --keep-going           do not stop at the first violating seed
