@@ -35,10 +35,16 @@ Terminal rejection(RejectReason reason, std::string message) {
 }  // namespace
 
 void Ledger::record(const RequestUpdate& update) {
-  TS_CHECK(!terminated(update.id)) << "ledger: update for " << update.id
-                                   << " after its terminal (tokens=" << update.new_tokens.size()
-                                   << ")";
-  if (update.terminal) terminated_.insert(update.id);
+  auto touched = touched_.find(update.id);
+  const bool ended = touched != touched_.end() && touched->second;
+  const bool known = live_.count(update.id) != 0 || touched != touched_.end();
+  TS_CHECK(known && !ended) << "ledger: update for " << update.id
+                            << (ended ? " after its terminal" : " which is not live")
+                            << " (tokens=" << update.new_tokens.size() << ")";
+  if (update.terminal) {
+    live_.erase(update.id);
+    touched_[update.id] = true;
+  }
 }
 
 Scheduler::Scheduler(const ModelConfig& model, const EngineConfig& config, Device& device)
@@ -402,6 +408,7 @@ StepOutputs Scheduler::step(
   StepOutputs out;
   out.step_index = step_index_;
   counters_.steps += 1;
+  ledger_.begin_step();
   for (auto& [id, request, flag] : arrivals) enqueue(id, std::move(request), std::move(flag), &out);
   retire_aborted(&out);
 
@@ -442,6 +449,7 @@ void Scheduler::enqueue(RequestId id, Request request, std::shared_ptr<std::atom
                         StepOutputs* out) {
   counters_.submitted += 1;
   RequestUpdate update{.id = id};
+  ledger_.arrived(id);
   if (flag->load(std::memory_order_acquire)) {
     counters_.aborts_by_phase[static_cast<int>(RequestPhase::kQueued)] += 1;
     counters_.terminals[static_cast<int>(TerminalKind::kAborted)] += 1;
@@ -464,6 +472,7 @@ void Scheduler::enqueue(RequestId id, Request request, std::shared_ptr<std::atom
   r.abort_flag = std::move(flag);
   requests_.emplace(id, std::move(r));
   waiting_.push_back(id);
+  ledger_.admitted(id);
 }
 
 Metrics Scheduler::metrics() const {

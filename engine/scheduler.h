@@ -40,14 +40,19 @@ struct RequestState {
   KvState& kv_of(Family f) { return kv[static_cast<int>(f)]; }
 };
 
-// "Exactly one terminal per request, nothing after it."
+// "Exactly one terminal per request, nothing after it." A request may be touched only while it
+// is live (or in the step it arrives); its terminal ends that. Memory is bounded by the live
+// set: a retired id is simply no longer live.
 class Ledger {
  public:
+  void begin_step() { touched_.clear(); }
+  void arrived(RequestId id) { touched_[id] = false; }
+  void admitted(RequestId id) { live_.insert(id); }
   void record(const RequestUpdate& update);
-  bool terminated(RequestId id) const { return terminated_.count(id) != 0; }
 
  private:
-  std::set<RequestId> terminated_;
+  std::set<RequestId> live_;
+  std::map<RequestId, bool> touched_;  // this step's arrivals and terminals: id -> terminated
 };
 
 class Scheduler {
