@@ -1,0 +1,60 @@
+// The HTTP/1.1 front of twinstep-serve (Boost.Beast on Boost.Asio): accepts connections, routes
+// the OpenAI endpoints, streams completions as server-sent events, turns a vanished client
+// into RequestControl::abort(), and shuts down gracefully. The engine is stepped by the
+// EngineLoop this server owns; the network runs on the server's io threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "engine/result.h"
+#include "server/engine_loop.h"
+#include "server/prometheus.h"
+
+namespace twinstep::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0: an ephemeral port (see Server::port())
+  int io_threads = 1;
+  size_t max_body_bytes = size_t{1} << 20;  // larger bodies get 413
+  std::string model_id = "twinstep-sim";
+  EngineLoopOptions loop;
+};
+
+struct ShutdownReport {
+  DrainReport drain;
+  uint64_t requests_aborted_in_flight = 0;  // live when the shutdown began
+};
+
+class Server {
+ public:
+  // The engine must outlive the server.
+  Server(engine::Engine& engine, ServerOptions options);
+  ~Server();  // shuts down and waits if still running
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds, listens, starts the step loop and the io threads. The error says what failed.
+  Status<std::string> start();
+  uint16_t port() const;
+  // SIGINT/SIGTERM start shutdown(). Call after start().
+  void handle_signals();
+  // Stops accepting, aborts in-flight requests, and closes connections once the engine has
+  // drained. Safe from any thread, idempotent; returns at once.
+  void shutdown();
+  // Blocks until shutdown has finished and every thread has ended.
+  ShutdownReport wait();
+
+  EngineLoop& loop();
+  HttpCounters http_counters() const;
+
+  struct Impl;  // in http_server.cc; public only so that its sessions can name it
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace twinstep::server

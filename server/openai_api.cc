@@ -1,0 +1,398 @@
+// Parsing and building of OpenAI completions documents; see openai_api.h.
+#include "server/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace twinstep::server {
+namespace {
+
+using nlohmann::json;
+
+Unexpected<ApiError> bad(std::string param, std::string message) {
+  return unexpected(ApiError{400, "invalid_request_error", std::move(param), std::move(message)});
+}
+
+// The offending value, short enough for an error message.
+std::string shown(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
+
+const char* type_name(const json& value) {
+  if (value.is_number_integer()) return "an integer";
+  if (value.is_number()) return "a number";
+  return value.type_name();  // "string", "object", "array", "boolean", "null"
+}
+
+// A token id list: integers in [0, vocab). `where` names the field path for messages.
+std::optional<ApiError> read_token_ids(const json& list, const std::string& param,
+                                       const std::string& where, int32_t vocab,
+                                       std::vector<int32_t>& out) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& item = list[i];
+    std::string at = where + "[" + std::to_string(i) + "]";
+    // Integers beyond 64 bits arrive as floats: out of range, not mistyped.
+    bool huge_integral = item.is_number_float() && std::abs(item.get<double>()) >= 0x1p63 &&
+                         std::trunc(item.get<double>()) == item.get<double>();
+    if (huge_integral) {
+      return ApiError{400, "invalid_request_error", param,
+                      at + ": token id " + shown(item) + " is out of range; expected 0 <= id < " +
+                          std::to_string(vocab) + " (the vocabulary size)"};
+    }
+    if (!item.is_number_integer()) {
+      return ApiError{400, "invalid_request_error", param,
+                      at + ": expected a token id (an integer), got " + type_name(item) + " " +
+                          shown(item) + " (the server has no tokenizer; send token ids)"};
+    }
+    int64_t id = item.is_number_unsigned() && item.get<uint64_t>() > INT64_MAX
+                     ? std::numeric_limits<int64_t>::max()
+                     : item.get<int64_t>();
+    if (id < 0 || id >= vocab) {
+      return ApiError{400, "invalid_request_error", param,
+                      at + ": token id " + shown(item) + " is out of range; expected 0 <= id < " +
+                          std::to_string(vocab) + " (the vocabulary size)"};
+    }
+    out.push_back(static_cast<int32_t>(id));
+  }
+  return std::nullopt;
+}
+
+// prompt: [ids...] or [[ids...], ...].
+std::optional<ApiError> read_prompts(const json& body, int32_t vocab,
+                                     std::vector<std::vector<int32_t>>& prompts) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) {
+    return ApiError{400, "invalid_request_error", "prompt",
+                    "prompt: required field is missing; expected an array of token ids or an "
+                    "array of arrays of token ids"};
+  }
+  const json& prompt = *it;
+  if (!prompt.is_array()) {
+    return ApiError{400, "invalid_request_error", "prompt",
+                    std::string("prompt: expected an array of token ids or an array of arrays of "
+                                "token ids, got ") +
+                        type_name(prompt) + " (the server has no tokenizer; send token ids)"};
+  }
+  if (prompt.empty()) {
+    return ApiError{400, "invalid_request_error", "prompt",
+                    "prompt: must not be empty; expected at least one token id"};
+  }
+  if (!prompt[0].is_array()) {
+    prompts.emplace_back();
+    return read_token_ids(prompt, "prompt", "prompt", vocab, prompts.back());
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    std::string at = "prompt[" + std::to_string(i) + "]";
+    if (!prompt[i].is_array()) {
+      return ApiError{400, "invalid_request_error", "prompt",
+                      at + ": expected an array of token ids, got " + type_name(prompt[i]) +
+                          " (prompt must be all token ids or all arrays of them)"};
+    }
+    if (prompt[i].empty()) {
+      return ApiError{400, "invalid_request_error", "prompt",
+                      at + ": must not be empty; expected at least one token id"};
+    }
+    prompts.emplace_back();
+    if (auto error = read_token_ids(prompt[i], "prompt", at, vocab, prompts.back())) return error;
+  }
+  return std::nullopt;
+}
+
+// Optional integer field within [lo, hi]; absent or null leaves `out` unchanged.
+std::optional<ApiError> read_int(const json& body, const char* name, int64_t lo, int64_t hi,
+                                 int64_t& out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  std::string range = "expected an integer in [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]";
+  if (!it->is_number_integer()) {
+    return ApiError{400, "invalid_request_error", name,
+                    std::string(name) + ": " + range + ", got " + type_name(*it) + " " +
+                        shown(*it)};
+  }
+  bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi);
+  int64_t value = too_big ? hi : it->get<int64_t>();
+  if (too_big || value < lo || value > hi) {
+    return ApiError{400, "invalid_request_error", name,
+                    std::string(name) + ": " + range + ", got " + shown(*it)};
+  }
+  out = value;
+  return std::nullopt;
+}
+
+// Optional number field; `ok` says whether the value is allowed, `expected` how to say so.
+template <class Ok>
+std::optional<ApiError> read_number(const json& body, const char* name, const char* expected,
+                                    Ok ok, float& out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) {
+    return ApiError{400, "invalid_request_error", name,
+                    std::string(name) + ": expected " + expected + ", got " + type_name(*it) +
+                        " " + shown(*it)};
+  }
+  double value = it->get<double>();
+  if (!std::isfinite(value) || !ok(value)) {
+    return ApiError{400, "invalid_request_error", name,
+                    std::string(name) + ": expected " + expected + ", got " + shown(*it)};
+  }
+  out = static_cast<float>(value);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_bool(const json& body, const char* name, bool& out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) {
+    return ApiError{400, "invalid_request_error", name,
+                    std::string(name) + ": expected true or false, got " + type_name(*it) + " " +
+                        shown(*it)};
+  }
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+// stop: a token id or an array of them. Strings would need a tokenizer we do not have.
+std::optional<ApiError> read_stop(const json& body, int32_t vocab, std::vector<int32_t>& out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_integer()) return read_token_ids(json::array({*it}), "stop", "stop", vocab, out);
+  if (!it->is_array()) {
+    return ApiError{400, "invalid_request_error", "stop",
+                    std::string("stop: expected a token id or an array of token ids, got ") +
+                        type_name(*it) + " " + shown(*it) +
+                        " (stop strings are not supported: the server has no tokenizer)"};
+  }
+  return read_token_ids(*it, "stop", "stop", vocab, out);
+}
+
+// Fields whose non-default value would change the answer in a way we do not implement.
+std::optional<ApiError> refuse_unsupported(const json& body) {
+  struct Field {
+    const char* name;
+    json default_value;
+  };
+  const Field fields[] = {{"n", 1}, {"best_of", 1}, {"echo", false}, {"logprobs", 0}};
+  for (const Field& field : fields) {
+    auto it = body.find(field.name);
+    if (it == body.end() || it->is_null() || *it == field.default_value) continue;
+    return ApiError{400, "invalid_request_error", field.name,
+                    std::string(field.name) + ": only " + field.default_value.dump() +
+                        " (or null) is supported, got " + shown(*it)};
+  }
+  auto suffix = body.find("suffix");
+  if (suffix != body.end() && !suffix->is_null()) {
+    return ApiError{400, "invalid_request_error", "suffix", "suffix: not supported; expected null"};
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_stream_options(const json& body, bool stream, bool& include_usage) {
+  auto it = body.find("stream_options");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) {
+    return ApiError{400, "invalid_request_error", "stream_options",
+                    std::string("stream_options: expected an object, got ") + type_name(*it)};
+  }
+  if (!stream) {
+    return ApiError{400, "invalid_request_error", "stream_options",
+                    "stream_options: only allowed when stream is true"};
+  }
+  auto usage = it->find("include_usage");
+  if (usage == it->end() || usage->is_null()) return std::nullopt;
+  if (!usage->is_boolean()) {
+    return ApiError{400, "invalid_request_error", "stream_options.include_usage",
+                    std::string("stream_options.include_usage: expected true or false, got ") +
+                        type_name(*usage)};
+  }
+  include_usage = usage->get<bool>();
+  return std::nullopt;
+}
+
+// Everything except the prompts and the context check; fills `sampling` and friends.
+std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
+                                     engine::Request& shape, CompletionRequest& out) {
+  if (auto e = refuse_unsupported(body)) return e;
+  auto model = body.find("model");
+  if (model != body.end() && !model->is_null()) {
+    if (!model->is_string()) {
+      return ApiError{400, "invalid_request_error", "model",
+                      std::string("model: expected a string, got ") + type_name(*model)};
+    }
+    if (model->get<std::string>() != limits.model_id) {
+      return ApiError{404, "invalid_request_error", "model",
+                      "model: '" + model->get<std::string>() + "' does not exist; this server " +
+                          "serves '" + limits.model_id + "'"};
+    }
+  }
+  int64_t max_tokens = kDefaultMaxTokens;
+  // No upper bound here: the context check below says the limit with the prompt length.
+  if (auto e = read_int(body, "max_tokens", 1, INT32_MAX, max_tokens)) return e;
+  shape.max_tokens = static_cast<int32_t>(max_tokens);
+  if (auto e = read_number(
+          body, "temperature", "a number >= 0", [](double v) { return v >= 0; },
+          shape.sampling.temperature)) {
+    return e;
+  }
+  if (auto e = read_number(
+          body, "top_p", "a number in (0, 1]", [](double v) { return v > 0 && v <= 1; },
+          shape.sampling.top_p)) {
+    return e;
+  }
+  // top_k is an extension (vLLM's); -1 means no cut, as there.
+  int64_t top_k = 0;
+  if (auto e = read_int(body, "top_k", -1, limits.vocab_size, top_k)) return e;
+  shape.sampling.top_k = static_cast<int32_t>(top_k < 0 ? 0 : top_k);
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    const json& seed = body["seed"];
+    if (!seed.is_number_integer()) {
+      return ApiError{400, "invalid_request_error", "seed",
+                      std::string("seed: expected an integer, got ") + type_name(seed) + " " +
+                          shown(seed)};
+    }
+    // Negative seeds are valid OpenAI input; the bits are what matter.
+    shape.sampling.seed = seed.is_number_unsigned() ? seed.get<uint64_t>()
+                                                    : static_cast<uint64_t>(seed.get<int64_t>());
+    out.seed_given = true;
+  }
+  if (auto e = read_stop(body, limits.vocab_size, shape.stop_ids)) return e;
+  bool ignore_eos = false;
+  if (auto e = read_bool(body, "ignore_eos", ignore_eos)) return e;
+  if (!ignore_eos) {
+    for (int32_t eos : limits.eos_token_ids) {
+      if (std::find(shape.stop_ids.begin(), shape.stop_ids.end(), eos) == shape.stop_ids.end()) {
+        shape.stop_ids.push_back(eos);
+      }
+    }
+  }
+  if (auto e = read_bool(body, "stream", out.stream)) return e;
+  return read_stream_options(body, out.stream, out.include_usage);
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& error) {
+  json body = {{"error",
+                {{"message", error.message},
+                 {"type", error.type},
+                 {"param", error.param.empty() ? json(nullptr) : json(error.param)},
+                 {"code", nullptr}}}};
+  return body.dump();
+}
+
+Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
+                                                     const ApiLimits& limits) {
+  TS_CHECK(limits.vocab_size > 0 && limits.max_context > 0)
+      << "vocab=" << limits.vocab_size << " context=" << limits.max_context;
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    return bad("", "request body: malformed JSON; expected a JSON object such as "
+                   "{\"prompt\": [1, 2, 3], \"max_tokens\": 16}");
+  }
+  if (!body.is_object()) {
+    return bad("", std::string("request body: expected a JSON object, got ") + type_name(body));
+  }
+  CompletionRequest out;
+  engine::Request shape;
+  if (auto e = read_options(body, limits, shape, out)) return unexpected(std::move(*e));
+  std::vector<std::vector<int32_t>> prompts;
+  if (auto e = read_prompts(body, limits.vocab_size, prompts)) return unexpected(std::move(*e));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    int64_t total = static_cast<int64_t>(prompts[i].size()) + shape.max_tokens;
+    if (total > limits.max_context) {
+      std::string which = prompts.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt";
+      return bad("max_tokens", "max_tokens: " + which + " (" + std::to_string(prompts[i].size()) +
+                                   " tokens) + max_tokens (" + std::to_string(shape.max_tokens) +
+                                   ") = " + std::to_string(total) +
+                                   " exceeds the context limit of " +
+                                   std::to_string(limits.max_context) + " tokens");
+    }
+    engine::Request request = shape;
+    request.prompt = std::move(prompts[i]);
+    out.prompts.push_back(std::move(request));
+  }
+  TS_CHECK(!out.prompts.empty()) << "parse_completion accepted a request without prompts";
+  return out;
+}
+
+ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_index) {
+  using engine::RejectReason;
+  std::string param;
+  switch (terminal.reason) {
+    case RejectReason::kEmptyPrompt:
+    case RejectReason::kTokenOutOfVocab: param = "prompt"; break;
+    case RejectReason::kZeroMaxTokens:
+    case RejectReason::kExceedsContext:
+    case RejectReason::kNeverFits: param = "max_tokens"; break;
+    case RejectReason::kBadSampling: param = "temperature"; break;
+    case RejectReason::kNone: break;
+  }
+  std::string message = param.empty() ? std::string() : param + ": ";
+  message += "prompt " + std::to_string(prompt_index) + " rejected (" +
+             engine::reject_reason_name(terminal.reason) + "): " + terminal.message;
+  return ApiError{400, "invalid_request_error", param, message};
+}
+
+std::string tokens_text(const std::vector<int32_t>& tokens, bool leading_space) {
+  std::string text;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i > 0 || leading_space) text += ' ';
+    text += std::to_string(tokens[i]);
+  }
+  return text;
+}
+
+const char* finish_reason(engine::TerminalKind kind) {
+  switch (kind) {
+    case engine::TerminalKind::kStop: return "stop";
+    case engine::TerminalKind::kLength: return "length";
+    default: return nullptr;
+  }
+}
+
+json usage_json(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+json completion_object(const std::string& id, int64_t created, const std::string& model,
+                       json choices) {
+  return {{"id", id},
+          {"object", "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", std::move(choices)}};
+}
+
+json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
+                 const char* reason) {
+  return {{"index", index},
+          {"text", tokens_text(tokens, leading_space)},
+          {"token_ids", tokens},
+          {"logprobs", nullptr},
+          {"finish_reason", reason ? json(reason) : json(nullptr)}};
+}
+
+json models_json(const std::string& model_id, int64_t created, int32_t max_context) {
+  return {{"object", "list"},
+          {"data", json::array({{{"id", model_id},
+                                 {"object", "model"},
+                                 {"created", created},
+                                 {"owned_by", "twinstep"},
+                                 {"max_model_len", max_context}}})}};
+}
+
+std::string sse_event(std::string_view data) {
+  std::string event;
+  event.reserve(data.size() + 8);
+  event += "data: ";
+  event += data;
+  event += "\n\n";
+  return event;
+}
+
+}  // namespace twinstep::server

@@ -1,0 +1,84 @@
+// The OpenAI completions protocol as plain data: parsing a POST /v1/completions body into
+// engine requests (every bad field named), and building the JSON documents the server sends.
+// No sockets here, so every rule is unit-tested without a server.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "engine/result.h"
+
+namespace twinstep::server {
+
+// An error the client caused (or the server's refusal), as OpenAI clients expect it:
+// {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field ("" when none applies)
+  std::string message;
+};
+std::string error_body(const ApiError& error);
+
+// What the parser needs to know about the served model.
+struct ApiLimits {
+  int32_t vocab_size = 0;
+  int32_t max_context = 0;  // prompt + max_tokens must not exceed it
+  std::string model_id;
+  // Added to every request's stop ids unless the body says "ignore_eos": true (as vLLM does),
+  // since the engine stops only on the ids it is given.
+  std::vector<int32_t> eos_token_ids;
+};
+
+inline constexpr int32_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
+
+struct CompletionRequest {
+  std::vector<engine::Request> prompts;  // one engine request per choice, in prompt order
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a final usage-only chunk
+  bool seed_given = false;     // false: the server picks a seed per prompt
+};
+
+// Parses and checks a request body. Fields we do not know are ignored (clients send many);
+// fields whose non-default values we cannot honour (n, best_of, echo, logprobs, suffix) are
+// refused by name rather than silently ignored.
+Result<CompletionRequest, ApiError> parse_completion(std::string_view body,
+                                                     const ApiLimits& limits);
+
+// Maps an engine rejection (from Engine::validate or a Rejected terminal) to a 400 naming the
+// field the reason is about. `prompt_index` is the choice it concerns.
+ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_index);
+
+// Token ids as text: "17 42 99". The server has no tokenizer; the ids are also sent as
+// `token_ids`. `leading_space` continues an earlier piece of the same choice.
+std::string tokens_text(const std::vector<int32_t>& tokens, bool leading_space);
+
+// "stop" / "length" for the two finishing kinds; nullptr for the others.
+const char* finish_reason(engine::TerminalKind kind);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+};
+nlohmann::json usage_json(const Usage& usage);
+
+// One text_completion object (a full response when `choices` holds finished choices, or a
+// streamed chunk). Both share this shape.
+nlohmann::json completion_object(const std::string& id, int64_t created,
+                                 const std::string& model, nlohmann::json choices);
+nlohmann::json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
+                           const char* finish_reason);
+
+// GET /v1/models.
+nlohmann::json models_json(const std::string& model_id, int64_t created, int32_t max_context);
+
+// One server-sent event carrying `data`, framed "data: ...\n\n".
+std::string sse_event(std::string_view data);
+
+}  // namespace twinstep::server

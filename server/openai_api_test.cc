@@ -1,0 +1,180 @@
+// Unit tests of the completions protocol: every bad-input class names its field, and good
+// bodies become the engine requests they describe.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+namespace twinstep::server {
+namespace {
+
+using nlohmann::json;
+
+ApiLimits limits() {
+  ApiLimits l;
+  l.vocab_size = 100;
+  l.max_context = 64;
+  l.model_id = "m";
+  l.eos_token_ids = {1};
+  return l;
+}
+
+ApiError error_of(const std::string& body) {
+  auto parsed = parse_completion(body, limits());
+  EXPECT_FALSE(parsed.ok()) << "accepted: " << body;
+  return parsed.ok() ? ApiError{} : parsed.error();
+}
+
+TEST(OpenAiApi, SinglePromptWithEveryField) {
+  auto parsed = parse_completion(
+      R"({"model":"m","prompt":[5,6,7],"max_tokens":9,"temperature":0.5,"top_p":0.9,
+          "top_k":4,"seed":42,"stop":[3,4],"stream":true,
+          "stream_options":{"include_usage":true},"user":"ignored"})",
+      limits());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  const CompletionRequest& r = parsed.value();
+  ASSERT_EQ(r.prompts.size(), 1u);
+  const engine::Request& q = r.prompts[0];
+  EXPECT_EQ(q.prompt, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(q.max_tokens, 9);
+  EXPECT_FLOAT_EQ(q.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(q.sampling.top_p, 0.9f);
+  EXPECT_EQ(q.sampling.top_k, 4);
+  EXPECT_EQ(q.sampling.seed, 42u);
+  EXPECT_EQ(q.stop_ids, (std::vector<int32_t>{3, 4, 1}));  // eos joins the stop ids
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.seed_given);
+}
+
+TEST(OpenAiApi, DefaultsAndArrayOfPrompts) {
+  auto parsed = parse_completion(R"({"prompt":[[1,2],[3]],"ignore_eos":true})", limits());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  const CompletionRequest& r = parsed.value();
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[1].prompt, (std::vector<int32_t>{3}));
+  EXPECT_EQ(r.prompts[0].max_tokens, kDefaultMaxTokens);
+  EXPECT_TRUE(r.prompts[0].sampling.greedy());
+  EXPECT_TRUE(r.prompts[0].stop_ids.empty());
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.seed_given);
+}
+
+TEST(OpenAiApi, MalformedJsonIs400) {
+  ApiError e = error_of(R"({"prompt":[1,2)");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("malformed JSON"), std::string::npos) << e.message;
+  EXPECT_EQ(error_of("[1,2]").status, 400);
+}
+
+TEST(OpenAiApi, MissingPromptNamesTheField) {
+  ApiError e = error_of(R"({"max_tokens":4})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_NE(e.message.find("missing"), std::string::npos) << e.message;
+}
+
+TEST(OpenAiApi, MistypedFieldsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"prompt":"hello"})", "prompt"},
+      {R"({"prompt":[1,"x"]})", "prompt"},
+      {R"({"prompt":[1.5]})", "prompt"},
+      {R"({"prompt":[[1],2]})", "prompt"},
+      {R"({"prompt":[]})", "prompt"},
+      {R"({"prompt":[[]]})", "prompt"},
+      {R"({"prompt":[1],"max_tokens":"8"})", "max_tokens"},
+      {R"({"prompt":[1],"max_tokens":0})", "max_tokens"},
+      {R"({"prompt":[1],"max_tokens":2.5})", "max_tokens"},
+      {R"({"prompt":[1],"temperature":"hot"})", "temperature"},
+      {R"({"prompt":[1],"temperature":-1})", "temperature"},
+      {R"({"prompt":[1],"top_p":0})", "top_p"},
+      {R"({"prompt":[1],"top_p":1.5})", "top_p"},
+      {R"({"prompt":[1],"top_k":-2})", "top_k"},
+      {R"({"prompt":[1],"seed":"7"})", "seed"},
+      {R"({"prompt":[1],"stop":"\n"})", "stop"},
+      {R"({"prompt":[1],"stop":[true]})", "stop"},
+      {R"({"prompt":[1],"stream":"yes"})", "stream"},
+      {R"({"prompt":[1],"stream_options":{"include_usage":true}})", "stream_options"},
+      {R"({"prompt":[1],"stream":true,"stream_options":{"include_usage":1}})",
+       "stream_options.include_usage"},
+      {R"({"prompt":[1],"model":7})", "model"},
+      {R"({"prompt":[1],"n":2})", "n"},
+      {R"({"prompt":[1],"echo":true})", "echo"},
+      {R"({"prompt":[1],"logprobs":3})", "logprobs"},
+      {R"({"prompt":[1],"suffix":"x"})", "suffix"},
+      {R"({"prompt":[1],"ignore_eos":1})", "ignore_eos"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = error_of(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
+    EXPECT_EQ(e.message.rfind(c.param, 0), 0u) << "message should start with the field: "
+                                               << e.message;
+  }
+}
+
+TEST(OpenAiApi, UnknownModelIs404) {
+  ApiError e = error_of(R"({"prompt":[1],"model":"gpt-4"})");
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.param, "model");
+  EXPECT_NE(e.message.find("'m'"), std::string::npos) << e.message;
+}
+
+TEST(OpenAiApi, TokenOutOfRangeSaysTheRange) {
+  for (const char* body : {R"({"prompt":[1,100]})", R"({"prompt":[-1]})",
+                           R"({"prompt":[[1],[2,99999999999999999999]]})"}) {
+    ApiError e = error_of(body);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, "prompt") << body;
+    EXPECT_NE(e.message.find("< 100"), std::string::npos) << e.message;
+  }
+  ApiError stop = error_of(R"({"prompt":[1],"stop":[100]})");
+  EXPECT_EQ(stop.param, "stop");
+}
+
+TEST(OpenAiApi, OverContextSaysTheLimit) {
+  ApiError e = error_of(R"({"prompt":[1,2,3,4],"max_tokens":61})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_NE(e.message.find("context limit of 64"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("= 65"), std::string::npos) << e.message;
+  // Exactly at the limit is fine.
+  EXPECT_TRUE(parse_completion(R"({"prompt":[1,2,3,4],"max_tokens":60})", limits()).ok());
+}
+
+TEST(OpenAiApi, ErrorBodyIsOpenAiShaped) {
+  json body = json::parse(error_body({400, "invalid_request_error", "top_p", "top_p: bad"}));
+  EXPECT_EQ(body["error"]["param"], "top_p");
+  EXPECT_EQ(body["error"]["message"], "top_p: bad");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(json::parse(error_body({404, "not_found_error", "", "x"}))["error"]["param"].is_null());
+}
+
+TEST(OpenAiApi, RejectionsNameTheirField) {
+  engine::Terminal t{engine::TerminalKind::kRejected, engine::RejectReason::kNeverFits, "big"};
+  ApiError e = error_from_rejection(t, 2);
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_NE(e.message.find("prompt 2"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("big"), std::string::npos) << e.message;
+}
+
+TEST(OpenAiApi, DocumentsAndText) {
+  EXPECT_EQ(tokens_text({17, 42, 9}, false), "17 42 9");
+  EXPECT_EQ(tokens_text({5}, true), " 5");
+  json choice = choice_json(1, {4, 5}, false, "length");
+  EXPECT_EQ(choice["token_ids"], json::array({4, 5}));
+  EXPECT_EQ(choice["finish_reason"], "length");
+  EXPECT_TRUE(choice_json(0, {}, false, nullptr)["finish_reason"].is_null());
+  json usage = usage_json({3, 4});
+  EXPECT_EQ(usage["total_tokens"], 7);
+  EXPECT_EQ(sse_event("[DONE]"), "data: [DONE]\n\n");
+  EXPECT_STREQ(finish_reason(engine::TerminalKind::kStop), "stop");
+  EXPECT_EQ(finish_reason(engine::TerminalKind::kAborted), nullptr);
+  EXPECT_EQ(models_json("m", 1, 64)["data"][0]["id"], "m");
+}
+
+}  // namespace
+}  // namespace twinstep::server

@@ -1,0 +1,73 @@
+// Unit tests of the latency histograms and the Prometheus text of GET /metrics.
+#include "server/prometheus.h"
+
+#include <gtest/gtest.h>
+
+namespace twinstep::server {
+namespace {
+
+TEST(Histogram, BucketsAreCumulativeAndInclusive) {
+  Histogram h({0.1, 1.0});
+  h.observe(0.1);  // equal to a bound: counted in that bucket (Prometheus `le`)
+  h.observe(0.5);
+  h.observe(7.0);
+  EXPECT_EQ(h.cumulative_counts(), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(h.count(), 3u);
+  EXPECT_DOUBLE_EQ(h.sum(), 7.6);
+  EXPECT_DOUBLE_EQ(h.quantile_bound(0.5), 1.0);
+  EXPECT_DOUBLE_EQ(h.quantile_bound(0.2), 0.1);
+}
+
+TEST(Prometheus, RendersEveryFamily) {
+  engine::Metrics m;
+  m.running = 3;
+  m.waiting = 2;
+  m.global = {5, 256, 9};
+  m.local = {4, 128, 8};
+  m.counters.tokens_generated = 77;
+  m.counters.terminals[static_cast<int>(engine::TerminalKind::kAborted)] = 6;
+  LatencySnapshot latency;
+  latency.ttft.observe(0.002);
+  latency.inter_token.observe(0.0004);
+  HttpCounters http;
+  http.responses[http_status_slot(413)] = 1;
+  http.disconnect_aborts = 6;
+  std::string text = render_prometheus(m, latency, http);
+  for (const char* line : {
+           "twinstep_requests_running 3\n",
+           "twinstep_requests_waiting 2\n",
+           "twinstep_kv_pages_used{family=\"global\"} 5\n",
+           "twinstep_kv_pages_used{family=\"local\"} 4\n",
+           "twinstep_kv_pages_total{family=\"global\"} 256\n",
+           "twinstep_kv_pages_total{family=\"local\"} 128\n",
+           "twinstep_tokens_generated_total 77\n",
+           "twinstep_requests_finished_total{kind=\"aborted\"} 6\n",
+           "twinstep_requests_finished_total{kind=\"stop\"} 0\n",
+           "# TYPE twinstep_time_to_first_token_seconds histogram\n",
+           "twinstep_time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n",
+           "twinstep_time_to_first_token_seconds_bucket{le=\"0.0025\"} 1\n",
+           "twinstep_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n",
+           "twinstep_time_to_first_token_seconds_count 1\n",
+           "twinstep_inter_token_latency_seconds_bucket{le=\"0.0005\"} 1\n",
+           "twinstep_http_responses_total{code=\"413\"} 1\n",
+           "twinstep_http_disconnect_aborts_total 6\n",
+       }) {
+    EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << text;
+  }
+  // Every sample line belongs to a family declared with # TYPE before it.
+  std::string declared;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (line.rfind("# TYPE ", 0) == 0) {
+      declared = line.substr(7, line.find(' ', 7) - 7);
+    } else if (line[0] != '#') {
+      EXPECT_EQ(line.rfind(declared, 0), 0u) << line << " after # TYPE " << declared;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace twinstep::server

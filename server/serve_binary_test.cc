@@ -1,0 +1,257 @@
+// Drives the built twinstep-serve binary with curl (a widely used third-party client):
+// `--no-buffer` streams equal the engine's direct output, and SIGTERM while a stream is busy
+// ends the stream, drains the pools and exits 0. Every wait polls a pipe with a deadline.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "sim/sim_device.h"
+
+namespace twinstep::server {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kDeadline = std::chrono::seconds(120);
+
+// A child process with its stdout (and stderr) on a pipe we read line by line.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& argv) {
+    int fds[2];
+    TS_CHECK(pipe(fds) == 0) << "pipe";
+    pid_ = fork();
+    TS_CHECK(pid_ >= 0) << "fork";
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      dup2(fds[1], STDERR_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      std::perror("execvp");
+      _exit(127);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+
+  // The next line (without '\n'), or nullopt at EOF or when the deadline passes.
+  std::optional<std::string> line(std::chrono::steady_clock::duration deadline = kDeadline) {
+    auto until = Clock::now() + deadline;
+    for (;;) {
+      if (size_t nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string out = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return out;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char chunk[4096];
+      ssize_t n = read(fd_, chunk, sizeof chunk);
+      if (n <= 0) {
+        if (buffer_.empty()) return std::nullopt;
+        std::string out;
+        out.swap(buffer_);
+        return out;
+      }
+      buffer_.append(chunk, static_cast<size_t>(n));
+    }
+  }
+  std::vector<std::string> rest() {
+    std::vector<std::string> lines;
+    while (auto l = line()) lines.push_back(*l);
+    return lines;
+  }
+  // Exit status, or -1 if it has not exited by the deadline.
+  int wait_exit(std::chrono::steady_clock::duration deadline = kDeadline) {
+    auto until = Clock::now() + deadline;
+    while (Clock::now() < until) {
+      int status = 0;
+      pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        // Whatever it wrote before exiting is still in the pipe.
+        for (;;) {
+          char chunk[4096];
+          pollfd p{fd_, POLLIN, 0};
+          if (poll(&p, 1, 1000) <= 0) break;
+          ssize_t n = read(fd_, chunk, sizeof chunk);
+          if (n <= 0) break;
+          buffer_.append(chunk, static_cast<size_t>(n));
+        }
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      pollfd p{fd_, POLLIN, 0};  // drain output meanwhile, so the child never blocks on it
+      if (poll(&p, 1, 50) > 0) {
+        char chunk[4096];
+        ssize_t n = read(fd_, chunk, sizeof chunk);
+        if (n > 0) buffer_.append(chunk, static_cast<size_t>(n));
+      }
+    }
+    return -1;
+  }
+  pid_t pid() const { return pid_; }
+  const std::string& buffered() const { return buffer_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool reaped_ = false;
+  std::string buffer_;
+};
+
+// Starts twinstep-serve on an ephemeral port and returns the port it printed.
+uint16_t start_server(Child& server) {
+  std::optional<std::string> first = server.line();
+  TS_CHECK(first.has_value()) << "twinstep-serve printed nothing";
+  const std::string marker = "listening on http://127.0.0.1:";
+  size_t at = first->find(marker);
+  TS_CHECK(at != std::string::npos) << "unexpected first line: " << *first;
+  return static_cast<uint16_t>(std::stoi(first->substr(at + marker.size())));
+}
+
+std::vector<std::string> curl_args(uint16_t port, const std::string& path, const json& body) {
+  std::vector<std::string> args = {"curl", "-sS", "--no-buffer", "--max-time", "120",
+                                   "http://127.0.0.1:" + std::to_string(port) + path};
+  if (!body.is_null()) {
+    args.insert(args.end(), {"-H", "Content-Type: application/json", "-d", body.dump()});
+  }
+  return args;
+}
+
+std::vector<int32_t> direct_tokens(const engine::Request& request) {
+  auto model = engine::ModelConfig::preset("sim-tiny").value();
+  sim::SimDevice device(model);
+  auto engine = std::move(engine::Engine::create(model, {}, device).value());
+  engine->submit(request);
+  std::vector<int32_t> tokens;
+  while (!engine->idle()) {
+    for (const auto& u : engine->step().updates) {
+      tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+  }
+  return tokens;
+}
+
+// Token ids of every `data:` chunk, and whether [DONE] closed the stream.
+struct Parsed {
+  std::vector<int32_t> tokens;
+  std::string finish_reason;
+  std::vector<json> errors;
+  bool done = false;
+};
+Parsed parse_sse(const std::vector<std::string>& lines) {
+  Parsed out;
+  for (const std::string& l : lines) {
+    if (l.empty()) continue;
+    EXPECT_EQ(l.rfind("data: ", 0), 0u) << l;
+    std::string data = l.substr(6);
+    if (data == "[DONE]") {
+      out.done = true;
+      continue;
+    }
+    json event = json::parse(data);
+    if (event.contains("error")) {
+      out.errors.push_back(event);
+      continue;
+    }
+    for (const json& choice : event["choices"]) {
+      for (const json& t : choice["token_ids"]) out.tokens.push_back(t.get<int32_t>());
+      if (choice["finish_reason"].is_string()) out.finish_reason = choice["finish_reason"];
+    }
+  }
+  return out;
+}
+
+TEST(ServeBinary, CurlStreamsEqualTheEngineAndSigtermExitsZero) {
+  // Paced at 5 ms a step so that the long stream below runs for about 20 s: it is surely
+  // still running when SIGTERM arrives, and nothing waits for it to end on its own.
+  Child server({TWINSTEP_SERVE_BINARY, "--device", "sim", "--port", "0", "--sim-step-us",
+                "5000"});
+  uint16_t port = start_server(server);
+
+  engine::Request request;
+  request.prompt = {11, 12, 13, 14, 15};
+  request.max_tokens = 24;
+  request.sampling.temperature = 0.9f;
+  request.sampling.seed = 4242;
+  request.stop_ids = {1};  // the model's eos, which the server adds
+  std::vector<int32_t> expected = direct_tokens(request);
+
+  json body = {{"prompt", request.prompt}, {"max_tokens", 24}, {"temperature", 0.9},
+               {"seed", 4242}, {"stream", true}};
+  Child stream(curl_args(port, "/v1/completions", body));
+  std::vector<std::string> lines = stream.rest();
+  ASSERT_EQ(stream.wait_exit(), 0) << "curl failed";
+  Parsed parsed = parse_sse(lines);
+  EXPECT_TRUE(parsed.done);
+  EXPECT_EQ(parsed.tokens, expected);
+  EXPECT_EQ(parsed.finish_reason, expected.size() == 24 ? "length" : "stop");
+
+  body["stream"] = false;
+  Child plain(curl_args(port, "/v1/completions", body));
+  std::vector<std::string> doc_lines = plain.rest();
+  ASSERT_EQ(plain.wait_exit(), 0);
+  ASSERT_FALSE(doc_lines.empty());
+  json doc = json::parse(doc_lines[0]);
+  EXPECT_EQ(doc["choices"][0]["token_ids"].get<std::vector<int32_t>>(), expected);
+
+  // A long stream, busy when SIGTERM arrives.
+  json long_body = {{"prompt", {3, 4, 5}}, {"max_tokens", 4000}, {"stream", true},
+                    {"ignore_eos", true}};
+  Child busy(curl_args(port, "/v1/completions", long_body));
+  std::optional<std::string> first = busy.line();
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->rfind("data: {", 0), 0u) << *first;
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  std::vector<std::string> tail = busy.rest();
+  EXPECT_EQ(busy.wait_exit(), 0);
+  tail.insert(tail.begin(), *first);
+  Parsed cut = parse_sse(tail);
+  EXPECT_TRUE(cut.done);
+  EXPECT_LT(cut.tokens.size(), 4000u);
+  ASSERT_EQ(cut.errors.size(), 1u);
+  EXPECT_EQ(cut.errors[0]["error"]["type"], "server_shutting_down");
+
+  EXPECT_EQ(server.wait_exit(), 0) << server.buffered();
+  std::string log = server.buffered();
+  EXPECT_NE(log.find("aborted 1 in flight"), std::string::npos) << log;
+  EXPECT_NE(log.find("(baseline)"), std::string::npos) << log;
+}
+
+TEST(ServeBinary, CudaWithoutACudaBuildIsAClearError) {
+  Child server({TWINSTEP_SERVE_BINARY, "--device", "cuda", "--model", "/nonexistent"});
+  std::vector<std::string> lines = server.rest();
+  EXPECT_EQ(server.wait_exit(), 2);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("twinstep-serve: "), std::string::npos) << lines[0];
+}
+
+}  // namespace
+}  // namespace twinstep::server

@@ -1,0 +1,49 @@
+// twinstep-serve: the OpenAI-compatible completions server. Prints the address it listens on,
+// serves until SIGINT/SIGTERM, then aborts in-flight requests and exits 0 once the engine's
+// pools are back at their baseline (1 if they are not: a leak).
+#include <cstdio>
+#include <iostream>
+
+#include "server/http_server.h"
+#include "server/serve_options.h"
+
+int main(int argc, char** argv) {
+  using namespace twinstep::server;
+  auto parsed = parse_serve_args(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed) {
+    std::cerr << "twinstep-serve: " << parsed.error() << "\n";
+    return 2;
+  }
+  ServeConfig& config = parsed.value();
+  if (config.help) {
+    std::cout << serve_usage();
+    return 0;
+  }
+  auto backend = make_backend(config);
+  if (!backend) {
+    std::cerr << "twinstep-serve: " << backend.error() << "\n";
+    return 2;
+  }
+  Server server(*backend->engine, config.server);
+  // Signals are handled by the server's io threads; block nothing else.
+  auto started = server.start();
+  if (!started) {
+    std::cerr << "twinstep-serve: " << started.error() << "\n";
+    return 2;
+  }
+  server.handle_signals();
+  const auto& m = backend->engine->metrics();
+  std::cout << "twinstep-serve: listening on http://" << config.server.host << ":" << server.port()
+            << " (model " << config.server.model_id << ", device " << backend->device->name()
+            << ", vocab " << backend->model.vocab_size << ", context "
+            << backend->engine->max_context() << ", pages global " << m.global.pages_total
+            << " local " << m.local.pages_total << ")" << std::endl;
+  ShutdownReport report = server.wait();
+  const auto& end = report.drain.metrics;
+  std::cout << "twinstep-serve: shut down; aborted " << report.requests_aborted_in_flight
+            << " in flight; pages used global " << end.global.pages_used << " local "
+            << end.local.pages_used << "; running " << end.running << " waiting " << end.waiting
+            << (report.drain.pools_at_baseline ? " (baseline)" : " (NOT at baseline)")
+            << std::endl;
+  return report.drain.pools_at_baseline ? 0 : 1;
+}

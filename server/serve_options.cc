@@ -1,0 +1,170 @@
+// Flag parsing and backend construction for twinstep-serve; see serve_options.h.
+#include "server/serve_options.h"
+
+#include <charconv>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "sim/sim_device.h"
+
+#if TWINSTEP_SERVE_CUDA
+#include "server/cuda_backend.h"
+#endif
+
+namespace twinstep::server {
+namespace {
+
+template <class Int>
+std::optional<std::string> parse_int(const std::string& flag, const std::string& text, Int lo,
+                                     Int hi, Int& out) {
+  Int value{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < lo || value > hi) {
+    return flag + ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+           "], got '" + text + "'";
+  }
+  out = value;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string serve_usage() {
+  return R"(usage: twinstep-serve [--device sim|cuda] [--model DIR] [--host 127.0.0.1] [--port 8000]
+
+An OpenAI-compatible completions server (prompts and outputs are token ids).
+  --device sim|cuda        simulated device (default) or the CUDA engine (CUDA builds only)
+  --model DIR              HF checkpoint dir (config.json); sim without it: preset sim-tiny
+  --model-id NAME          the id /v1/models reports (default: twinstep-sim, or DIR's name)
+  --host ADDR --port N     where to listen (port 0: an ephemeral port, printed at start)
+  --io-threads N           network threads (default 1; the engine has its own thread)
+  --max-body-bytes N       larger request bodies get 413 (default 1048576)
+  --page-size N --pages-global N --pages-local N --max-running N --max-step-tokens N
+  --max-context N          engine limits (defaults: the engine's; context 0 = the model's)
+  --sim-step-us N          sleep N us after each step, to pace the simulated device
+SIGINT/SIGTERM: stop accepting, abort in-flight requests, exit 0 once the pools are empty.
+)";
+}
+
+Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>& args) {
+  ServeConfig config;
+  bool model_id_given = false;
+  std::map<std::string, std::function<std::optional<std::string>(const std::string&)>> flags;
+  auto int32_flag = [&](const char* name, int32_t lo, int32_t& out) {
+    flags[name] = [name, lo, &out](const std::string& v) {
+      return parse_int<int32_t>(name, v, lo, INT32_MAX, out);
+    };
+  };
+  flags["--device"] = [&](const std::string& v) -> std::optional<std::string> {
+    if (v != "sim" && v != "cuda") return "--device: expected sim or cuda, got '" + v + "'";
+    config.device = v;
+    return std::nullopt;
+  };
+  flags["--model"] = [&](const std::string& v) -> std::optional<std::string> {
+    config.model_dir = v;
+    return std::nullopt;
+  };
+  flags["--model-id"] = [&](const std::string& v) -> std::optional<std::string> {
+    if (v.empty()) return "--model-id: expected a non-empty name";
+    config.server.model_id = v;
+    model_id_given = true;
+    return std::nullopt;
+  };
+  flags["--host"] = [&](const std::string& v) -> std::optional<std::string> {
+    config.server.host = v;
+    return std::nullopt;
+  };
+  flags["--port"] = [&](const std::string& v) {
+    return parse_int<uint16_t>("--port", v, 0, 65535, config.server.port);
+  };
+  flags["--io-threads"] = [&](const std::string& v) {
+    return parse_int<int>("--io-threads", v, 1, 64, config.server.io_threads);
+  };
+  flags["--max-body-bytes"] = [&](const std::string& v) {
+    return parse_int<size_t>("--max-body-bytes", v, 64, size_t{1} << 30,
+                             config.server.max_body_bytes);
+  };
+  flags["--sim-step-us"] = [&](const std::string& v) {
+    return parse_int<int64_t>("--sim-step-us", v, 0, 10'000'000,
+                              config.server.loop.step_sleep_us);
+  };
+  int32_flag("--page-size", 1, config.engine.page_size);
+  int32_flag("--pages-global", 1, config.engine.pages_global);
+  int32_flag("--pages-local", 1, config.engine.pages_local);
+  int32_flag("--max-running", 1, config.engine.max_running);
+  int32_flag("--max-step-tokens", 1, config.engine.max_step_tokens);
+  int32_flag("--max-context", 0, config.engine.max_context);
+
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--help" || arg == "-h") {
+      config.help = true;
+      continue;
+    }
+    std::string name = arg, value;
+    bool inline_value = false;
+    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      inline_value = true;
+    }
+    auto it = flags.find(name);
+    if (it == flags.end()) return unexpected("unknown argument '" + arg + "' (see --help)");
+    if (!inline_value) {
+      if (i + 1 >= args.size()) return unexpected(name + ": expected a value");
+      value = args[++i];
+    }
+    if (auto error = it->second(value)) return unexpected(std::move(*error));
+  }
+  if (config.device == "cuda" && !config.model_dir && !config.help) {
+    return unexpected(std::string("--device cuda: expected --model DIR (a checkpoint)"));
+  }
+  if (config.model_dir && !model_id_given) {
+    std::string name = std::filesystem::path(*config.model_dir).filename().string();
+    if (name.empty()) name = std::filesystem::path(*config.model_dir).parent_path().filename();
+    if (!name.empty()) config.server.model_id = name;
+  }
+  return config;
+}
+
+bool cuda_device_compiled() {
+#if TWINSTEP_SERVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+Result<Backend, std::string> make_backend(const ServeConfig& config) {
+  Backend backend;
+  if (config.model_dir) {
+    auto model = engine::ModelConfig::from_file(std::filesystem::path(*config.model_dir) /
+                                                "config.json");
+    if (!model) return unexpected("--model " + *config.model_dir + ": " + model.error().message);
+    backend.model = std::move(model.value());
+  } else {
+    auto model = engine::ModelConfig::preset("sim-tiny");
+    if (!model) return unexpected("preset sim-tiny: " + model.error().message);
+    backend.model = std::move(model.value());
+  }
+  if (config.device == "sim") {
+    backend.device = std::make_unique<sim::SimDevice>(backend.model);
+  } else {
+#if TWINSTEP_SERVE_CUDA
+    auto device = make_cuda_backend_device(backend.model, *config.model_dir);
+    if (!device) return unexpected("--device cuda: " + device.error());
+    backend.device = std::move(device.value());
+#else
+    return unexpected(std::string(
+        "--device cuda: this twinstep-serve was built without the CUDA device (configure with "
+        "a CUDA toolkit and TWINSTEP_CUDA=ON), so only --device sim is available"));
+#endif
+  }
+  auto engine = engine::Engine::create(backend.model, config.engine, *backend.device);
+  if (!engine) return unexpected("engine: " + engine.error().message);
+  backend.engine = std::move(engine.value());
+  return backend;
+}
+
+}  // namespace twinstep::server

@@ -1,0 +1,43 @@
+// Command line of twinstep-serve, and building the model, device and engine it names. Kept out
+// of main() so that flag errors and device selection are unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/device.h"
+#include "engine/engine.h"
+#include "engine/result.h"
+#include "server/http_server.h"
+
+namespace twinstep::server {
+
+struct ServeConfig {
+  std::string device = "sim";  // sim | cuda
+  std::optional<std::string> model_dir;
+  ServerOptions server;
+  engine::EngineConfig engine;
+  bool help = false;
+};
+
+std::string serve_usage();
+// Every flag takes a value except --help. Unknown flags and bad values are errors that name
+// the flag and what was expected.
+Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>& args);
+
+// The model geometry, the device and the engine of a ServeConfig, owned together (the engine
+// refers to the device).
+struct Backend {
+  engine::ModelConfig model;
+  std::unique_ptr<engine::Device> device;
+  std::unique_ptr<engine::Engine> engine;
+};
+// `--device cuda` needs a build with the CUDA device; otherwise this says so.
+Result<Backend, std::string> make_backend(const ServeConfig& config);
+bool cuda_device_compiled();
+
+}  // namespace twinstep::server
