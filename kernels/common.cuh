@@ -99,26 +99,28 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return total;
 }
 
-// Rotary cos/sin of frequency pair `pair` (0 <= pair < head_dim/2) at `position`.
-__device__ __forceinline__ void rope_cos_sin(int pair, int head_dim, int position, float theta,
-                                             int rotary_pairs, float* c, float* s) {
-  if (pair >= rotary_pairs) {
-    *c = 1.0f;
-    *s = 0.0f;
-    return;
+// Fills inv_freq[0, head_dim/2) (shared memory) with the rope inverse frequencies: pair d <
+// rotary_pairs gets theta^(-2d/head_dim) (computed like HF: 1 / theta^(2d/head_dim) in fp32),
+// the others 0 (no rotation). Call with every thread of the block, then __syncthreads().
+__device__ __forceinline__ void fill_inv_freq(float* inv_freq, int head_dim, float theta,
+                                              int rotary_pairs) {
+  for (int d = threadIdx.x; d < head_dim / 2; d += blockDim.x) {
+    inv_freq[d] = d < rotary_pairs ? 1.0f / powf(theta, static_cast<float>(2 * d) / head_dim)
+                                   : 0.0f;
   }
-  const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * pair) / head_dim);
-  sincosf(static_cast<float>(position) * inv_freq, s, c);
 }
 
 // Per-head RMSNorm (optional weight) then rotate_half rope of one head held by a warp: lane l
 // holds elements [l*E, (l+1)*E); the partner of element d (< head_dim/2) is d + head_dim/2,
-// which sits in lane l + 16 at the same register index.
+// which sits in lane l ^ 16 at the same register index. A lane and its partner need the same
+// E angles; each computes half of them and they swap through a shuffle. inv_freq: the table
+// of fill_inv_freq, or nullptr for no rope.
 template <int HD>
 __device__ __forceinline__ void norm_rope_head(float (&x)[HD / kWarp], const bf16* weight,
-                                               float eps, int position, float theta,
-                                               int rotary_pairs) {
+                                               float eps, int position,
+                                               const float* inv_freq) {
   constexpr int E = HD / kWarp;
+  constexpr int H = E / 2;
   const int lane = threadIdx.x % kWarp;
   float ss = 0.0f;
 #pragma unroll
@@ -133,14 +135,25 @@ __device__ __forceinline__ void norm_rope_head(float (&x)[HD / kWarp], const bf1
   }
 #pragma unroll
   for (int i = 0; i < E; ++i) x[i] = x[i] * inv * w[i];
-  if (rotary_pairs <= 0) return;
+  if (inv_freq == nullptr) return;
   const bool upper = lane >= kWarp / 2;
+  const int first_pair = (lane % (kWarp / 2)) * E + (upper ? H : 0);
+  float c[E], s[E];
+#pragma unroll
+  for (int j = 0; j < H; ++j) {
+    float mine_c, mine_s;
+    sincosf(static_cast<float>(position) * inv_freq[first_pair + j], &mine_s, &mine_c);
+    const float other_c = __shfl_xor_sync(kFullMask, mine_c, kWarp / 2);
+    const float other_s = __shfl_xor_sync(kFullMask, mine_s, kWarp / 2);
+    c[j] = upper ? other_c : mine_c;
+    s[j] = upper ? other_s : mine_s;
+    c[j + H] = upper ? mine_c : other_c;
+    s[j + H] = upper ? mine_s : other_s;
+  }
 #pragma unroll
   for (int i = 0; i < E; ++i) {
     const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
-    float c, s;
-    rope_cos_sin((lane % (kWarp / 2)) * E + i, HD, position, theta, rotary_pairs, &c, &s);
-    x[i] = upper ? x[i] * c + partner * s : x[i] * c - partner * s;
+    x[i] = upper ? x[i] * c[i] + partner * s[i] : x[i] * c[i] - partner * s[i];
   }
 }
 

@@ -13,8 +13,9 @@ namespace {
 
 using namespace detail;
 
-constexpr int kRowThreads = 256;    // threads of a block that owns one row
-constexpr int kRowChunksMax = 8;    // 8-element chunks a thread keeps in registers
+constexpr int kRowThreads = 256;      // threads of a block that owns one row (argmax)
+constexpr int kNormChunks = 4;        // 8-element chunks an RMSNorm thread keeps in registers
+constexpr int kNormThreadsMax = 1024;
 constexpr int kWarpsPerBlock = 8;   // blocks of per-(row, head) warps
 constexpr int kFlatThreads = 256;   // elementwise kernels
 
@@ -37,23 +38,28 @@ __global__ void embed_gather_kernel(const int32_t* __restrict__ tokens,
   }
 }
 
-// ---- RMSNorm: a block per row; up to kRowThreads * kRowChunksMax * 8 elements stay in
-// registers (one read of x), longer rows are read twice. -------------------------------
+// ---- RMSNorm: a group of threads per row (a warp for dim <= 1024, else the whole block);
+// up to kNormChunks 8-element chunks per thread stay in registers (one read of x), longer
+// rows are read twice. Small register arrays keep occupancy high: the loads of many rows are
+// in flight at once, which is what a bandwidth-bound kernel needs. ----------------------
 
-__global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(const bf16* __restrict__ x,
-                                                               const bf16* __restrict__ weight,
-                                                               bf16* __restrict__ out,
-                                                               int32_t dim, float eps) {
-  __shared__ float scratch[kRowThreads / kWarp];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * dim;
-  const int stride = blockDim.x * 8;
-  const bool cached = dim <= stride * kRowChunksMax;
-  float v[kRowChunksMax][8];
+__global__ void __launch_bounds__(kNormThreadsMax) rms_norm_kernel(
+    const bf16* __restrict__ x, const bf16* __restrict__ weight, bf16* __restrict__ out,
+    int32_t rows, int32_t dim, float eps, int group) {
+  __shared__ float scratch[kNormThreadsMax / kWarp];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group) +
+                      threadIdx.x / group;
+  if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
+  const int t = threadIdx.x % group;
+  const int64_t base = row * dim;
+  const int stride = group * 8;
+  const bool cached = dim <= stride * kNormChunks;
+  float v[kNormChunks][8];
   float ss = 0.0f;
   if (cached) {
 #pragma unroll
-    for (int k = 0; k < kRowChunksMax; ++k) {
-      const int c = threadIdx.x * 8 + k * stride;
+    for (int k = 0; k < kNormChunks; ++k) {
+      const int c = t * 8 + k * stride;
       if (c < dim) {
         load_bf16<8>(x + base + c, v[k]);
 #pragma unroll
@@ -61,44 +67,38 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(const bf16* __res
       }
     }
   } else {
-    for (int c = threadIdx.x * 8; c < dim; c += stride) {
+    for (int c = t * 8; c < dim; c += stride) {
       float f[8];
       load_bf16<8>(x + base + c, f);
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
     }
   }
-  const float inv = rsqrtf(block_sum(ss, scratch) / dim + eps);
+  const float total = group == kWarp ? warp_sum(ss) : block_sum(ss, scratch);
+  const float inv = rsqrtf(total / dim + eps);
+  auto finish = [&](int c, float(&f)[8]) {
+    float w[8];
+    if (weight != nullptr) {
+      load_bf16<8>(weight + c, w);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = 1.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f[i] = f[i] * inv * w[i];
+    store_bf16<8>(out + base + c, f);
+  };
   if (cached) {
 #pragma unroll
-    for (int k = 0; k < kRowChunksMax; ++k) {
-      const int c = threadIdx.x * 8 + k * stride;
-      if (c < dim) {
-        float w[8];
-        if (weight != nullptr) {
-          load_bf16<8>(weight + c, w);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) w[i] = 1.0f;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[k][i] = v[k][i] * inv * w[i];
-        store_bf16<8>(out + base + c, v[k]);
-      }
+    for (int k = 0; k < kNormChunks; ++k) {
+      const int c = t * 8 + k * stride;
+      if (c < dim) finish(c, v[k]);
     }
   } else {
-    for (int c = threadIdx.x * 8; c < dim; c += stride) {
-      float f[8], w[8];
+    for (int c = t * 8; c < dim; c += stride) {
+      float f[8];
       load_bf16<8>(x + base + c, f);
-      if (weight != nullptr) {
-        load_bf16<8>(weight + c, w);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = 1.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) f[i] = f[i] * inv * w[i];
-      store_bf16<8>(out + base + c, f);
+      finish(c, f);
     }
   }
 }
@@ -112,6 +112,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
                         int32_t rows, int32_t heads, float eps, float theta,
                         int32_t rotary_pairs) {
   constexpr int E = HD / kWarp;
+  __shared__ float inv_freq[HD / 2];
+  fill_inv_freq(inv_freq, HD, theta, rotary_pairs);
+  __syncthreads();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= static_cast<int64_t>(rows) * heads) return;
   const int32_t row = static_cast<int32_t>(item / heads);
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
   bf16* p = x + row * row_stride + static_cast<int64_t>(head) * HD + (threadIdx.x % kWarp) * E;
   float f[E];
   load_bf16<E>(p, f);
-  norm_rope_head<HD>(f, weight, eps, position, theta, rotary_pairs);
+  norm_rope_head<HD>(f, weight, eps, position, rotary_pairs > 0 ? inv_freq : nullptr);
   store_bf16<E>(p, f);
 }
 
@@ -148,6 +151,9 @@ struct KvWriteArgs {
 template <int HD>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) kv_write_kernel(KvWriteArgs a) {
   constexpr int E = HD / kWarp;
+  __shared__ float inv_freq[HD / 2];
+  fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
+  __syncthreads();
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
   if (item >= static_cast<int64_t>(a.rows) * a.kv_heads) return;
   const int32_t row = static_cast<int32_t>(item / a.kv_heads);
@@ -164,8 +170,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) kv_write_kernel(KvWrit
   float k[E], v[E];
   load_bf16<E>(a.k_raw + row * a.k_row_stride + static_cast<int64_t>(head) * HD + lane * E, k);
   load_bf16<E>(a.v_raw + row * a.v_row_stride + static_cast<int64_t>(head) * HD + lane * E, v);
-  norm_rope_head<HD>(k, a.k_norm_weight, a.eps, position, a.theta, a.rotary_pairs);
-  norm_rope_head<HD>(v, nullptr, a.eps, position, a.theta, 0);
+  norm_rope_head<HD>(k, a.k_norm_weight, a.eps, position,
+                     a.rotary_pairs > 0 ? inv_freq : nullptr);
+  norm_rope_head<HD>(v, nullptr, a.eps, position, nullptr);
 
   const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
   bf16* k_dst = a.layer_base + (page * 2 * a.page_size + offset) * token_elems +
@@ -383,10 +390,16 @@ KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows
   }
   if (!(eps > 0.0f)) return bad_argument("rms_norm: eps must be > 0");
   if (rows == 0) return Ok{};
-  // Fewer threads for short rows so that no warp idles; a multiple of 32 covering dim/8.
   const int chunks = dim / 8;
-  const int threads = std::min(kRowThreads, std::max(kWarp, (chunks + kWarp - 1) / kWarp * kWarp));
-  rms_norm_kernel<<<rows, threads, 0, stream>>>(x, weight, out, dim, eps);
+  if (chunks <= kWarp * kNormChunks) {  // a warp per row, 8 rows per block
+    constexpr int kRowsPerBlock = 8;
+    rms_norm_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kRowsPerBlock * kWarp, 0,
+                      stream>>>(x, weight, out, rows, dim, eps, kWarp);
+  } else {  // a block per row: just enough threads to hold the row in registers
+    const int per_thread = (chunks + kNormChunks - 1) / kNormChunks;
+    const int threads = std::min(kNormThreadsMax, (per_thread + kWarp - 1) / kWarp * kWarp);
+    rms_norm_kernel<<<rows, threads, 0, stream>>>(x, weight, out, rows, dim, eps, threads);
+  }
   return launch_status("rms_norm_kernel");
 }
 
