@@ -1,0 +1,9 @@
+# gates/model.cmake (issue 5): the Gemma 4 model gates of the real CUDA engine, included by
+# gates/CMakeLists.txt before its manifest check. The HF fixtures are made on the runner by the
+# gates themselves (gates/hf/make_refs.py into <build>/hf_refs, on first use).
+twinstep_add_gate(model_gates SOURCES model_gates.cc)
+target_link_libraries(model_gates PRIVATE twinstep_sim nlohmann_json::nlohmann_json)
+target_compile_definitions(model_gates PRIVATE
+  TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")
+# The CLI gate runs twinstep-generate from the build tree.
+add_dependencies(model_gates twinstep-generate)

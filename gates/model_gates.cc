@@ -1,0 +1,664 @@
+// gates/model_gates.cc: the Gemma 4 gates of the real CUDA engine (issue 5). External oracles
+// first: HF transformers' greedy generate() and fp32 logits on tiny random-weight models it
+// built itself (gates/hf/make_refs.py, calibration in its docstring); then the contiguous no-KV
+// oracle forward; then the engine's lifecycle guarantees on device pools, and the 12B geometry.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "gates/model_gate_util.h"
+#include "sim/fault_plan.h"
+#include "sim/rng.h"
+#include "sim/sim_device.h"
+
+namespace twinstep::gates {
+namespace {
+
+using engine::Family;
+using engine::TerminalKind;
+
+// Small pages and small steps, so the tiny models' prompts (>= 32 tokens, windows 16/24) are
+// prefilled in several chunks, span many pages, and release pages behind the window.
+engine::EngineConfig tiny_engine_config() {
+  engine::EngineConfig ec;
+  ec.page_size = 8;
+  ec.pages_global = 512;
+  ec.pages_local = 512;
+  ec.max_running = 16;
+  ec.max_step_tokens = 48;
+  return ec;
+}
+
+std::unique_ptr<engine::Engine> make_engine(const engine::ModelConfig& config,
+                                            const engine::EngineConfig& ec, engine::Device& d) {
+  auto e = engine::Engine::create(config, ec, d);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+  return e.ok() ? std::move(e.value()) : nullptr;
+}
+
+std::string ids(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+class ModelGates : public ModelGate {};
+
+// ---- HF parity ----------------------------------------------------------------------
+
+TEST_F(ModelGates, GreedyMatchesHfGenerate) {
+  for (const char* g : kGeometries) {
+    SCOPED_TRACE(g);
+    HfRefs r = refs(g);
+    auto w = load(r);
+    ASSERT_NE(w, nullptr);
+    auto d = device(w->config(), w.get());
+    ASSERT_NE(d, nullptr);
+    auto e = make_engine(w->config(), tiny_engine_config(), *d);
+    ASSERT_NE(e, nullptr);
+    std::vector<engine::RequestId> rid;
+    size_t steps = 0;
+    for (const HfPrompt& p : r.prompts) {
+      EXPECT_GE(p.prompt.size(), 32u);
+      EXPECT_GT(static_cast<int32_t>(p.prompt.size()), w->config().sliding_window)
+          << "a reference prompt must cross the window";
+      rid.push_back(e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
+      steps += p.tokens.size();
+    }
+    auto out = drive(*e);
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      EXPECT_EQ(ids(out[rid[i]].tokens), ids(r.prompts[i].tokens))
+          << g << " prompt " << i << " (" << r.prompts[i].prompt.size() << " tokens)";
+    }
+    std::printf("[gate] %s: %zu prompts, %zu greedy tokens compared token for token with HF "
+                "generate() (margin gate %.4f)\n",
+                g, r.prompts.size(), steps, r.margin_gate);
+  }
+}
+
+TEST_F(ModelGates, TwinstepGenerateMatchesHf) {
+  for (const char* g : kGeometries) {
+    SCOPED_TRACE(g);
+    HfRefs r = refs(g);
+    ASSERT_FALSE(r.prompts.empty());
+    std::string prompts;
+    size_t max_tokens = 0;
+    for (const HfPrompt& p : r.prompts) {
+      prompts += (prompts.empty() ? "" : ";") + ids(p.prompt);
+      max_tokens = std::max(max_tokens, p.tokens.size());
+    }
+    const std::string cmd = std::string(TWINSTEP_BINARY_DIR) + "/bin/twinstep-generate --model '" +
+                            r.dir.string() + "' --device cuda --ignore-eos --prompt-ids '" +
+                            prompts + "' --max-tokens " + std::to_string(max_tokens);
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr) << cmd;
+    std::string text;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof(buf), pipe)) text.append(buf, n);
+    const int rc = pclose(pipe);
+    ASSERT_EQ(rc, 0) << cmd << "\n" << text;
+    std::stringstream lines(text);
+    std::string line;
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      ASSERT_TRUE(std::getline(lines, line)) << "missing output line " << i << ":\n" << text;
+      const std::string want = ids(r.prompts[i].tokens);
+      EXPECT_EQ(line.substr(0, want.size()), want) << "prompt " << i;
+    }
+  }
+}
+
+// ---- the paged engine against the contiguous no-KV oracle ---------------------------
+
+TEST_F(ModelGates, PagedMatchesOracleForward) {
+  for (const char* g : kGeometries) {
+    SCOPED_TRACE(g);
+    HfRefs r = refs(g);
+    auto w = load(r);
+    ASSERT_NE(w, nullptr);
+    kernels::CudaDeviceOptions opt;
+    opt.capture_logits = true;
+    auto d = device(w->config(), w.get(), opt);
+    ASSERT_NE(d, nullptr);
+    RecordingDevice rec(*d);
+    auto e = make_engine(w->config(), tiny_engine_config(), rec);
+    ASSERT_NE(e, nullptr);
+    std::map<engine::RequestId, std::vector<int32_t>> seq_tokens;
+    for (const HfPrompt& p : r.prompts) {
+      seq_tokens[e->submit(greedy_request(p.prompt, 6)).id()] = p.prompt;
+    }
+    const int32_t V = w->config().vocab_size;
+    double worst = 0;
+    int compared = 0, decode_rows = 0, argmax_checked = 0;
+    drive(*e, 1000, [&](const engine::StepOutputs& step) {
+      if (step.failed || !step.device_ran) return;
+      const engine::StepPlan& plan = rec.last_plan();
+      const std::vector<float>& logits = d->last_logits();
+      ASSERT_EQ(logits.size(), static_cast<size_t>(plan.num_logits) * V);
+      for (const engine::PlanSeq& seq : plan.seqs) {
+        if (seq.logits_index < 0) continue;
+        const int32_t T = seq.kv_len_before + seq.row_count;
+        const std::vector<int32_t>& all = seq_tokens[seq.request];
+        ASSERT_LE(T, static_cast<int32_t>(all.size()));
+        auto oracle = kernels::oracle_logits(d->model(), d->blas(),
+                                             std::span<const int32_t>(all.data(), T), true);
+        ASSERT_TRUE(oracle.ok()) << oracle.error().message;
+        const float* paged = logits.data() + int64_t{seq.logits_index} * V;
+        const double diff = max_abs_diff(paged, oracle->data(), V);
+        worst = std::max(worst, diff);
+        EXPECT_LE(diff, r.logit_tol) << "request " << seq.request << " at T=" << T;
+        // A flip needs one side off by half the margin: beyond that the argmax must agree.
+        if (row_margin(oracle->data(), V) > 2 * diff) {
+          EXPECT_EQ(row_argmax(paged, V), row_argmax(oracle->data(), V)) << "T=" << T;
+          ++argmax_checked;
+        }
+        ++compared;
+        decode_rows += seq.row_count == 1 && seq.kv_len_before > 0;
+      }
+      for (const engine::RequestUpdate& u : step.updates) {
+        auto& all = seq_tokens[u.id];
+        all.insert(all.end(), u.new_tokens.begin(), u.new_tokens.end());
+      }
+    });
+    EXPECT_GT(decode_rows, 0);
+    std::printf("[gate] %s: %d logits rows (%d decode) paged vs oracle: max |dlogit| %.5f "
+                "(gate %.5f), argmax compared on %d\n",
+                g, compared, decode_rows, worst, r.logit_tol, argmax_checked);
+  }
+}
+
+// ---- teacher-forced across the window edge ------------------------------------------
+
+TEST_F(ModelGates, WindowCrossingMatchesHf) {
+  for (const char* g : kGeometries) {
+    SCOPED_TRACE(g);
+    HfRefs r = refs(g);
+    auto w = load(r);
+    ASSERT_NE(w, nullptr);
+    kernels::CudaDeviceOptions opt;
+    opt.capture_logits = true;
+    auto d = device(w->config(), w.get(), opt);
+    ASSERT_NE(d, nullptr);
+    RecordingDevice rec(*d);
+    engine::EngineConfig ec = tiny_engine_config();
+    ec.max_running = 64;
+    auto e = make_engine(w->config(), ec, rec);
+    ASSERT_NE(e, nullptr);
+    const json& tf = r.raw["teacher_forced"];
+    const std::vector<int32_t> tokens = tf["tokens"].get<std::vector<int32_t>>();
+    const int32_t W = w->config().sliding_window;
+    const int32_t V = w->config().vocab_size;
+    // One request per prefix: its only logits row is the teacher-forced position p.
+    std::map<engine::RequestId, int32_t> position_of;
+    const int32_t last = std::min<int32_t>(static_cast<int32_t>(tokens.size()) - 1, 3 * W + 3);
+    for (int32_t p = W - 4; p <= last; ++p) {
+      std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + p + 1);
+      position_of[e->submit(greedy_request(prefix, 1)).id()] = p;
+    }
+    int compared = 0, beyond_window = 0, argmax_checked = 0;
+    double worst = 0;
+    drive(*e, 1000, [&](const engine::StepOutputs& step) {
+      if (step.failed || !step.device_ran) return;
+      const engine::StepPlan& plan = rec.last_plan();
+      for (const engine::PlanSeq& seq : plan.seqs) {
+        if (seq.logits_index < 0) continue;
+        const int32_t p = position_of.at(seq.request);
+        ASSERT_EQ(seq.kv_len_before + seq.row_count - 1, p);
+        const json& ref = tf["positions"][p];
+        const float* ours = d->last_logits().data() + int64_t{seq.logits_index} * V;
+        const auto hf_ids = ref["topk"]["ids"].get<std::vector<int32_t>>();
+        const auto hf_logits = ref["topk"]["logits"].get<std::vector<double>>();
+        for (size_t k = 0; k < hf_ids.size(); ++k) {
+          const double diff = std::abs(ours[hf_ids[k]] - hf_logits[k]);
+          worst = std::max(worst, diff);
+          EXPECT_LE(diff, r.logit_tol) << "position " << p << " id " << hf_ids[k];
+        }
+        if (ref["margin"].get<double>() >= r.margin_gate) {
+          EXPECT_EQ(row_argmax(ours, V), ref["argmax"].get<int32_t>()) << "position " << p;
+          ++argmax_checked;
+        }
+        ++compared;
+        beyond_window += p >= W;
+      }
+    });
+    EXPECT_EQ(compared, static_cast<int>(position_of.size()));
+    EXPECT_GT(beyond_window, W) << "too few positions past the window edge";
+    EXPECT_GT(e->metrics().counters.window_pages_released, 0u);
+    std::printf("[gate] %s: %d teacher-forced positions (%d past the window of %d), top-8 "
+                "|dlogit| vs HF fp32 max %.5f (tol %.5f), argmax checked on %d (margin >= %.4f)\n",
+                g, compared, beyond_window, W, worst, r.logit_tol, argmax_checked, r.margin_gate);
+  }
+}
+
+// ---- lifecycle on device pools ------------------------------------------------------
+
+TEST_F(ModelGates, AdmissionIsAtomicOnDevicePools) {
+  HfRefs r = refs("g12b");
+  auto w = load(r);
+  ASSERT_NE(w, nullptr);
+  auto d = device(w->config(), w.get());
+  ASSERT_NE(d, nullptr);
+  sim::FaultPlan faults(5);
+  engine::EngineConfig ec = tiny_engine_config();
+  ec.faults = &faults;
+  auto e = make_engine(w->config(), ec, *d);
+  ASSERT_NE(e, nullptr);
+  const HfPrompt& pa = r.prompts[0];
+  const HfPrompt& pb = r.prompts[1];
+  const auto a = e->submit(greedy_request(pa.prompt, static_cast<int32_t>(pa.tokens.size())));
+  const engine::StepOutputs first = e->step();
+  ASSERT_FALSE(first.failed) << first.error;
+  const auto b = e->submit(greedy_request(pb.prompt, static_cast<int32_t>(pb.tokens.size())));
+  // B's global pages are reserved first, then its local reservation is refused: both must go.
+  faults.force_once_for(engine::FaultSite::kAllocLocal, b.id());
+  const engine::StepOutputs second = e->step();
+  EXPECT_EQ(faults.fired(engine::FaultSite::kAllocLocal), 1u);
+  int32_t a_kv = 0;
+  for (const engine::RequestUpdate& u : second.updates) {
+    if (u.id == b.id()) {
+      EXPECT_EQ(u.scheduled_tokens, 0) << "B ran although its admission failed";
+    }
+    if (u.id == a.id()) a_kv = u.kv_len;
+  }
+  ASSERT_GT(a_kv, 0);
+  const engine::Metrics m = e->metrics();
+  EXPECT_EQ(m.global.pages_used, (a_kv + ec.page_size - 1) / ec.page_size)
+      << "B's global reservation leaked past its failed local one";
+  EXPECT_LE(m.local.pages_used, m.global.pages_used);
+  EXPECT_TRUE(e->check_invariants().empty());
+  std::vector<int32_t> a_tokens;
+  for (const engine::StepOutputs* s : {&first, &second}) {
+    for (const engine::RequestUpdate& u : s->updates) {
+      if (u.id == a.id()) a_tokens.insert(a_tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+  }
+  std::map<engine::RequestId, Outcome> out = drive(*e);
+  a_tokens.insert(a_tokens.end(), out[a.id()].tokens.begin(), out[a.id()].tokens.end());
+  EXPECT_EQ(ids(a_tokens), ids(pa.tokens));
+  EXPECT_EQ(ids(out[b.id()].tokens), ids(pb.tokens)) << "B after its refused admission";
+  EXPECT_EQ(e->metrics().global.pages_used, 0);
+  EXPECT_EQ(e->metrics().local.pages_used, 0);
+}
+
+TEST_F(ModelGates, FailedStepLeavesFrontiers) {
+  HfRefs r = refs("g12b");
+  auto w = load(r);
+  ASSERT_NE(w, nullptr);
+  sim::FaultPlan faults(6);
+  kernels::CudaDeviceOptions opt;
+  opt.faults = &faults;
+  auto d = device(w->config(), w.get(), opt);
+  ASSERT_NE(d, nullptr);
+  auto e = make_engine(w->config(), tiny_engine_config(), *d);
+  ASSERT_NE(e, nullptr);
+  std::vector<engine::RequestId> rid;
+  for (const HfPrompt& p : r.prompts) {
+    rid.push_back(e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
+  }
+  std::map<engine::RequestId, std::vector<int32_t>> tokens;
+  std::map<engine::RequestId, int32_t> kv;
+  // Faults at every device site, each after the KV of the step may have been written (or,
+  // for upload/launch, before): the failed step must move nothing, and the retry must give
+  // exactly the tokens of a run without faults (== HF, see GreedyMatchesHfGenerate).
+  const engine::FaultSite sites[] = {engine::FaultSite::kAfterKvWrite, engine::FaultSite::kSync,
+                                     engine::FaultSite::kLaunch, engine::FaultSite::kAfterKvWrite,
+                                     engine::FaultSite::kUpload};
+  int failed_steps = 0;
+  for (int step = 0; step < 2000 && !e->idle(); ++step) {
+    const bool inject = step >= 2 && step % 3 == 2 && failed_steps < 5;
+    if (inject) faults.force_once(sites[failed_steps]);
+    const engine::StepOutputs out = e->step();
+    if (inject) {
+      ASSERT_TRUE(out.failed) << "forced fault at " << engine::fault_site_name(sites[failed_steps])
+                              << " did not fail the step";
+      ++failed_steps;
+      for (const engine::RequestUpdate& u : out.updates) {
+        EXPECT_TRUE(u.new_tokens.empty()) << u.id << " got tokens from a failed step";
+        if (kv.count(u.id)) {
+          EXPECT_EQ(u.kv_len, kv[u.id]) << u.id << " frontier moved";
+        }
+        EXPECT_FALSE(u.terminal.has_value());
+      }
+      ASSERT_TRUE(e->check_invariants().empty());
+      continue;
+    }
+    ASSERT_FALSE(out.failed) << out.error;
+    for (const engine::RequestUpdate& u : out.updates) {
+      kv[u.id] = u.kv_len;
+      tokens[u.id].insert(tokens[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+    }
+  }
+  EXPECT_EQ(failed_steps, 5);
+  EXPECT_TRUE(e->idle());
+  for (size_t i = 0; i < rid.size(); ++i) {
+    EXPECT_EQ(ids(tokens[rid[i]]), ids(r.prompts[i].tokens)) << "prompt " << i;
+  }
+  EXPECT_EQ(e->metrics().counters.steps_failed, 5u);
+}
+
+TEST_F(ModelGates, AbortMidBatchReturnsPages) {
+  HfRefs r = refs("g12b");
+  auto w = load(r);
+  ASSERT_NE(w, nullptr);
+  auto d = device(w->config(), w.get());
+  ASSERT_NE(d, nullptr);
+  engine::EngineConfig ec = tiny_engine_config();
+  ec.max_step_tokens = 32;
+  auto e = make_engine(w->config(), ec, *d);
+  ASSERT_NE(e, nullptr);
+  std::vector<engine::RequestControl> c;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const HfPrompt& p : r.prompts) {
+      c.push_back(e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))));
+    }
+  }
+  const size_t n = c.size();
+  std::set<size_t> aborted = {1, n - 1};  // one mid-decode (early), one waiting/mid-prefill
+  std::map<engine::RequestId, Outcome> out;
+  int step = 0;
+  std::set<engine::RequestPhase> phases_at_abort;
+  auto record = [&](const engine::StepOutputs& s) {
+    for (const engine::RequestUpdate& u : s.updates) {
+      Outcome& o = out[u.id];
+      o.tokens.insert(o.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      if (u.terminal) o.terminal = *u.terminal;
+    }
+  };
+  while (!e->idle() && step < 5000) {
+    if (step == 3) c[n - 1].abort();
+    if (out[c[1].id()].tokens.size() == 2 && !c[1].abort_requested()) c[1].abort();
+    record(e->step());
+    ASSERT_TRUE(e->check_invariants().empty());
+    ++step;
+  }
+  ASSERT_TRUE(e->idle());
+  for (size_t i = 0; i < n; ++i) {
+    const Outcome& o = out[c[i].id()];
+    ASSERT_TRUE(o.terminal.has_value()) << i;
+    if (aborted.count(i)) {
+      EXPECT_EQ(o.terminal->kind, TerminalKind::kAborted) << i;
+    } else {
+      EXPECT_EQ(o.terminal->kind, TerminalKind::kLength) << i;
+      EXPECT_EQ(ids(o.tokens), ids(r.prompts[i % r.prompts.size()].tokens)) << "survivor " << i;
+    }
+  }
+  const engine::Metrics m = e->metrics();
+  EXPECT_EQ(m.global.pages_used, 0) << "aborted requests kept global pages";
+  EXPECT_EQ(m.local.pages_used, 0) << "aborted requests kept local pages";
+  EXPECT_EQ(m.counters.terminals[static_cast<int>(TerminalKind::kAborted)], 2u);
+}
+
+// ---- direct device checks over hand-built plans -------------------------------------
+
+class DirectDeviceGate : public ModelGates {
+ protected:
+  void SetUp() override {
+    ModelGates::SetUp();
+    if (HasFatalFailure()) return;
+    r_ = refs("g12b");
+    w_ = load(r_);
+    ASSERT_NE(w_, nullptr);
+    kernels::CudaDeviceOptions opt;
+    opt.capture_logits = true;
+    d_ = device(w_->config(), w_.get(), opt);
+    ASSERT_NE(d_, nullptr);
+    global_ = layout_for(w_->config(), Family::kGlobal, 8, 128, 9001);
+    local_ = layout_for(w_->config(), Family::kLocal, 8, 128, 9002);
+    auto bound = d_->bind(global_, local_);
+    ASSERT_TRUE(bound.ok()) << bound.error().message;
+  }
+  engine::StepPlan plan(const std::vector<std::vector<int32_t>>& seqs, uint32_t first_page = 1) {
+    return prefill_plan(w_->config(), global_, local_, seqs, first_page);
+  }
+  std::vector<uint16_t> pool(Family f) {
+    auto p = d_->download_pool(f);
+    EXPECT_TRUE(p.ok());
+    return p.ok() ? p.value() : std::vector<uint16_t>{};
+  }
+  HfRefs r_;
+  std::unique_ptr<engine::ModelWeights> w_;
+  std::unique_ptr<kernels::CudaDevice> d_;
+  engine::PoolLayout global_, local_;
+};
+
+TEST_F(DirectDeviceGate, RowOrderDoesNotChangeLogits) {
+  const auto& P = r_.prompts;
+  // Ragged: 5, 37, 1 and 20 rows; then the same seqs permuted, on other pages.
+  const std::vector<std::vector<int32_t>> seqs = {
+      {P[0].prompt.begin(), P[0].prompt.begin() + 5},
+      {P[1].prompt.begin(), P[1].prompt.begin() + 37},
+      {P[2].prompt.begin(), P[2].prompt.begin() + 1},
+      {P[0].prompt.begin() + 3, P[0].prompt.begin() + 23}};
+  const std::vector<size_t> perm = {3, 2, 0, 1};
+  std::vector<std::vector<int32_t>> permuted;
+  for (size_t i : perm) permuted.push_back(seqs[i]);
+  const int32_t V = w_->config().vocab_size;
+  auto first = d_->execute(plan(seqs, 1));
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  const std::vector<float> a = d_->last_logits();
+  auto second = d_->execute(plan(permuted, 40));
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  const std::vector<float> b = d_->last_logits();
+  for (size_t j = 0; j < perm.size(); ++j) {
+    const size_t i = perm[j];
+    EXPECT_EQ(std::memcmp(a.data() + i * V, b.data() + j * V, V * sizeof(float)), 0)
+        << "seq " << i << " (" << seqs[i].size() << " rows): logits differ after permutation";
+    EXPECT_EQ(first->sampled[i], second->sampled[j]);
+  }
+}
+
+TEST_F(DirectDeviceGate, ForeignStreamIsRefused) {
+  const engine::StepPlan p = plan({{2, 10, 11, 12}});
+  cudaStream_t foreign = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&foreign), cudaSuccess);
+  for (cudaStream_t s : {foreign, static_cast<cudaStream_t>(nullptr), cudaStreamPerThread}) {
+    auto out = d_->execute_on(p, s);
+    ASSERT_FALSE(out.ok()) << "a foreign stream was accepted";
+    EXPECT_EQ(out.error().code, engine::DeviceErrorCode::kBadPlan);
+    EXPECT_NE(out.error().message.find("foreign stream"), std::string::npos) << out.error().message;
+  }
+  EXPECT_EQ(d_->launches(), 0u) << "a refused step launched work";
+  auto own = d_->execute_on(p, d_->stream());
+  EXPECT_TRUE(own.ok()) << own.error().message;
+  EXPECT_EQ(d_->launches(), 1u);
+  cudaStreamDestroy(foreign);
+}
+
+TEST_F(DirectDeviceGate, OutOfVocabTokenIsRejectedBeforeLaunch) {
+  const int32_t V = w_->config().vocab_size;
+  const auto global_before = pool(Family::kGlobal);
+  const auto local_before = pool(Family::kLocal);
+  for (int32_t bad : {V, -1, V + 1000}) {
+    engine::StepPlan p = plan({{2, 10, 11, 12, 13}, {2, 20, 21}});
+    p.tokens[6] = bad;  // the second seq's middle row
+    auto out = d_->execute(p);
+    ASSERT_FALSE(out.ok()) << "token " << bad << " was accepted";
+    EXPECT_EQ(out.error().code, engine::DeviceErrorCode::kBadPlan);
+    EXPECT_NE(out.error().message.find(std::to_string(bad)), std::string::npos)
+        << out.error().message;
+  }
+  EXPECT_EQ(d_->launches(), 0u);
+  EXPECT_TRUE(pool(Family::kGlobal) == global_before) << "a rejected plan wrote KV";
+  EXPECT_TRUE(pool(Family::kLocal) == local_before) << "a rejected plan wrote KV";
+  // The context is healthy (no trap fired) and a valid plan runs.
+  auto ok = d_->execute(plan({{2, 10, 11, 12, 13}, {2, 20, 21}}));
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(d_->launches(), 1u);
+  EXPECT_FALSE(pool(Family::kGlobal) == global_before);
+}
+
+TEST_F(DirectDeviceGate, PageFromAnotherPoolIsRefused) {
+  engine::StepPlan other_pool = plan({{2, 3, 4}});
+  other_pool.local.pool = engine::PoolTag{global_.tag.value + 77};
+  auto a = d_->execute(other_pool);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.error().code, engine::DeviceErrorCode::kBadPlan);
+  EXPECT_NE(a.error().message.find("pool"), std::string::npos) << a.error().message;
+  engine::StepPlan past_end = plan({{2, 3, 4}});
+  past_end.global.page_indices[0] = static_cast<uint32_t>(global_.pages_total);
+  past_end.global.row_slot = {int64_t{global_.pages_total} * 8, int64_t{global_.pages_total} * 8 + 1,
+                              int64_t{global_.pages_total} * 8 + 2};
+  auto b = d_->execute(past_end);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.error().code, engine::DeviceErrorCode::kBadPlan);
+  engine::StepPlan padding = plan({{2, 3, 4}});
+  padding.local.page_indices[0] = 0;
+  padding.local.row_slot = {0, 1, 2};
+  auto c = d_->execute(padding);
+  ASSERT_FALSE(c.ok()) << "the padding page was accepted";
+  EXPECT_EQ(d_->launches(), 0u);
+}
+
+// ---- the simulated schedule, replayed on CUDA --------------------------------------
+
+struct ScheduleTrace {
+  std::vector<std::string> steps;
+  std::string final_metrics;
+};
+
+ScheduleTrace run_schedule(const engine::ModelConfig& config, engine::Device& device) {
+  engine::EngineConfig ec;
+  ec.page_size = 8;
+  ec.pages_global = 96;
+  ec.pages_local = 48;
+  ec.max_running = 8;
+  ec.max_step_tokens = 64;
+  ScheduleTrace trace;
+  auto e = make_engine(config, ec, device);
+  if (e == nullptr) return trace;
+  sim::Rng rng(20260514);
+  constexpr int kRequests = 60;
+  std::vector<engine::Request> reqs;
+  std::vector<int> abort_at(kRequests, -1);
+  for (int i = 0; i < kRequests; ++i) {
+    engine::Request r;
+    const int len = static_cast<int>(rng.range(1, 48));
+    for (int t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>(rng.range(3, config.vocab_size - 1)));
+    r.max_tokens = static_cast<int32_t>(rng.range(1, 10));
+    reqs.push_back(std::move(r));
+    if (i % 6 == 3) abort_at[i] = i / 4 + static_cast<int>(rng.range(1, 6));
+  }
+  std::vector<engine::RequestControl> controls;
+  int submitted = 0;
+  for (int step = 0; step < 5000; ++step) {
+    for (int k = 0; k < 4 && submitted < kRequests; ++k) controls.push_back(e->submit(reqs[submitted++]));
+    for (int i = 0; i < submitted; ++i) {
+      if (abort_at[i] == step) controls[i].abort();
+    }
+    if (submitted == kRequests && e->idle()) break;
+    const engine::StepOutputs out = e->step();
+    const engine::Metrics m = e->metrics();
+    std::ostringstream os;
+    os << "step " << out.step_index << " ran=" << out.device_ran << " failed=" << out.failed
+       << " rows=" << out.rows << " |";
+    for (const engine::RequestUpdate& u : out.updates) {
+      os << " " << u.id.value << ":" << u.scheduled_tokens << ":" << u.kv_len << ":"
+         << u.new_tokens.size() << ":" << (u.preempted ? "P" : "")
+         << (u.terminal ? engine::terminal_kind_name(u.terminal->kind) : "");
+    }
+    os << " | global " << m.global.pages_used << " local " << m.local.pages_used << " running "
+       << m.running << " waiting " << m.waiting;
+    trace.steps.push_back(os.str());
+  }
+  const engine::Metrics m = e->metrics();
+  std::ostringstream os;
+  os << "steps " << m.counters.steps << " generated " << m.counters.tokens_generated
+     << " prompt " << m.counters.prompt_tokens_computed << " preemptions " << m.counters.preemptions
+     << " window_released " << m.counters.window_pages_released << " waits "
+     << m.counters.admission_waits << " aborted "
+     << m.counters.terminals[static_cast<int>(TerminalKind::kAborted)] << " peak "
+     << m.global.pages_peak << "/" << m.local.pages_peak << " end " << m.global.pages_used << "/"
+     << m.local.pages_used;
+  trace.final_metrics = os.str();
+  return trace;
+}
+
+TEST_F(ModelGates, SimAndCudaRunTheSameSchedule) {
+  HfRefs r = refs("g12b");
+  auto w = load(r);
+  ASSERT_NE(w, nullptr);
+  sim::SimDevice sim_device(w->config());
+  const ScheduleTrace simulated = run_schedule(w->config(), sim_device);
+  auto d = device(w->config(), w.get());
+  ASSERT_NE(d, nullptr);
+  const ScheduleTrace replayed = run_schedule(w->config(), *d);
+  ASSERT_GT(simulated.steps.size(), 10u);
+  ASSERT_EQ(simulated.steps.size(), replayed.steps.size())
+      << "sim: " << simulated.final_metrics << "\ncuda: " << replayed.final_metrics;
+  for (size_t i = 0; i < simulated.steps.size(); ++i) {
+    ASSERT_EQ(simulated.steps[i], replayed.steps[i]) << "first divergence at step " << i;
+  }
+  EXPECT_EQ(simulated.final_metrics, replayed.final_metrics);
+  EXPECT_NE(simulated.final_metrics.find("end 0/0"), std::string::npos) << simulated.final_metrics;
+  std::printf("[gate] schedule of 60 requests (%zu steps) identical on sim and cuda: %s\n",
+              simulated.steps.size(), simulated.final_metrics.c_str());
+}
+
+// ---- the 12B geometry ---------------------------------------------------------------
+
+TEST_F(ModelGates, Gemma12bGeometryServes) {
+  auto config = engine::ModelConfig::preset("gemma4-12b");
+  ASSERT_TRUE(config.ok()) << config.error().message;
+  const engine::ModelConfig& c = config.value();
+  kernels::CudaDeviceOptions opt;
+  opt.random_seed = 12;
+  opt.capture_logits = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto d = device(c, nullptr, opt);
+  ASSERT_NE(d, nullptr);
+  const auto t1 = std::chrono::steady_clock::now();
+  constexpr int kRequests = 16;
+  constexpr int kNewTokens = 8;
+  engine::EngineConfig ec;
+  ec.page_size = 16;
+  ec.pages_global = kRequests * 72;
+  ec.pages_local = kRequests * 72;
+  ec.max_running = kRequests;
+  ec.max_step_tokens = 4096;
+  RecordingDevice rec(*d);
+  auto e = make_engine(c, ec, rec);
+  ASSERT_NE(e, nullptr);
+  sim::Rng rng(4);
+  std::vector<engine::RequestControl> controls;
+  for (int i = 0; i < kRequests; ++i) {
+    // Prompts of 1020..1095 tokens: the window (1024) is crossed in prefill by most and in
+    // decode by the shortest.
+    std::vector<int32_t> prompt = {2};
+    const int len = c.sliding_window - 4 + 5 * i;
+    while (static_cast<int>(prompt.size()) < len) {
+      prompt.push_back(static_cast<int32_t>(rng.range(3, c.vocab_size - 1)));
+    }
+    controls.push_back(e->submit(greedy_request(prompt, kNewTokens)));
+  }
+  int64_t nonfinite = 0;
+  auto out = drive(*e, 200, [&](const engine::StepOutputs& step) {
+    if (step.failed || !step.device_ran) return;
+    for (float x : d->last_logits()) nonfinite += !std::isfinite(x);
+  });
+  const auto t2 = std::chrono::steady_clock::now();
+  EXPECT_EQ(nonfinite, 0) << "non-finite logits";
+  for (const auto& ctl : controls) {
+    const Outcome& o = out[ctl.id()];
+    ASSERT_TRUE(o.terminal.has_value());
+    EXPECT_EQ(o.terminal->kind, TerminalKind::kLength) << o.terminal->message;
+    EXPECT_EQ(o.tokens.size(), static_cast<size_t>(kNewTokens));
+    for (int32_t t : o.tokens) EXPECT_TRUE(t >= 0 && t < c.vocab_size) << t;
+  }
+  const engine::Metrics m = e->metrics();
+  EXPECT_GT(m.counters.window_pages_released, 0u);
+  EXPECT_EQ(m.global.pages_used, 0);
+  EXPECT_EQ(m.local.pages_used, 0);
+  std::printf("[gate] gemma4-12b random weights: %.1f GB of weights made in %.2f s; %d requests x "
+              "(~1060 prompt + %d new) served in %.2f s, %llu steps, local pages released behind "
+              "the window %llu, peak pages %d/%d\n",
+              d->model().arena_bytes() / 1e9,
+              std::chrono::duration<double>(t1 - t0).count(), kRequests, kNewTokens,
+              std::chrono::duration<double>(t2 - t1).count(),
+              static_cast<unsigned long long>(m.counters.steps),
+              static_cast<unsigned long long>(m.counters.window_pages_released),
+              m.global.pages_peak, m.local.pages_peak);
+}
+
+}  // namespace
+}  // namespace twinstep::gates
