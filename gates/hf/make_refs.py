@@ -44,7 +44,7 @@ TOPK = 8
 MIN_KEPT_STEPS = 8  # a prompt whose kept continuation is shorter is not used
 PROMPTS_WANTED = 4
 PROMPT_CANDIDATES = 16
-QK_SCALES = (1.0, 0.6)
+QK_SCALES = (1.0, 0.6, 0.35)
 
 # Geometry "g12b": shaped like the published 12B (K==V globals with one KV head, proportional
 # RoPE on 1/4 of the global head_dim, more query heads than KV heads, global head_dim twice the
