@@ -23,8 +23,7 @@
 namespace twinstep::sim {
 namespace {
 
-// The README's first command runs this many seeds; it must stay well under a minute.
-constexpr int64_t kDefaultSeeds = 256;
+constexpr int64_t kDefaultSeeds = kDefaultCampaignSeeds;
 
 constexpr const char* kUsage = R"(usage: twinstep-sim [--seeds N | --seed S] [options]
 
