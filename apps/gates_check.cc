@@ -9,13 +9,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -61,14 +60,22 @@ Options parse_args(int argc, char** argv) {
       if (i + 1 >= argc) throw Fatal{a + " needs a value\n" + kUsage};
       return argv[++i];
     };
-    if (a == "--manifest") o.manifest = value();
-    else if (a == "--presets") o.presets = value();
-    else if (a == "--build-dir") o.build_dir = value();
-    else if (a == "--ctest") o.ctest = value();
-    else if (a == "--preset") o.preset = value();
-    else if (a == "--gate-binary") o.gate_binaries.push_back(value());
-    else if (a == "--help" || a == "-h") throw Fatal{kUsage};
-    else throw Fatal{"unknown argument '" + a + "'\n" + kUsage};
+    if (a == "--manifest")
+      o.manifest = value();
+    else if (a == "--presets")
+      o.presets = value();
+    else if (a == "--build-dir")
+      o.build_dir = value();
+    else if (a == "--ctest")
+      o.ctest = value();
+    else if (a == "--preset")
+      o.preset = value();
+    else if (a == "--gate-binary")
+      o.gate_binaries.push_back(value());
+    else if (a == "--help" || a == "-h")
+      throw Fatal{kUsage};
+    else
+      throw Fatal{"unknown argument '" + a + "'\n" + kUsage};
   }
   return o;
 }
@@ -180,7 +187,8 @@ std::map<std::string, std::string> load_registered(const Options& o, const Label
   for (const json& t : info.value("tests", json::array())) {
     std::vector<std::string> labels;
     for (const json& prop : t.value("properties", json::array())) {
-      if (prop.value("name", "") == "LABELS") labels = prop["value"].get<std::vector<std::string>>();
+      if (prop.value("name", "") == "LABELS")
+        labels = prop["value"].get<std::vector<std::string>>();
     }
     bool in = false, out_ = false;
     for (const std::string& l : labels) {
@@ -238,11 +246,9 @@ int check(const Options& o) {
   std::vector<std::string> problems;
   diff_into(manifest, compiled,
             "in the manifest, but no gate binary has it (deleted from the source?)", &problems);
-  diff_into(compiled, manifest, "compiled into a gate binary, but not in the manifest",
-            &problems);
+  diff_into(compiled, manifest, "compiled into a gate binary, but not in the manifest", &problems);
   diff_into(manifest, registered,
-            "in the manifest, but the '" + o.preset + "' preset does not register it",
-            &problems);
+            "in the manifest, but the '" + o.preset + "' preset does not register it", &problems);
   diff_into(registered, manifest,
             "registered with label /" + filter.include + "/ for the '" + o.preset +
                 "' preset, but not in the manifest",
@@ -254,9 +260,10 @@ int check(const Options& o) {
                          it->second);
     }
   }
-  std::cout << "manifest " << o.manifest << ": " << manifest.size() << " gates; compiled: "
-            << compiled.size() << " in " << binaries.size() << " binaries; registered for '"
-            << o.preset << "' in " << o.build_dir << ": " << registered.size() << "\n";
+  std::cout << "manifest " << o.manifest << ": " << manifest.size()
+            << " gates; compiled: " << compiled.size() << " in " << binaries.size()
+            << " binaries; registered for '" << o.preset << "' in " << o.build_dir << ": "
+            << registered.size() << "\n";
   for (const std::string& p : problems) std::cout << "DIFFERENCE: " << p << "\n";
   if (!problems.empty()) {
     std::cout << problems.size() << " difference(s); FAIL\n";

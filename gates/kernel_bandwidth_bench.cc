@@ -18,22 +18,22 @@ namespace {
 
 using twinstep::kernels::bf16;
 
-#define BENCH_CUDA(expr)                                                            \
-  do {                                                                              \
-    cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                 \
-    }                                                                               \
+#define BENCH_CUDA(expr)                                                      \
+  do {                                                                        \
+    cudaError_t e_ = (expr);                                                  \
+    if (e_ != cudaSuccess) {                                                  \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
+      std::exit(1);                                                           \
+    }                                                                         \
   } while (0)
 
-#define BENCH_OK(expr)                                                              \
-  do {                                                                              \
-    auto s_ = (expr);                                                               \
-    if (!s_.ok()) {                                                                 \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.error().message.c_str());  \
-      std::exit(1);                                                                 \
-    }                                                                               \
+#define BENCH_OK(expr)                                                            \
+  do {                                                                            \
+    auto s_ = (expr);                                                             \
+    if (!s_.ok()) {                                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.error().message.c_str()); \
+      std::exit(1);                                                               \
+    }                                                                             \
   } while (0)
 
 constexpr int kWarmup = 3;
@@ -72,8 +72,8 @@ bf16* random_device(twinstep::sim::Rng& rng, size_t n) {
 
 void report(const char* what, double bytes, double ms, double copy_gbs) {
   const double gbs = bytes / (ms * 1e-3) / 1e9;
-  std::printf("%-34s %9.1f MB %9.3f ms %8.0f GB/s %6.1f%% of copy\n", what, bytes / 1e6, ms,
-              gbs, copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 100.0);
+  std::printf("%-34s %9.1f MB %9.3f ms %8.0f GB/s %6.1f%% of copy\n", what, bytes / 1e6, ms, gbs,
+              copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 100.0);
 }
 
 }  // namespace
@@ -106,9 +106,8 @@ int main() {
 
   for (int32_t d : {4096, 3840, 256}) {
     const int32_t r = static_cast<int32_t>(n / d);
-    const double ms = median_ms(stream, [&] {
-      BENCH_OK(twinstep::kernels::rms_norm(x, w, y, r, d, 1e-6f, stream));
-    });
+    const double ms = median_ms(
+        stream, [&] { BENCH_OK(twinstep::kernels::rms_norm(x, w, y, r, d, 1e-6f, stream)); });
     char label[64];
     std::snprintf(label, sizeof(label), "rms_norm rows=%d dim=%d", r, d);
     report(label, 2.0 * size_t(r) * d * sizeof(bf16), ms, copy_gbs);
@@ -148,8 +147,8 @@ int main() {
     const int64_t stride = int64_t{kvh} * hd;
     const double ms = median_ms(stream, [&] {
       BENCH_OK(twinstep::kernels::kv_write(k, stride, v, stride, kw, 1e-6f,
-                                           twinstep::kernels::Rope::default_rope(hd, 1e4f), view,
-                                           0, rv, pv, stream));
+                                           twinstep::kernels::Rope::default_rope(hd, 1e4f), view, 0,
+                                           rv, pv, stream));
     });
     // Plan arrays (position 4 B + slot 8 B per row) are counted too.
     const double bytes = 4.0 * size_t(kv_rows) * stride * sizeof(bf16) + kv_rows * 12.0;

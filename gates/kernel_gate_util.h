@@ -29,10 +29,10 @@ using kernels::bf16;
     ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
   } while (0)
 
-#define KERNEL_OK(expr)                                                  \
-  do {                                                                   \
-    auto st_ = (expr);                                                   \
-    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.error().message;       \
+#define KERNEL_OK(expr)                                            \
+  do {                                                             \
+    auto st_ = (expr);                                             \
+    ASSERT_TRUE(st_.ok()) << #expr << ": " << st_.error().message; \
   } while (0)
 
 // Every kernel gate derives from this: no GPU is a failure, never a skip.
@@ -89,8 +89,7 @@ class DeviceBuffer {
     std::vector<T> host(n_);
     if (n_ > 0) {
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost),
-                cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     }
     return host;
   }
@@ -115,8 +114,7 @@ inline bf16 sentinel_bf16() {
 }
 
 // Random bf16 in [lo, hi], never all zero.
-inline std::vector<bf16> random_bf16(sim::Rng& rng, size_t n, float lo = -1.0f,
-                                     float hi = 1.0f) {
+inline std::vector<bf16> random_bf16(sim::Rng& rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
   std::vector<bf16> v(n);
   for (auto& x : v) x = to_bf(lo + static_cast<float>(rng.unit()) * (hi - lo));
   return v;
@@ -142,8 +140,8 @@ inline double rel_error(const std::vector<float>& out, const std::vector<double>
 inline constexpr double kBf16Tolerance = 1e-2;
 
 // Count of elements whose bits differ between a and b in [begin, end).
-inline size_t bitwise_diffs(const std::vector<bf16>& a, size_t a_begin,
-                            const std::vector<bf16>& b, size_t b_begin, size_t count) {
+inline size_t bitwise_diffs(const std::vector<bf16>& a, size_t a_begin, const std::vector<bf16>& b,
+                            size_t b_begin, size_t count) {
   size_t diffs = 0;
   for (size_t i = 0; i < count; ++i) diffs += bits(a[a_begin + i]) != bits(b[b_begin + i]);
   return diffs;
@@ -246,7 +244,8 @@ inline PagedScenario make_scenario(sim::Rng& rng, std::vector<SeqSpec> seqs, int
   sc.pages_total = 1 + needed + spare_pages;
   std::vector<uint32_t> free_pages(sc.pages_total - 1);
   std::iota(free_pages.begin(), free_pages.end(), 1u);
-  for (size_t i = free_pages.size(); i > 1; --i) std::swap(free_pages[i - 1], free_pages[rng.below(i)]);
+  for (size_t i = free_pages.size(); i > 1; --i)
+    std::swap(free_pages[i - 1], free_pages[rng.below(i)]);
   size_t next = 0;
   sc.seq_page_begin.push_back(0);
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -259,9 +258,8 @@ inline PagedScenario make_scenario(sim::Rng& rng, std::vector<SeqSpec> seqs, int
       const int32_t p = seqs[s].kv_len_before + i;
       sc.positions.push_back(p);
       sc.row_seq.push_back(static_cast<int32_t>(s));
-      sc.row_slot.push_back(static_cast<int64_t>(sc.page_of(static_cast<int32_t>(s), p)) *
-                                page_size +
-                            p % page_size);
+      sc.row_slot.push_back(
+          static_cast<int64_t>(sc.page_of(static_cast<int32_t>(s), p)) * page_size + p % page_size);
     }
   }
   return sc;
@@ -307,8 +305,8 @@ struct DevicePlan {
     return {positions.get() + row_offset, row_seq.get() + row_offset, rows - row_offset};
   }
   kernels::PagingView paging_view(int32_t row_offset = 0) const {
-    return {page_indices.get(), seq_page_begin.get(), seq_first_page.get(),
-            row_slot.get() + row_offset, pages_listed, seqs};
+    return {page_indices.get(),          seq_page_begin.get(), seq_first_page.get(),
+            row_slot.get() + row_offset, pages_listed,         seqs};
   }
 };
 

@@ -35,8 +35,8 @@ TEST_F(KernelGates, EmbedGather) {
                                   rows - 1, hidden, vocab, scale, stream_));
   std::vector<int32_t> suffix(tokens.begin() + 1, tokens.end());
   DeviceBuffer<int32_t> d_suffix(suffix);
-  KERNEL_OK(kernels::embed_gather(d_suffix.get(), d_table.get(), alone_out.get(), rows - 1,
-                                  hidden, vocab, scale, stream_));
+  KERNEL_OK(kernels::embed_gather(d_suffix.get(), d_table.get(), alone_out.get(), rows - 1, hidden,
+                                  vocab, scale, stream_));
   const auto off = offset_out.download(), alone = alone_out.download();
   EXPECT_EQ(count_not_sentinel(off, 0, hidden), 0u) << "prefix row written";
   EXPECT_EQ(bitwise_diffs(off, hidden, alone, 0, size_t(rows - 1) * hidden), 0u);
@@ -68,11 +68,11 @@ TEST_F(KernelGates, RmsNorm) {
       const std::vector<bf16> sentinel((rows + 1) * size_t(dim), sentinel_bf16());
       DeviceBuffer<bf16> offset_out(sentinel), alone_out(sentinel);
       const bf16* wp = weighted ? d_w.get() : nullptr;
-      KERNEL_OK(kernels::rms_norm(d_x.get() + dim, wp, offset_out.get() + dim, rows - 1, dim,
-                                  eps, stream_));
-      DeviceBuffer<bf16> d_suffix(std::vector<bf16>(x.begin() + dim, x.end()));
-      KERNEL_OK(kernels::rms_norm(d_suffix.get(), wp, alone_out.get(), rows - 1, dim, eps,
+      KERNEL_OK(kernels::rms_norm(d_x.get() + dim, wp, offset_out.get() + dim, rows - 1, dim, eps,
                                   stream_));
+      DeviceBuffer<bf16> d_suffix(std::vector<bf16>(x.begin() + dim, x.end()));
+      KERNEL_OK(
+          kernels::rms_norm(d_suffix.get(), wp, alone_out.get(), rows - 1, dim, eps, stream_));
       const auto off = offset_out.download(), alone = alone_out.download();
       EXPECT_EQ(count_not_sentinel(off, 0, dim), 0u);
       EXPECT_EQ(bitwise_diffs(off, dim, alone, 0, size_t(rows - 1) * dim), 0u);
@@ -86,8 +86,7 @@ TEST_F(KernelGates, RmsNorm) {
       const std::vector<bf16> got(off.begin() + dim, off.begin() + size_t(rows) * dim);
       EXPECT_LE(rel_error(to_float(got), ref), kBf16Tolerance);
       // In place gives the same bits.
-      KERNEL_OK(kernels::rms_norm(d_suffix.get(), wp, d_suffix.get(), rows - 1, dim, eps,
-                                  stream_));
+      KERNEL_OK(kernels::rms_norm(d_suffix.get(), wp, d_suffix.get(), rows - 1, dim, eps, stream_));
       const auto inplace = d_suffix.download();
       EXPECT_EQ(bitwise_diffs(inplace, 0, alone, 0, inplace.size()), 0u);
     }
@@ -117,8 +116,7 @@ TEST_F(KernelGates, QkNormRope) {
   const float eps = 1e-6f;
   EXPECT_EQ(Rope::proportional(512, 1e6f, 0.25).rotary_pairs, 64);
   for (const RopeCase& rc : rope_cases()) {
-    SCOPED_TRACE("head_dim=" + std::to_string(rc.head_dim) +
-                 " pairs=" + std::to_string(rc.pairs));
+    SCOPED_TRACE("head_dim=" + std::to_string(rc.head_dim) + " pairs=" + std::to_string(rc.pairs));
     const int32_t hd = rc.head_dim, heads = 3, rows = 11;
     const int64_t stride = int64_t{heads} * hd + 64;  // fused-QKV-like padding, untouched
     auto x = random_bf16(rng, size_t(rows + 1) * stride, -2.0f, 2.0f);
@@ -132,8 +130,8 @@ TEST_F(KernelGates, QkNormRope) {
     const auto w = random_bf16(rng, hd, 0.5f, 1.5f);
     DeviceBuffer<bf16> d_off(x), d_w(w);
     DeviceBuffer<int32_t> d_pos(positions);
-    KERNEL_OK(kernels::qk_norm_rope(d_off.get() + stride, stride, d_w.get(), d_pos.get() + 1,
-                                    rows, heads, hd, eps, rc.rope, stream_));
+    KERNEL_OK(kernels::qk_norm_rope(d_off.get() + stride, stride, d_w.get(), d_pos.get() + 1, rows,
+                                    heads, hd, eps, rc.rope, stream_));
     DeviceBuffer<bf16> d_alone(std::vector<bf16>(x.begin() + stride, x.end()));
     DeviceBuffer<int32_t> d_pos_alone(std::vector<int32_t>(positions.begin() + 1, positions.end()));
     KERNEL_OK(kernels::qk_norm_rope(d_alone.get(), stride, d_w.get(), d_pos_alone.get(), rows,
@@ -189,8 +187,8 @@ void run_kv_write_case(const KvCase& kc, cudaStream_t stream) {
   const float eps = 1e-6f;
   const int32_t page = 16, layers = 2, layer = 1, hd = kc.head_dim, kvh = kc.kv_heads;
   // Seq 0 is the filler: its row is skipped by the offset run.
-  const PagedScenario a = make_scenario(rng, {{5, 1}, {0, 37}, {40, 3}, {70, 1}}, page, kvh, hd,
-                                        layers, kc.window, 3);
+  const PagedScenario a =
+      make_scenario(rng, {{5, 1}, {0, 37}, {40, 3}, {70, 1}}, page, kvh, hd, layers, kc.window, 3);
   const PagedScenario b = drop_first_seq(a);
   const int64_t stride = int64_t{kvh} * hd;
   const auto k_raw = random_bf16(rng, size_t(a.rows()) * stride, -2.0f, 2.0f);
@@ -233,18 +231,17 @@ void run_kv_write_case(const KvCase& kc, cudaStream_t stream) {
   }
   EXPECT_LE(rel_error(got, ref), kBf16Tolerance);
   size_t stray = 0;
-  for (size_t i = 0; i < off.size(); ++i) stray += !written[i] && bits(off[i]) != bits(sentinel_bf16());
+  for (size_t i = 0; i < off.size(); ++i)
+    stray += !written[i] && bits(off[i]) != bits(sentinel_bf16());
   EXPECT_EQ(stray, 0u) << "elements written outside the planned slots";
 }
 
 TEST_F(KernelGates, KvWrite) {
   // Global family of the 12B: head_dim 512, one KV head, K==V, proportional rope.
-  run_kv_write_case({"global k==v", 512, 1, 0, true, Rope::proportional(512, 1e6f, 0.25), 1e6,
-                     64},
+  run_kv_write_case({"global k==v", 512, 1, 0, true, Rope::proportional(512, 1e6f, 0.25), 1e6, 64},
                     stream_);
   // Local family: head_dim 256, two KV heads, separate V, default rope, window 24.
-  run_kv_write_case({"local", 256, 2, 24, false, Rope::default_rope(256, 1e4f), 1e4, 128},
-                    stream_);
+  run_kv_write_case({"local", 256, 2, 24, false, Rope::default_rope(256, 1e4f), 1e4, 128}, stream_);
   run_kv_write_case({"small", 64, 4, 0, false, Rope::default_rope(64, 1e4f), 1e4, 32}, stream_);
   run_kv_write_case({"mid", 128, 2, 0, true, Rope::proportional(128, 1e6f, 0.25), 1e6, 16},
                     stream_);
@@ -268,9 +265,8 @@ std::vector<bf16> run_attention_case(const AttnCase& ac, AttnFn fn, cudaStream_t
   sim::Rng rng(15 + ac.head_dim + ac.window);
   const int32_t hd = ac.head_dim, layers = 2, layer = 1;
   // Filler, a long prefill chunk continuing a prompt, a fresh prompt, two decode rows.
-  const PagedScenario a = make_scenario(
-      rng, {{9, 1}, {21, 40}, {0, 17}, {130, 1}, {3, 1}}, ac.page_size, ac.kv_heads, hd, layers,
-      ac.window, 2);
+  const PagedScenario a = make_scenario(rng, {{9, 1}, {21, 40}, {0, 17}, {130, 1}, {3, 1}},
+                                        ac.page_size, ac.kv_heads, hd, layers, ac.window, 2);
   const PagedScenario b = drop_first_seq(a);
   // Pool: random K/V on every listed page of every layer; unlisted pages (the padding page,
   // the spares) hold NaN sentinels, so a read through a wrong page poisons the output.
@@ -292,9 +288,9 @@ std::vector<bf16> run_attention_case(const AttnCase& ac, AttnFn fn, cudaStream_t
                pool_view(a, d_pool.get()), layer, pa.rows_view(1), pa.paging_view(1), ac.window,
                1.0f, stream);
   EXPECT_TRUE(s1.ok()) << (s1.ok() ? "" : s1.error().message);
-  auto s2 = fn(d_q.get() + q_stride, q_stride, out_alone.get(), ac.q_heads,
-               pool_view(b, d_pool.get()), layer, pb.rows_view(), pb.paging_view(), ac.window,
-               1.0f, stream);
+  auto s2 =
+      fn(d_q.get() + q_stride, q_stride, out_alone.get(), ac.q_heads, pool_view(b, d_pool.get()),
+         layer, pb.rows_view(), pb.paging_view(), ac.window, 1.0f, stream);
   EXPECT_TRUE(s2.ok()) << (s2.ok() ? "" : s2.error().message);
   const auto off = out_off.download(), alone = out_alone.download();
   const size_t body = size_t(a.rows() - 1) * q_stride;
@@ -369,8 +365,8 @@ TEST_F(KernelGates, GeluTanhMul) {
   const auto in = random_bf16(rng, size_t(rows) * stride, -4.0f, 4.0f);
   DeviceBuffer<bf16> d_in(in);
   DeviceBuffer<bf16> d_out(std::vector<bf16>(size_t(rows + 1) * cols, sentinel_bf16()));
-  KERNEL_OK(kernels::gelu_tanh_mul(d_in.get(), d_in.get() + cols, stride, d_out.get(), rows,
-                                   cols, stream_));
+  KERNEL_OK(kernels::gelu_tanh_mul(d_in.get(), d_in.get() + cols, stride, d_out.get(), rows, cols,
+                                   stream_));
   const auto out = d_out.download();
   EXPECT_EQ(count_not_sentinel(out, size_t(rows) * cols, cols), 0u);
   std::vector<double> ref;
@@ -456,7 +452,8 @@ TEST_F(KernelGates, Argmax) {
   for (size_t i = 0; i < x.size(); ++i) xb[i] = to_bf(x[i]);
   DeviceBuffer<float> d_x(x);
   DeviceBuffer<bf16> d_xb(xb);
-  DeviceBuffer<int32_t> d_out(std::vector<int32_t>(rows, -1)), d_outb(std::vector<int32_t>(rows, -1));
+  DeviceBuffer<int32_t> d_out(std::vector<int32_t>(rows, -1)),
+      d_outb(std::vector<int32_t>(rows, -1));
   KERNEL_OK(kernels::argmax(d_x.get(), d_out.get(), rows, cols, stream_));
   KERNEL_OK(kernels::argmax(d_xb.get(), d_outb.get(), rows, cols, stream_));
   const auto got = d_out.download(), gotb = d_outb.download();

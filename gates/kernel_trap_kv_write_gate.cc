@@ -20,9 +20,8 @@ TEST_F(KernelTrapKvWrite, SlotOutsidePoolTraps) {
   DeviceBuffer<bf16> d_pool(sc.pool_elems()), d_kv(kv), d_w(random_bf16(rng, hd));
   DevicePlan plan(sc);
   KERNEL_OK(kernels::kv_write(d_kv.get(), kvh * hd, d_kv.get(), kvh * hd, d_w.get(), 1e-6f,
-                              kernels::Rope::default_rope(hd, 1e4f),
-                              pool_view(sc, d_pool.get()), 0, plan.rows_view(),
-                              plan.paging_view(), stream_));
+                              kernels::Rope::default_rope(hd, 1e4f), pool_view(sc, d_pool.get()), 0,
+                              plan.rows_view(), plan.paging_view(), stream_));
   const cudaError_t err = cudaStreamSynchronize(stream_);
   EXPECT_TRUE(err == cudaErrorLaunchFailure || err == cudaErrorIllegalInstruction)
       << "expected the kernel to trap, sync returned " << cudaGetErrorName(err);

@@ -25,7 +25,7 @@ struct AttnArgs {
   const int32_t* positions;  // [rows]
   const int32_t* row_seq;    // [rows]
   int32_t rows;
-  const uint32_t* page_indices;  // [pages_listed]
+  const uint32_t* page_indices;   // [pages_listed]
   const int32_t* seq_page_begin;  // [seqs + 1]
   const int32_t* seq_first_page;  // [seqs]
   int32_t pages_listed;
@@ -117,9 +117,8 @@ template <int HD>
 __device__ __forceinline__ void load_q(const AttnArgs& a, int32_t row, int32_t head,
                                        float (&q)[HD / kWarp]) {
   constexpr int E = HD / kWarp;
-  load_bf16<E>(a.q + row * a.q_row_stride + static_cast<int64_t>(head) * HD +
-                   (threadIdx.x % kWarp) * E,
-               q);
+  load_bf16<E>(
+      a.q + row * a.q_row_stride + static_cast<int64_t>(head) * HD + (threadIdx.x % kWarp) * E, q);
 }
 
 template <int HD>
@@ -130,7 +129,7 @@ __device__ __forceinline__ bf16* out_ptr(const AttnArgs& a, int32_t row, int32_t
 
 // grid (ceil(rows / kAttnWarps), q_heads): warp w owns row blockIdx.x * kAttnWarps + w.
 template <int HD>
-__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_prefill_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kAttnWarps* kWarp) attention_prefill_kernel(AttnArgs a) {
   constexpr int E = HD / kWarp;
   const int32_t row = blockIdx.x * kAttnWarps + threadIdx.x / kWarp;
   if (row >= a.rows) return;
@@ -152,7 +151,7 @@ __global__ void __launch_bounds__(kAttnWarps * kWarp) attention_prefill_kernel(A
 // grid (rows, q_heads): the block's warps take keys lo + w, lo + w + kAttnWarps, ... and merge
 // their (max, sum, accumulator) states through shared memory.
 template <int HD>
-__global__ void __launch_bounds__(kAttnWarps * kWarp) attention_decode_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kAttnWarps* kWarp) attention_decode_kernel(AttnArgs a) {
   constexpr int E = HD / kWarp;
   __shared__ float m_s[kAttnWarps];
   __shared__ float l_s[kAttnWarps];
@@ -223,8 +222,7 @@ Result<AttnArgs, KernelError> make_args(const char* name, const bf16* q, int64_t
   if (!head_dim_supported(pool.head_dim)) {
     return bad("pool.head_dim " + str(pool.head_dim) + " is not one of 64, 128, 256, 512");
   }
-  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 ||
-      pool.pages_total < 2) {
+  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 || pool.pages_total < 2) {
     return bad("pool needs data, page_size > 0, kv_heads > 0 and pages_total >= 2");
   }
   if (layer < 0 || layer >= pool.layers) {
@@ -247,12 +245,13 @@ Result<AttnArgs, KernelError> make_args(const char* name, const bf16* q, int64_t
   if (rows.rows > 0 && (rows.positions == nullptr || rows.row_seq == nullptr ||
                         paging.seq_page_begin == nullptr || paging.seq_first_page == nullptr ||
                         (paging.pages_listed > 0 && paging.page_indices == nullptr))) {
-    return bad("positions, row_seq, page_indices, seq_page_begin and seq_first_page must be "
-               "device pointers");
+    return bad(
+        "positions, row_seq, page_indices, seq_page_begin and seq_first_page must be "
+        "device pointers");
   }
   if (!std::isfinite(scale)) return bad("scale must be finite");
-  const int64_t per_layer = static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size *
-                            pool.kv_heads * pool.head_dim;
+  const int64_t per_layer =
+      static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size * pool.kv_heads * pool.head_dim;
   return AttnArgs{q,
                   q_row_stride,
                   out,
@@ -274,15 +273,23 @@ Result<AttnArgs, KernelError> make_args(const char* name, const bf16* q, int64_t
 }
 
 template <template <int> class Launch>
-KernelStatus launch(const char* name, const AttnArgs& a, int32_t head_dim,
-                    cudaStream_t stream) {
+KernelStatus launch(const char* name, const AttnArgs& a, int32_t head_dim, cudaStream_t stream) {
   if (a.rows == 0) return Ok{};
   switch (head_dim) {
-    case 64: Launch<64>::run(stream, a); break;
-    case 128: Launch<128>::run(stream, a); break;
-    case 256: Launch<256>::run(stream, a); break;
-    case 512: Launch<512>::run(stream, a); break;
-    default: TS_UNREACHABLE() << "head_dim " << head_dim << " passed make_args";
+    case 64:
+      Launch<64>::run(stream, a);
+      break;
+    case 128:
+      Launch<128>::run(stream, a);
+      break;
+    case 256:
+      Launch<256>::run(stream, a);
+      break;
+    case 512:
+      Launch<512>::run(stream, a);
+      break;
+    default:
+      TS_UNREACHABLE() << "head_dim " << head_dim << " passed make_args";
   }
   return launch_status(name);
 }

@@ -10,9 +10,9 @@ namespace twinstep::kernels {
 
 KernelStatus cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Ok{};
-  return unexpected(KernelError{KernelErrorCode::kCuda, std::string(what) + " failed: " +
-                                                            cudaGetErrorName(err) + " (" +
-                                                            cudaGetErrorString(err) + ")"});
+  return unexpected(KernelError{KernelErrorCode::kCuda, std::string(what) +
+                                                            " failed: " + cudaGetErrorName(err) +
+                                                            " (" + cudaGetErrorString(err) + ")"});
 }
 
 float embed_scale_bf16(int32_t hidden) {
@@ -23,9 +23,9 @@ float embed_scale_bf16(int32_t hidden) {
 namespace {
 KernelStatus cublas_status(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return Ok{};
-  return unexpected(KernelError{KernelErrorCode::kCublas, std::string(what) + " failed: " +
-                                                              cublasGetStatusName(st) + " (" +
-                                                              cublasGetStatusString(st) + ")"});
+  return unexpected(KernelError{KernelErrorCode::kCublas,
+                                std::string(what) + " failed: " + cublasGetStatusName(st) + " (" +
+                                    cublasGetStatusString(st) + ")"});
 }
 }  // namespace
 
@@ -57,12 +57,10 @@ Blas::~Blas() {
   if (handle_ != nullptr) cublasDestroy(handle_);
 }
 
-KernelStatus Blas::gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n,
-                        int32_t k) {
+KernelStatus Blas::gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k) {
   return gemm_impl(x, w, y, CUDA_R_16BF, m, n, k);
 }
-KernelStatus Blas::gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n,
-                        int32_t k) {
+KernelStatus Blas::gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k) {
   return gemm_impl(x, w, y, CUDA_R_32F, m, n, k);
 }
 
@@ -74,17 +72,15 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
   TS_CHECK(handle_ != nullptr) << "gemm on a moved-from Blas";
   if (m < 0 || n <= 0 || k <= 0) {
     return unexpected(KernelError{KernelErrorCode::kBadArgument,
-                                  "gemm: need m >= 0, n > 0, k > 0, got m=" +
-                                      std::to_string(m) + " n=" + std::to_string(n) +
-                                      " k=" + std::to_string(k)});
+                                  "gemm: need m >= 0, n > 0, k > 0, got m=" + std::to_string(m) +
+                                      " n=" + std::to_string(n) + " k=" + std::to_string(k)});
   }
   if (m == 0) return Ok{};
   const float alpha = 1.0f;
   const float beta = 0.0f;
   return cublas_status(
       cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, x,
-                   CUDA_R_16BF, k, &beta, y, y_type, n, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT),
+                   CUDA_R_16BF, k, &beta, y, y_type, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
 }
 

@@ -105,8 +105,8 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 __device__ __forceinline__ void fill_inv_freq(float* inv_freq, int head_dim, float theta,
                                               int rotary_pairs) {
   for (int d = threadIdx.x; d < head_dim / 2; d += blockDim.x) {
-    inv_freq[d] = d < rotary_pairs ? 1.0f / powf(theta, static_cast<float>(2 * d) / head_dim)
-                                   : 0.0f;
+    inv_freq[d] =
+        d < rotary_pairs ? 1.0f / powf(theta, static_cast<float>(2 * d) / head_dim) : 0.0f;
   }
 }
 
@@ -117,8 +117,7 @@ __device__ __forceinline__ void fill_inv_freq(float* inv_freq, int head_dim, flo
 // of fill_inv_freq, or nullptr for no rope.
 template <int HD>
 __device__ __forceinline__ void norm_rope_head(float (&x)[HD / kWarp], const bf16* weight,
-                                               float eps, int position,
-                                               const float* inv_freq) {
+                                               float eps, int position, const float* inv_freq) {
   constexpr int E = HD / kWarp;
   constexpr int H = E / 2;
   const int lane = threadIdx.x % kWarp;

@@ -53,7 +53,7 @@ struct RowsView {
 // page page_indices[seq_page_begin[s] + (j / page_size - seq_first_page[s])], offset
 // j % page_size.
 struct PagingView {
-  const uint32_t* page_indices = nullptr;  // [pages_listed]
+  const uint32_t* page_indices = nullptr;   // [pages_listed]
   const int32_t* seq_page_begin = nullptr;  // [seqs + 1] offsets into page_indices
   const int32_t* seq_first_page = nullptr;  // [seqs] logical page number of the first listed
   const int64_t* row_slot = nullptr;        // [rows] page_index * page_size + pos % page_size
@@ -109,8 +109,8 @@ KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows
 // fused QKV GEMM output works); weight: [head_dim] or nullptr (weightless); positions: [rows].
 // Rope::none() skips the rotation. Used for q (q_norm + rope); k and v go through kv_write.
 KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
-                          const int32_t* positions, int32_t rows, int32_t heads,
-                          int32_t head_dim, float eps, Rope rope, cudaStream_t stream);
+                          const int32_t* positions, int32_t rows, int32_t heads, int32_t head_dim,
+                          float eps, Rope rope, cudaStream_t stream);
 
 // The paged KV write of one layer of one family, fused with k_norm + rope and v_norm:
 //   K = rope(rms_norm(k_raw[r, h, :]) * k_norm_weight, positions[r])
@@ -154,8 +154,7 @@ KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stri
                            int32_t rows, int32_t cols, cudaStream_t stream);
 
 // out[i] = a[i] + b[i], i < n. In place allowed (out == a or out == b).
-KernelStatus residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n,
-                          cudaStream_t stream);
+KernelStatus residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream);
 
 // x[i] = x[i] * scalar, i < n, in place (the per-layer layer_scalar; read it to host once).
 KernelStatus scale_inplace(bf16* x, float scalar, int64_t n, cudaStream_t stream);
@@ -166,10 +165,8 @@ KernelStatus softcap_inplace(bf16* x, float cap, int64_t n, cudaStream_t stream)
 
 // out[r] = argmax_c x[r, c]; ties go to the lowest index; NaN never wins (a row of all NaN
 // gives 0). x: [rows, cols]; out: [rows] int32.
-KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols,
-                    cudaStream_t stream);
-KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols,
-                    cudaStream_t stream);
+KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream);
+KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------
 // GEMM through cuBLAS: y[m, n] = x[m, k] . w[n, k]^T, bf16 in, fp32 accumulate.
@@ -191,8 +188,8 @@ class Blas {
 
  private:
   Blas(cublasHandle_t handle, cudaStream_t stream) : handle_(handle), stream_(stream) {}
-  KernelStatus gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
-                         int32_t m, int32_t n, int32_t k);
+  KernelStatus gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type, int32_t m,
+                         int32_t n, int32_t k);
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };

@@ -31,27 +31,25 @@ class Failure {
   std::ostringstream os_;
 };
 
-#define PLAN_REQUIRE(cond, ...)        \
-  do {                                 \
-    if (!(cond)) {                     \
-      Failure f;                       \
-      f << __VA_ARGS__;                \
-      return f.status();               \
-    }                                  \
+#define PLAN_REQUIRE(cond, ...) \
+  do {                          \
+    if (!(cond)) {              \
+      Failure f;                \
+      f << __VA_ARGS__;         \
+      return f.status();        \
+    }                           \
   } while (0)
 
 Status<DeviceError> check_rows(const StepPlan& plan, int32_t vocab_size) {
   const size_t rows = plan.tokens.size();
   PLAN_REQUIRE(plan.positions.size() == rows && plan.row_seq.size() == rows,
-               "positions (" << plan.positions.size() << ") and row_seq ("
-                             << plan.row_seq.size() << ") must have one entry per row ("
-                             << rows << ")");
+               "positions (" << plan.positions.size() << ") and row_seq (" << plan.row_seq.size()
+                             << ") must have one entry per row (" << rows << ")");
   for (size_t r = 0; r < rows; ++r) {
     PLAN_REQUIRE(plan.tokens[r] >= 0 && plan.tokens[r] < vocab_size,
                  "row " << r << " token " << plan.tokens[r] << " outside the vocabulary [0, "
                         << vocab_size << ")");
-    PLAN_REQUIRE(plan.row_seq[r] >= 0 &&
-                     static_cast<size_t>(plan.row_seq[r]) < plan.seqs.size(),
+    PLAN_REQUIRE(plan.row_seq[r] >= 0 && static_cast<size_t>(plan.row_seq[r]) < plan.seqs.size(),
                  "row " << r << " row_seq " << plan.row_seq[r] << " outside [0, "
                         << plan.seqs.size() << ")");
   }
@@ -67,13 +65,12 @@ Status<DeviceError> check_rows(const StepPlan& plan, int32_t vocab_size) {
                  "seq " << s << " kv_len_before " << seq.kv_len_before << " must be >= 0");
     for (int32_t i = 0; i < seq.row_count; ++i) {
       const size_t r = seq.row_begin + i;
-      PLAN_REQUIRE(plan.row_seq[r] == static_cast<int32_t>(s),
-                   "row " << r << " lies in seq " << s << "'s span but row_seq says "
-                          << plan.row_seq[r]);
+      PLAN_REQUIRE(plan.row_seq[r] == static_cast<int32_t>(s), "row " << r << " lies in seq " << s
+                                                                      << "'s span but row_seq says "
+                                                                      << plan.row_seq[r]);
       PLAN_REQUIRE(plan.positions[r] == seq.kv_len_before + i,
                    "row " << r << " (seq " << s << ") position " << plan.positions[r]
-                          << ", expected kv_len_before + " << i << " = "
-                          << seq.kv_len_before + i);
+                          << ", expected kv_len_before + " << i << " = " << seq.kv_len_before + i);
     }
     if (seq.logits_index >= 0) {
       PLAN_REQUIRE(seq.logits_index < plan.num_logits && !logits_seen[seq.logits_index],
@@ -107,10 +104,10 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
                name << " seq_page_begin must run from 0 to page_indices.size() = "
                     << fam.page_indices.size());
   for (size_t i = 0; i < fam.page_indices.size(); ++i) {
-    PLAN_REQUIRE(fam.page_indices[i] >= 1 &&
-                     fam.page_indices[i] < static_cast<uint32_t>(layout.pages_total),
-                 name << " page_indices[" << i << "] = " << fam.page_indices[i]
-                      << " outside [1, " << layout.pages_total << ")");
+    PLAN_REQUIRE(
+        fam.page_indices[i] >= 1 && fam.page_indices[i] < static_cast<uint32_t>(layout.pages_total),
+        name << " page_indices[" << i << "] = " << fam.page_indices[i] << " outside [1, "
+             << layout.pages_total << ")");
   }
   std::vector<uint32_t> sorted = fam.page_indices;
   std::sort(sorted.begin(), sorted.end());
@@ -123,24 +120,24 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
     const int32_t count = fam.seq_page_begin[s + 1] - begin;
     const int32_t first = fam.seq_first_page[s];
     PLAN_REQUIRE(count >= 0 && first >= 0,
-                 name << " seq " << s << " lists " << count << " pages from logical page "
-                      << first << "; expected a non-negative count and first page");
+                 name << " seq " << s << " lists " << count << " pages from logical page " << first
+                      << "; expected a non-negative count and first page");
     const int32_t p_first = seq.kv_len_before;
     const int32_t p_last = seq.kv_len_before + seq.row_count - 1;
     const bool windowed = layout.family == engine::Family::kLocal && plan.sliding_window > 0;
     const int32_t lo = windowed ? std::max(0, p_first - plan.sliding_window + 1) : 0;
     PLAN_REQUIRE(first <= lo / ps && first + count - 1 >= p_last / ps,
-                 name << " seq " << s << " lists logical pages [" << first << ", "
-                      << first + count << ") but its rows read keys " << lo << ".." << p_last
-                      << ", i.e. pages [" << lo / ps << ", " << p_last / ps + 1 << ")");
+                 name << " seq " << s << " lists logical pages [" << first << ", " << first + count
+                      << ") but its rows read keys " << lo << ".." << p_last << ", i.e. pages ["
+                      << lo / ps << ", " << p_last / ps + 1 << ")");
     for (int32_t i = 0; i < seq.row_count; ++i) {
       const int32_t r = seq.row_begin + i;
       const int32_t p = plan.positions[r];
       const int64_t expected =
           static_cast<int64_t>(fam.page_indices[begin + p / ps - first]) * ps + p % ps;
       PLAN_REQUIRE(fam.row_slot[r] == expected,
-                   name << " row " << r << " (seq " << s << ", position " << p
-                        << ") row_slot " << fam.row_slot[r] << ", expected " << expected);
+                   name << " row " << r << " (seq " << s << ", position " << p << ") row_slot "
+                        << fam.row_slot[r] << ", expected " << expected);
     }
   }
   return Ok{};

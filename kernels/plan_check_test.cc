@@ -93,10 +93,9 @@ TEST(PlanCheck, RejectsEachCorruptionNamingIt) {
       {"position gap", [](StepPlan& p) { p.positions[1] = 10; }, "position 10"},
       {"row in another seq's span", [](StepPlan& p) { p.row_seq[1] = 1; }, "row_seq says 1"},
       {"row_seq out of range", [](StepPlan& p) { p.row_seq[3] = 2; }, "row_seq 2"},
-      {"global page missing", [](StepPlan& p) { p.global.seq_first_page[1] = 1; },
-       "global seq 1"},
-      {"local window page released too early",
-       [](StepPlan& p) { p.local.seq_first_page[0] = 1; }, "local seq 0"},
+      {"global page missing", [](StepPlan& p) { p.global.seq_first_page[1] = 1; }, "global seq 1"},
+      {"local window page released too early", [](StepPlan& p) { p.local.seq_first_page[0] = 1; },
+       "local seq 0"},
       {"last page not listed",
        [](StepPlan& p) {
          p.global.page_indices.pop_back();
@@ -108,8 +107,7 @@ TEST(PlanCheck, RejectsEachCorruptionNamingIt) {
       {"short row_slot", [](StepPlan& p) { p.local.row_slot.pop_back(); }, "row_slot has 3"},
       {"bad seq_page_begin", [](StepPlan& p) { p.global.seq_page_begin[2] = 9; },
        "seq_page_begin must run"},
-      {"duplicate logits index", [](StepPlan& p) { p.seqs[1].logits_index = 0; },
-       "logits_index 0"},
+      {"duplicate logits index", [](StepPlan& p) { p.seqs[1].logits_index = 0; }, "logits_index 0"},
       {"page size mismatch", [](StepPlan& p) { p.page_size = 8; }, "page_size"},
   };
   for (const Corruption& c : cases) {

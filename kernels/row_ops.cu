@@ -13,11 +13,11 @@ namespace {
 
 using namespace detail;
 
-constexpr int kRowThreads = 256;      // threads of a block that owns one row (argmax)
-constexpr int kNormChunks = 4;        // 8-element chunks an RMSNorm thread keeps in registers
+constexpr int kRowThreads = 256;  // threads of a block that owns one row (argmax)
+constexpr int kNormChunks = 4;    // 8-element chunks an RMSNorm thread keeps in registers
 constexpr int kNormThreadsMax = 1024;
-constexpr int kWarpsPerBlock = 8;   // blocks of per-(row, head) warps
-constexpr int kFlatThreads = 256;   // elementwise kernels
+constexpr int kWarpsPerBlock = 8;  // blocks of per-(row, head) warps
+constexpr int kFlatThreads = 256;  // elementwise kernels
 
 // ---- embedding ------------------------------------------------------------------------
 
@@ -43,12 +43,11 @@ __global__ void embed_gather_kernel(const int32_t* __restrict__ tokens,
 // rows are read twice. Small register arrays keep occupancy high: the loads of many rows are
 // in flight at once, which is what a bandwidth-bound kernel needs. ----------------------
 
-__global__ void __launch_bounds__(kNormThreadsMax) rms_norm_kernel(
-    const bf16* __restrict__ x, const bf16* __restrict__ weight, bf16* __restrict__ out,
-    int32_t rows, int32_t dim, float eps, int group) {
+__global__ void __launch_bounds__(kNormThreadsMax)
+    rms_norm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
+                    bf16* __restrict__ out, int32_t rows, int32_t dim, float eps, int group) {
   __shared__ float scratch[kNormThreadsMax / kWarp];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group) +
-                      threadIdx.x / group;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
   const int t = threadIdx.x % group;
   const int64_t base = row * dim;
@@ -106,11 +105,10 @@ __global__ void __launch_bounds__(kNormThreadsMax) rms_norm_kernel(
 // ---- q/k norm + rope: a warp per (row, head) ------------------------------------------
 
 template <int HD>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
-    qk_norm_rope_kernel(bf16* __restrict__ x, int64_t row_stride,
-                        const bf16* __restrict__ weight, const int32_t* __restrict__ positions,
-                        int32_t rows, int32_t heads, float eps, float theta,
-                        int32_t rotary_pairs) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
+    qk_norm_rope_kernel(bf16* __restrict__ x, int64_t row_stride, const bf16* __restrict__ weight,
+                        const int32_t* __restrict__ positions, int32_t rows, int32_t heads,
+                        float eps, float theta, int32_t rotary_pairs) {
   constexpr int E = HD / kWarp;
   __shared__ float inv_freq[HD / 2];
   fill_inv_freq(inv_freq, HD, theta, rotary_pairs);
@@ -149,7 +147,7 @@ struct KvWriteArgs {
 };
 
 template <int HD>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) kv_write_kernel(KvWriteArgs a) {
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp) kv_write_kernel(KvWriteArgs a) {
   constexpr int E = HD / kWarp;
   __shared__ float inv_freq[HD / 2];
   fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
@@ -170,8 +168,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) kv_write_kernel(KvWrit
   float k[E], v[E];
   load_bf16<E>(a.k_raw + row * a.k_row_stride + static_cast<int64_t>(head) * HD + lane * E, k);
   load_bf16<E>(a.v_raw + row * a.v_row_stride + static_cast<int64_t>(head) * HD + lane * E, v);
-  norm_rope_head<HD>(k, a.k_norm_weight, a.eps, position,
-                     a.rotary_pairs > 0 ? inv_freq : nullptr);
+  norm_rope_head<HD>(k, a.k_norm_weight, a.eps, position, a.rotary_pairs > 0 ? inv_freq : nullptr);
   norm_rope_head<HD>(v, nullptr, a.eps, position, nullptr);
 
   const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
@@ -190,8 +187,8 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 }
 
 __global__ void gelu_tanh_mul_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
-                                     int64_t in_row_stride, bf16* __restrict__ out,
-                                     int32_t rows, int32_t cols) {
+                                     int64_t in_row_stride, bf16* __restrict__ out, int32_t rows,
+                                     int32_t cols) {
   const int64_t chunks_per_row = cols / 8;
   const int64_t total = chunks_per_row * rows;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -266,9 +263,8 @@ __device__ __forceinline__ void argmax_merge(float& best, int32_t& idx, float v,
 }
 
 template <class T>
-__global__ void __launch_bounds__(kRowThreads) argmax_kernel(const T* __restrict__ x,
-                                                             int32_t* __restrict__ out,
-                                                             int32_t cols) {
+__global__ void __launch_bounds__(kRowThreads)
+    argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ out, int32_t cols) {
   __shared__ float best_s[kRowThreads / kWarp];
   __shared__ int32_t idx_s[kRowThreads / kWarp];
   const T* row = x + static_cast<int64_t>(blockIdx.x) * cols;
@@ -316,10 +312,18 @@ KernelStatus check_rows_view(const RowsView& rows) {
 template <template <int> class Launch, class... Args>
 KernelStatus dispatch_head_dim(int32_t head_dim, Args&&... args) {
   switch (head_dim) {
-    case 64: Launch<64>::run(args...); break;
-    case 128: Launch<128>::run(args...); break;
-    case 256: Launch<256>::run(args...); break;
-    case 512: Launch<512>::run(args...); break;
+    case 64:
+      Launch<64>::run(args...);
+      break;
+    case 128:
+      Launch<128>::run(args...);
+      break;
+    case 256:
+      Launch<256>::run(args...);
+      break;
+    case 512:
+      Launch<512>::run(args...);
+      break;
     default:
       return bad_argument("head_dim " + str(head_dim) + " is not one of 64, 128, 256, 512");
   }
@@ -328,9 +332,9 @@ KernelStatus dispatch_head_dim(int32_t head_dim, Args&&... args) {
 
 template <int HD>
 struct QkNormRopeLaunch {
-  static void run(int blocks, cudaStream_t stream, bf16* x, int64_t row_stride,
-                  const bf16* weight, const int32_t* positions, int32_t rows, int32_t heads,
-                  float eps, float theta, int32_t rotary_pairs) {
+  static void run(int blocks, cudaStream_t stream, bf16* x, int64_t row_stride, const bf16* weight,
+                  const int32_t* positions, int32_t rows, int32_t heads, float eps, float theta,
+                  int32_t rotary_pairs) {
     qk_norm_rope_kernel<HD><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(
         x, row_stride, weight, positions, rows, heads, eps, theta, rotary_pairs);
   }
@@ -404,15 +408,17 @@ KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows
 }
 
 KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
-                          const int32_t* positions, int32_t rows, int32_t heads,
-                          int32_t head_dim, float eps, Rope rope, cudaStream_t stream) {
+                          const int32_t* positions, int32_t rows, int32_t heads, int32_t head_dim,
+                          float eps, Rope rope, cudaStream_t stream) {
   if (rows < 0 || heads <= 0) {
     return bad_argument("qk_norm_rope: need rows >= 0 and heads > 0, got rows=" + str(rows) +
                         " heads=" + str(heads));
   }
   if (x_row_stride < static_cast<int64_t>(heads) * head_dim || x_row_stride % 8 != 0) {
-    return bad_argument("qk_norm_rope: x_row_stride must be >= heads*head_dim and a multiple "
-                        "of 8, got " + str(x_row_stride));
+    return bad_argument(
+        "qk_norm_rope: x_row_stride must be >= heads*head_dim and a multiple "
+        "of 8, got " +
+        str(x_row_stride));
   }
   if (!aligned16(x) || (weight != nullptr && !aligned16(weight))) {
     return bad_argument("qk_norm_rope: x and weight must be 16-byte aligned");
@@ -423,8 +429,8 @@ KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
   const int64_t items = static_cast<int64_t>(rows) * heads;
   const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (auto s = dispatch_head_dim<QkNormRopeLaunch>(head_dim, blocks, stream, x, x_row_stride,
-                                                   weight, positions, rows, heads, eps,
-                                                   rope.theta, rope.rotary_pairs);
+                                                   weight, positions, rows, heads, eps, rope.theta,
+                                                   rope.rotary_pairs);
       !s.ok()) {
     return s;
   }
@@ -436,26 +442,26 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
                       const KvPoolView& pool, int32_t layer, const RowsView& rows,
                       const PagingView& paging, cudaStream_t stream) {
   if (auto s = check_rows_view(rows); !s.ok()) return s;
-  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 ||
-      pool.pages_total < 2) {
-    return bad_argument("kv_write: pool needs data, page_size > 0, kv_heads > 0 and "
-                        "pages_total >= 2 (page 0 is padding)");
+  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 || pool.pages_total < 2) {
+    return bad_argument(
+        "kv_write: pool needs data, page_size > 0, kv_heads > 0 and "
+        "pages_total >= 2 (page 0 is padding)");
   }
   if (layer < 0 || layer >= pool.layers) {
-    return bad_argument("kv_write: layer " + str(layer) + " outside [0, " + str(pool.layers) +
-                        ")");
+    return bad_argument("kv_write: layer " + str(layer) + " outside [0, " + str(pool.layers) + ")");
   }
   const int64_t head_elems = static_cast<int64_t>(pool.kv_heads) * pool.head_dim;
   if (k_row_stride < head_elems || v_row_stride < head_elems || k_row_stride % 8 != 0 ||
       v_row_stride % 8 != 0) {
-    return bad_argument("kv_write: row strides must be >= kv_heads*head_dim = " +
-                        str(head_elems) + " and multiples of 8, got k=" + str(k_row_stride) +
+    return bad_argument("kv_write: row strides must be >= kv_heads*head_dim = " + str(head_elems) +
+                        " and multiples of 8, got k=" + str(k_row_stride) +
                         " v=" + str(v_row_stride));
   }
   if (!aligned16(k_raw) || !aligned16(v_raw) || !aligned16(pool.data) ||
       (k_norm_weight != nullptr && !aligned16(k_norm_weight))) {
-    return bad_argument("kv_write: k_raw, v_raw, k_norm_weight and pool.data must be 16-byte "
-                        "aligned");
+    return bad_argument(
+        "kv_write: k_raw, v_raw, k_norm_weight and pool.data must be 16-byte "
+        "aligned");
   }
   if (rows.rows > 0 && paging.row_slot == nullptr) {
     return bad_argument("kv_write: paging.row_slot must be a device pointer");
@@ -463,12 +469,23 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
   if (!(eps > 0.0f)) return bad_argument("kv_write: eps must be > 0");
   if (auto s = check_rope(rope, pool.head_dim); !s.ok()) return s;
   if (rows.rows == 0) return Ok{};
-  const int64_t per_layer = static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size *
-                            head_elems;
-  KvWriteArgs args{k_raw,        k_row_stride,      v_raw,          v_row_stride,
-                   k_norm_weight, eps,              rope.theta,     rope.rotary_pairs,
-                   pool.data + per_layer * layer,   pool.pages_total, pool.page_size,
-                   pool.kv_heads, rows.positions,   paging.row_slot, rows.rows};
+  const int64_t per_layer =
+      static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size * head_elems;
+  KvWriteArgs args{k_raw,
+                   k_row_stride,
+                   v_raw,
+                   v_row_stride,
+                   k_norm_weight,
+                   eps,
+                   rope.theta,
+                   rope.rotary_pairs,
+                   pool.data + per_layer * layer,
+                   pool.pages_total,
+                   pool.page_size,
+                   pool.kv_heads,
+                   rows.positions,
+                   paging.row_slot,
+                   rows.rows};
   const int64_t items = static_cast<int64_t>(rows.rows) * pool.kv_heads;
   const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (auto s = dispatch_head_dim<KvWriteLaunch>(pool.head_dim, blocks, stream, args); !s.ok()) {
@@ -480,12 +497,16 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
 KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stride, bf16* out,
                            int32_t rows, int32_t cols, cudaStream_t stream) {
   if (rows < 0 || cols <= 0 || cols % 8 != 0) {
-    return bad_argument("gelu_tanh_mul: need rows >= 0 and cols a positive multiple of 8, got "
-                        "rows=" + str(rows) + " cols=" + str(cols));
+    return bad_argument(
+        "gelu_tanh_mul: need rows >= 0 and cols a positive multiple of 8, got "
+        "rows=" +
+        str(rows) + " cols=" + str(cols));
   }
   if (in_row_stride < cols || in_row_stride % 8 != 0) {
-    return bad_argument("gelu_tanh_mul: in_row_stride must be >= cols and a multiple of 8, "
-                        "got " + str(in_row_stride));
+    return bad_argument(
+        "gelu_tanh_mul: in_row_stride must be >= cols and a multiple of 8, "
+        "got " +
+        str(in_row_stride));
   }
   if (!aligned16(gate) || !aligned16(up) || !aligned16(out)) {
     return bad_argument("gelu_tanh_mul: gate, up and out must be 16-byte aligned");
@@ -496,8 +517,7 @@ KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stri
   return launch_status("gelu_tanh_mul_kernel");
 }
 
-KernelStatus residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n,
-                          cudaStream_t stream) {
+KernelStatus residual_add(const bf16* a, const bf16* b, bf16* out, int64_t n, cudaStream_t stream) {
   if (n < 0) return bad_argument("residual_add: n must be >= 0, got " + str(n));
   if (!aligned16(a) || !aligned16(b) || !aligned16(out)) {
     return bad_argument("residual_add: a, b and out must be 16-byte aligned");
@@ -541,12 +561,10 @@ KernelStatus argmax_impl(const T* x, int32_t* out, int32_t rows, int32_t cols,
   argmax_kernel<T><<<rows, kRowThreads, 0, stream>>>(x, out, cols);
   return launch_status("argmax_kernel");
 }
-KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols,
-                    cudaStream_t stream) {
+KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream) {
   return argmax_impl(x, out, rows, cols, stream);
 }
-KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols,
-                    cudaStream_t stream) {
+KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream) {
   return argmax_impl(x, out, rows, cols, stream);
 }
 
