@@ -105,8 +105,8 @@ LengthDist parse_lengths(const std::string& flag, const std::string& text) {
   if (colon2 != std::string::npos) {
     const std::string shape = text.substr(colon2 + 1);
     bool found = false;
-    for (const LengthShape s : {LengthShape::kUniform, LengthShape::kLongTail,
-                                LengthShape::kBimodal}) {
+    for (const LengthShape s :
+         {LengthShape::kUniform, LengthShape::kLongTail, LengthShape::kBimodal}) {
       if (shape_name(s) == shape) {
         d.shape = s;
         found = true;
@@ -121,7 +121,8 @@ void parse_fault(const std::string& text, Overrides* o) {
   const size_t eq = text.find('=');
   if (eq == std::string::npos) usage_error("--fault '" + text + "': expected SITE=PPM");
   const std::string site = text.substr(0, eq);
-  const auto ppm = static_cast<uint32_t>(parse_int("--fault " + site, text.substr(eq + 1), 0, 1'000'000));
+  const auto ppm =
+      static_cast<uint32_t>(parse_int("--fault " + site, text.substr(eq + 1), 0, 1'000'000));
   bool found = false;
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
     if (site == "all" || site == engine::fault_site_name(static_cast<engine::FaultSite>(i))) {
@@ -300,8 +301,9 @@ class Progress {
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(seeds_, 1));
     std::string bar(static_cast<size_t>(filled), '#');
     bar.resize(kWidth, '.');
-    std::fprintf(stderr, "\r\033[K[%s] %" PRId64 "/%" PRId64 " seeds | seed %" PRIu64
-                         " %s step %" PRIu64 " submitted %" PRIu64 "/%" PRIu64,
+    std::fprintf(stderr,
+                 "\r\033[K[%s] %" PRId64 "/%" PRId64 " seeds | seed %" PRIu64 " %s step %" PRIu64
+                 " submitted %" PRIu64 "/%" PRIu64,
                  bar.c_str(), done, seeds_, p.seed, p.phase, p.step, p.submitted, p.planned);
     std::fflush(stderr);
   }
@@ -321,8 +323,7 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
   auto kind = [&](engine::TerminalKind k) { return t.terminals[static_cast<int>(k)]; };
   using engine::TerminalKind;
   const double sim_s = static_cast<double>(t.sim_ns) * 1e-9;
-  std::printf("\n== campaign summary: %" PRId64 " seeds, %" PRId64 " ok, %" PRId64
-              " violated ==\n",
+  std::printf("\n== campaign summary: %" PRId64 " seeds, %" PRId64 " ok, %" PRId64 " violated ==\n",
               seeds_run, seeds_ok, seeds_run - seeds_ok);
   std::printf("  %-16s %" PRIu64 " submitted: finished %" PRIu64 " (stop %" PRIu64
               ", length %" PRIu64 "), aborted %" PRIu64 ", rejected %" PRIu64 ", failed %" PRIu64
@@ -343,11 +344,12 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
               ms(percentile(t.tpot_ns, 50)).c_str(), ms(percentile(t.tpot_ns, 90)).c_str(),
               ms(percentile(t.tpot_ns, 99)).c_str(), t.tpot_ns.size());
   std::printf("  %-16s global %.0f%% (%d pages)   local %.0f%% (%d pages)   [max over seeds]\n",
-              "peak occupancy", 100 * t.peak_fraction[0], t.peak_pages[0],
-              100 * t.peak_fraction[1], t.peak_pages[1]);
+              "peak occupancy", 100 * t.peak_fraction[0], t.peak_pages[0], 100 * t.peak_fraction[1],
+              t.peak_pages[1]);
   std::printf("  %-16s", "faults fired");
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
-    std::printf(" %s %" PRIu64, std::string(engine::fault_site_name(static_cast<engine::FaultSite>(i))).c_str(),
+    std::printf(" %s %" PRIu64,
+                std::string(engine::fault_site_name(static_cast<engine::FaultSite>(i))).c_str(),
                 t.faults_fired[i]);
   }
   std::printf("\n  %-16s wall %.2f s\n", "runner", wall_s);
@@ -379,7 +381,8 @@ int run(int argc, char** argv) {
     const uint64_t seed = opt.first_seed + static_cast<uint64_t>(i);
     auto config = draw_config(seed, opt.overrides);
     if (!config) usage_error("seed " + std::to_string(seed) + ": " + config.error());
-    if (opt.verbose) std::printf("seed %-6" PRIu64 " config: %s\n", seed, config->describe().c_str());
+    if (opt.verbose)
+      std::printf("seed %-6" PRIu64 " config: %s\n", seed, config->describe().c_str());
     const SeedResult r = run_seed(*config, [&](const SeedProgress& p) { progress.draw(done, p); });
     progress.clear();
     done += 1;
@@ -408,8 +411,10 @@ int run(int argc, char** argv) {
                   "  invariant %s at step %" PRIu64 "  trace-hash: %s\n",
                   seed, r.stats.steps, r.stats.requests, v.invariant.c_str(), v.step,
                   hex(r.trace_hash).c_str());
-      seed_json["violation"] = {{"invariant", v.invariant}, {"step", v.step},
-                                {"phase", v.phase},         {"detail", v.detail},
+      seed_json["violation"] = {{"invariant", v.invariant},
+                                {"step", v.step},
+                                {"phase", v.phase},
+                                {"detail", v.detail},
                                 {"replay", replay}};
     }
     std::fflush(stdout);

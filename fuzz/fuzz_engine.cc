@@ -44,7 +44,7 @@ engine::Request decode_request(Bytes& in, int32_t vocab) {
     r.prompt.push_back(static_cast<int32_t>((base + i * 7 + (shape & 3) * i * i) % vocab));
   }
   if ((shape & 0x10) && !r.prompt.empty()) r.prompt.back() = vocab + (shape >> 5);  // OOV
-  r.max_tokens = in.u8() % 48;  // 0: rejected
+  r.max_tokens = in.u8() % 48;                                                      // 0: rejected
   if (shape & 0x04) {
     r.sampling.temperature = (shape & 0x08) ? -1.0f : 0.7f;  // negative: bad sampling
     r.sampling.seed = base;

@@ -95,8 +95,8 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
   const int32_t multiple = pick(rng, kWindowMultiplesHalf);
   const bool free_prompt = rng.below(3) == 0;
   const int32_t free_prompt_max = static_cast<int32_t>(rng.range(8, 512));
-  int32_t prompt_max = free_prompt ? free_prompt_max
-                                   : std::clamp<int32_t>(window * multiple / 2 + 8, 8, 2560);
+  int32_t prompt_max =
+      free_prompt ? free_prompt_max : std::clamp<int32_t>(window * multiple / 2 + 8, 8, 2560);
   c.workload.prompt = {rng.below(2) == 0 ? 1 : prompt_max / 4, prompt_max, pick(rng, kShapes)};
   const int32_t output_max = pick(rng, kOutputMax);
   c.workload.output = {rng.below(2) == 0 ? 1 : std::max(1, output_max / 2), output_max,
@@ -148,7 +148,8 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
   static constexpr int64_t kInterarrival[] = {20'000, 100'000, 400'000, 2'000'000};
   const int64_t work_per_request = c.workload.prompt.max + 2 * c.workload.output.max;
   const int64_t budget_rows = int64_t{6000} * std::min(c.engine.max_step_tokens, 64);
-  const int64_t fit = std::clamp<int64_t>(budget_rows / std::max<int64_t>(work_per_request, 1), 8, 160);
+  const int64_t fit =
+      std::clamp<int64_t>(budget_rows / std::max<int64_t>(work_per_request, 1), 8, 160);
   c.workload.requests = o.requests.value_or(static_cast<int32_t>(rng.range(fit / 2 + 1, fit)));
   c.workload.arrival = o.arrival.value_or(pick(rng, kArrivals));
   c.workload.mean_interarrival_ns = o.mean_interarrival_ns.value_or(pick(rng, kInterarrival));
@@ -178,7 +179,7 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
   if (auto error = Harness::creation_error(c.model, c.engine)) {
     return unexpected("the engine refuses this configuration: " + *error);
   }
-  const RequestLimits limits{c.model.vocab_size,     max_context, page_size, window,
+  const RequestLimits limits{c.model.vocab_size,    max_context,         page_size, window,
                              c.engine.pages_global, c.engine.pages_local};
   if (limits.max_total() < 2) {
     return unexpected("pools of " + std::to_string(c.engine.pages_global) + " global and " +
@@ -198,11 +199,11 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
 std::string SeedConfig::describe() const {
   std::ostringstream os;
   os << model_name << " p=" << engine.page_size << " w=" << model.sliding_window
-     << " G=" << engine.pages_global << " L=" << engine.pages_local
-     << " run=" << engine.max_running << " tok=" << engine.max_step_tokens
-     << " ctx=" << engine.max_context << " req=" << workload.requests << " "
-     << arrival_name(workload.arrival) << " prompt=" << workload.prompt.min << ".."
-     << workload.prompt.max << " out=" << workload.output.min << ".." << workload.output.max;
+     << " G=" << engine.pages_global << " L=" << engine.pages_local << " run=" << engine.max_running
+     << " tok=" << engine.max_step_tokens << " ctx=" << engine.max_context
+     << " req=" << workload.requests << " " << arrival_name(workload.arrival)
+     << " prompt=" << workload.prompt.min << ".." << workload.prompt.max
+     << " out=" << workload.output.min << ".." << workload.output.max;
   int faults_on = 0;
   for (const uint32_t ppm : fault_ppm) faults_on += ppm > 0 ? 1 : 0;
   os << " faults=" << faults_on << "/" << engine::kFaultSiteCount << " abort=" << abort_ppm;
@@ -252,9 +253,8 @@ class SeedRunner {
   SeedRunner(const SeedConfig& c, Harness& h, const ProgressFn& progress)
       : c_(c), h_(h), progress_(progress), abort_rng_(mix64(c.seed ^ kAbortSalt)) {
     Rng workload_rng(mix64(c.seed ^ kWorkloadSalt));
-    const RequestLimits limits{c.model.vocab_size,     c.engine.max_context, c.engine.page_size,
-                               c.model.sliding_window, c.engine.pages_global,
-                               c.engine.pages_local};
+    const RequestLimits limits{c.model.vocab_size,     c.engine.max_context,  c.engine.page_size,
+                               c.model.sliding_window, c.engine.pages_global, c.engine.pages_local};
     plan_ = plan_workload(c.workload, limits, workload_rng);
   }
 
@@ -280,8 +280,7 @@ class SeedRunner {
       if (wait_for_arrival()) continue;
       if (steps >= bound) {
         return FirstViolation{h_.steps(), phase_, "liveness",
-                              "not drained after " + std::to_string(bound) +
-                                  " fault-free steps (" +
+                              "not drained after " + std::to_string(bound) + " fault-free steps (" +
                                   std::to_string(h_.engine().scheduler().requests().size()) +
                                   " requests live)"};
       }
@@ -445,28 +444,26 @@ std::optional<FirstViolation> SeedRunner::final_checks() const {
   const engine::Counters& k = h_.engine().metrics().counters;
   for (int i = 0; i < 5; ++i) {
     if (k.terminals[i] != terminals[i]) {
-      return final_violation(
-          "counters", std::string("engine counts ") + std::to_string(k.terminals[i]) + " " +
-                          terminal_kind_name(static_cast<TerminalKind>(i)) +
-                          " terminals, the outputs carried " + std::to_string(terminals[i]));
+      return final_violation("counters",
+                             std::string("engine counts ") + std::to_string(k.terminals[i]) + " " +
+                                 terminal_kind_name(static_cast<TerminalKind>(i)) +
+                                 " terminals, the outputs carried " + std::to_string(terminals[i]));
     }
   }
   for (int i = 0; i < engine::kRejectReasonCount; ++i) {
     if (k.rejections[i] != rejections[i]) {
-      return final_violation("counters", std::string("engine counts ") +
-                                             std::to_string(k.rejections[i]) + " " +
-                                             reject_reason_name(static_cast<RejectReason>(i)) +
-                                             " rejections, the outputs carried " +
-                                             std::to_string(rejections[i]));
+      return final_violation(
+          "counters", std::string("engine counts ") + std::to_string(k.rejections[i]) + " " +
+                          reject_reason_name(static_cast<RejectReason>(i)) +
+                          " rejections, the outputs carried " + std::to_string(rejections[i]));
     }
   }
   uint64_t aborts = 0;
   for (const uint64_t n : k.aborts_by_phase) aborts += n;
   if (aborts != terminals[static_cast<int>(TerminalKind::kAborted)]) {
-    return final_violation("counters", "aborts by phase sum to " + std::to_string(aborts) +
-                                           ", aborted terminals " +
-                                           std::to_string(terminals[static_cast<int>(
-                                               TerminalKind::kAborted)]));
+    return final_violation(
+        "counters", "aborts by phase sum to " + std::to_string(aborts) + ", aborted terminals " +
+                        std::to_string(terminals[static_cast<int>(TerminalKind::kAborted)]));
   }
   if (k.submitted != plan_.size()) {
     return final_violation("counters", "engine counts " + std::to_string(k.submitted) +
@@ -560,8 +557,9 @@ void RunStats::add(const RunStats& o) {
 std::vector<CoverageMark> coverage_marks(const RunStats& t) {
   std::vector<CoverageMark> marks;
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
-    marks.push_back({"fault fired: " + std::string(engine::fault_site_name(static_cast<FaultSite>(i))),
-                     t.faults_fired[i]});
+    marks.push_back(
+        {"fault fired: " + std::string(engine::fault_site_name(static_cast<FaultSite>(i))),
+         t.faults_fired[i]});
   }
   marks.push_back({"window page released", t.window_pages_released});
   marks.push_back({"chunked prefill", t.chunked_prefills});
@@ -569,9 +567,9 @@ std::vector<CoverageMark> coverage_marks(const RunStats& t) {
     marks.push_back({std::string("rejected: ") + reject_reason_name(static_cast<RejectReason>(i)),
                      t.rejections[i]});
   }
-  for (const RequestPhase p : {RequestPhase::kQueued, RequestPhase::kWaiting,
-                               RequestPhase::kPrefill, RequestPhase::kDecode,
-                               RequestPhase::kPreempted}) {
+  for (const RequestPhase p :
+       {RequestPhase::kQueued, RequestPhase::kWaiting, RequestPhase::kPrefill,
+        RequestPhase::kDecode, RequestPhase::kPreempted}) {
     marks.push_back({std::string("aborted while ") + request_phase_name(p),
                      t.aborts_by_phase[static_cast<int>(p)]});
   }
@@ -609,8 +607,10 @@ nlohmann::json stats_to_json(const RunStats& s) {
     faults[std::string(engine::fault_site_name(static_cast<FaultSite>(i)))] = s.faults_fired[i];
   }
   auto pct = [](const std::vector<int64_t>& v) {
-    return nlohmann::json{{"p50", percentile(v, 50)}, {"p90", percentile(v, 90)},
-                          {"p99", percentile(v, 99)}, {"count", v.size()}};
+    return nlohmann::json{{"p50", percentile(v, 50)},
+                          {"p90", percentile(v, 90)},
+                          {"p99", percentile(v, 99)},
+                          {"count", v.size()}};
   };
   const double sim_s = static_cast<double>(s.sim_ns) * 1e-9;
   return {{"requests", s.requests},

@@ -8,11 +8,10 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/fault.h"
@@ -49,8 +48,8 @@ struct Overrides {
   std::optional<std::string> model_preset;
   std::optional<engine::ModelConfig> model_config;  // from --config FILE
   std::string model_config_path;
-  std::optional<int32_t> page_size, pages_global, pages_local, window, max_running,
-      max_step_tokens, max_context, max_step_failures, requests;
+  std::optional<int32_t> page_size, pages_global, pages_local, window, max_running, max_step_tokens,
+      max_context, max_step_failures, requests;
   std::optional<ArrivalProcess> arrival;
   std::optional<int64_t> mean_interarrival_ns;
   std::optional<LengthDist> prompt, output;

@@ -43,8 +43,9 @@ TEST(Campaign, FirstSeedsPassAndDoWork) {
   EXPECT_GT(totals.steps_failed, 0u);
   EXPECT_GT(totals.terminals[static_cast<int>(engine::TerminalKind::kAborted)], 0u);
   // Every request that emitted a token has a TTFT; stopped or finished ones all did.
-  EXPECT_GE(totals.ttft_ns.size(), totals.terminals[static_cast<int>(engine::TerminalKind::kStop)] +
-                                       totals.terminals[static_cast<int>(engine::TerminalKind::kLength)]);
+  EXPECT_GE(totals.ttft_ns.size(),
+            totals.terminals[static_cast<int>(engine::TerminalKind::kStop)] +
+                totals.terminals[static_cast<int>(engine::TerminalKind::kLength)]);
   EXPECT_LE(totals.ttft_ns.size(), totals.requests);
 }
 
@@ -87,9 +88,8 @@ TEST(Workload, PlannedAnswersMatchEngineValidation) {
     SimDevice device(c.model);
     auto engine = engine::Engine::create(c.model, c.engine, device);
     ASSERT_TRUE(engine.ok());
-    const RequestLimits limits{c.model.vocab_size,     c.engine.max_context, c.engine.page_size,
-                               c.model.sliding_window, c.engine.pages_global,
-                               c.engine.pages_local};
+    const RequestLimits limits{c.model.vocab_size,     c.engine.max_context,  c.engine.page_size,
+                               c.model.sliding_window, c.engine.pages_global, c.engine.pages_local};
     Rng rng(seed);
     WorkloadSpec spec = c.workload;
     spec.invalid_ppm = 300'000;
@@ -98,8 +98,8 @@ TEST(Workload, PlannedAnswersMatchEngineValidation) {
       if (p.expect_reject == engine::RejectReason::kNone) {
         EXPECT_FALSE(verdict.has_value()) << "seed " << seed << ": " << verdict->message;
       } else {
-        ASSERT_TRUE(verdict.has_value()) << "seed " << seed << " planned "
-                                         << engine::reject_reason_name(p.expect_reject);
+        ASSERT_TRUE(verdict.has_value())
+            << "seed " << seed << " planned " << engine::reject_reason_name(p.expect_reject);
         EXPECT_EQ(verdict->reason, p.expect_reject) << verdict->message;
       }
     }

@@ -14,9 +14,12 @@ using engine::Request;
 
 std::string_view arrival_name(ArrivalProcess process) {
   switch (process) {
-    case ArrivalProcess::kSteady: return "steady";
-    case ArrivalProcess::kBursty: return "bursty";
-    case ArrivalProcess::kFlood: return "flood";
+    case ArrivalProcess::kSteady:
+      return "steady";
+    case ArrivalProcess::kBursty:
+      return "bursty";
+    case ArrivalProcess::kFlood:
+      return "flood";
   }
   return "?";
 }
@@ -31,9 +34,12 @@ std::optional<ArrivalProcess> arrival_from_name(std::string_view name) {
 
 std::string_view shape_name(LengthShape shape) {
   switch (shape) {
-    case LengthShape::kUniform: return "uniform";
-    case LengthShape::kLongTail: return "longtail";
-    case LengthShape::kBimodal: return "bimodal";
+    case LengthShape::kUniform:
+      return "uniform";
+    case LengthShape::kLongTail:
+      return "longtail";
+    case LengthShape::kBimodal:
+      return "bimodal";
   }
   return "?";
 }
@@ -146,10 +152,18 @@ std::optional<Request> invalid_request(RejectReason reason, const RequestLimits&
     }
     case RejectReason::kBadSampling:
       switch (rng.below(4)) {
-        case 0: r.sampling.temperature = -0.5f; break;
-        case 1: r.sampling.temperature = std::numeric_limits<float>::quiet_NaN(); break;
-        case 2: r.sampling.top_p = rng.below(2) == 0 ? 0.0f : 1.5f; break;
-        default: r.sampling.top_k = -1; break;
+        case 0:
+          r.sampling.temperature = -0.5f;
+          break;
+        case 1:
+          r.sampling.temperature = std::numeric_limits<float>::quiet_NaN();
+          break;
+        case 2:
+          r.sampling.top_p = rng.below(2) == 0 ? 0.0f : 1.5f;
+          break;
+        default:
+          r.sampling.top_k = -1;
+          break;
       }
       return r;
     case RejectReason::kExceedsContext:

@@ -37,14 +37,14 @@ struct LengthDist {
 };
 
 struct WorkloadSpec {
-  int32_t requests = 64;             // submitted over the safety phase
+  int32_t requests = 64;  // submitted over the safety phase
   ArrivalProcess arrival = ArrivalProcess::kSteady;
   int64_t mean_interarrival_ns = 200'000;
   LengthDist prompt;
   LengthDist output;
-  uint32_t sampled_ppm = 300'000;    // share of requests with temperature > 0
-  uint32_t stop_ppm = 150'000;       // share with a stop id the oracle says they will emit
-  uint32_t invalid_ppm = 60'000;     // share built to be rejected, one reason each
+  uint32_t sampled_ppm = 300'000;  // share of requests with temperature > 0
+  uint32_t stop_ppm = 150'000;     // share with a stop id the oracle says they will emit
+  uint32_t invalid_ppm = 60'000;   // share built to be rejected, one reason each
 };
 
 // The limits a valid request must respect; the generator clamps valid requests to them and
