@@ -118,7 +118,8 @@ KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
 // written at pool layer `layer`, slot paging.row_slot[r] (page = slot / page_size, offset =
 // slot % page_size). K==V (global layers with attention_k_eq_v): pass the raw k_proj output
 // as v_raw too (v_raw == k_raw, same stride); the fork happens here, before k_norm.
-// k_raw, v_raw: [rows, kv_heads, head_dim] with their row strides; k_norm_weight: [head_dim].
+// k_raw, v_raw: [rows, kv_heads, head_dim] with their row strides; k_norm_weight: [head_dim]
+// (nullptr: weightless).
 // Traps on a page outside [1, pages_total), or an offset != positions[r] % page_size.
 KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
                       int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
