@@ -4,6 +4,7 @@
 // violation the seed, invariant, step and a one-line replay command.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -343,9 +344,13 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
   std::printf("  %-16s p50 %s   p90 %s   p99 %s   (%zu gaps)\n", "TPOT",
               ms(percentile(t.tpot_ns, 50)).c_str(), ms(percentile(t.tpot_ns, 90)).c_str(),
               ms(percentile(t.tpot_ns, 99)).c_str(), t.tpot_ns.size());
-  std::printf("  %-16s global %.0f%% (%d pages)   local %.0f%% (%d pages)   [max over seeds]\n",
-              "peak occupancy", 100 * t.peak_fraction[0], t.peak_pages[0], 100 * t.peak_fraction[1],
-              t.peak_pages[1]);
+  const double seeds = static_cast<double>(std::max<uint64_t>(t.seeds, 1));
+  std::printf(
+      "  %-16s global: mean %.0f%%, max %.0f%% (%d pages)   local: mean %.0f%%, "
+      "max %.0f%% (%d pages)   [per-seed peaks]\n",
+      "peak occupancy", 100 * t.peak_fraction_sum[0] / seeds, 100 * t.peak_fraction[0],
+      t.peak_pages[0], 100 * t.peak_fraction_sum[1] / seeds, 100 * t.peak_fraction[1],
+      t.peak_pages[1]);
   std::printf("  %-16s", "faults fired");
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
     std::printf(" %s %" PRIu64,

@@ -476,6 +476,7 @@ std::optional<FirstViolation> SeedRunner::final_checks() const {
 void collect_stats(Harness& h, RunStats* s) {
   const engine::Metrics m = h.engine().metrics();
   const engine::Counters& k = m.counters;
+  s->seeds = 1;
   s->requests = h.records().size();
   std::copy(std::begin(k.terminals), std::end(k.terminals), s->terminals);
   std::copy(std::begin(k.rejections), std::end(k.rejections), s->rejections);
@@ -498,6 +499,7 @@ void collect_stats(Harness& h, RunStats* s) {
     s->peak_pages[fi] = load.pages_peak;
     s->peak_fraction[fi] =
         load.pages_total > 0 ? static_cast<double>(load.pages_peak) / load.pages_total : 0.0;
+    s->peak_fraction_sum[fi] = s->peak_fraction[fi];
   }
   for (const auto& [id, rec] : h.records()) {
     if (rec.first_token_ns >= 0) s->ttft_ns.push_back(rec.first_token_ns - rec.submit_ns);
@@ -532,6 +534,7 @@ SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress) {
 // Aggregation.
 
 void RunStats::add(const RunStats& o) {
+  seeds += o.seeds;
   requests += o.requests;
   for (int i = 0; i < 5; ++i) terminals[i] += o.terminals[i];
   for (int i = 0; i < engine::kRejectReasonCount; ++i) rejections[i] += o.rejections[i];
@@ -548,6 +551,7 @@ void RunStats::add(const RunStats& o) {
   for (int i = 0; i < engine::kFaultSiteCount; ++i) faults_fired[i] += o.faults_fired[i];
   for (int i = 0; i < engine::kFamilyCount; ++i) {
     peak_fraction[i] = std::max(peak_fraction[i], o.peak_fraction[i]);
+    peak_fraction_sum[i] += o.peak_fraction_sum[i];
     peak_pages[i] = std::max(peak_pages[i], o.peak_pages[i]);
   }
   ttft_ns.insert(ttft_ns.end(), o.ttft_ns.begin(), o.ttft_ns.end());
@@ -631,6 +635,9 @@ nlohmann::json stats_to_json(const RunStats& s) {
           {"tpot_ns", pct(s.tpot_ns)},
           {"peak_pages", {{"global", s.peak_pages[0]}, {"local", s.peak_pages[1]}}},
           {"peak_fraction", {{"global", s.peak_fraction[0]}, {"local", s.peak_fraction[1]}}},
+          {"peak_fraction_mean",
+           {{"global", s.seeds > 0 ? s.peak_fraction_sum[0] / static_cast<double>(s.seeds) : 0.0},
+            {"local", s.seeds > 0 ? s.peak_fraction_sum[1] / static_cast<double>(s.seeds) : 0.0}}},
           {"faults_fired", faults}};
 }
 

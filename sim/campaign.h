@@ -85,8 +85,11 @@ struct RunStats {
   uint64_t admission_waits = 0;
   int64_t sim_ns = 0;
   uint64_t faults_fired[engine::kFaultSiteCount] = {};
-  // Peak pool occupancy as a fraction of the pool, per family; max over seeds when summed.
+  uint64_t seeds = 0;
+  // Peak pool occupancy as a fraction of the pool, per family; max over seeds when summed,
+  // and the sum of the per-seed peaks (for a mean).
   double peak_fraction[engine::kFamilyCount] = {};
+  double peak_fraction_sum[engine::kFamilyCount] = {};
   int32_t peak_pages[engine::kFamilyCount] = {};
   std::vector<int64_t> ttft_ns;  // submit -> first token, virtual time
   std::vector<int64_t> tpot_ns;  // gap between consecutive tokens of a request
