@@ -520,8 +520,9 @@ struct ScheduleTrace {
 ScheduleTrace run_schedule(const engine::ModelConfig& config, engine::Device& device) {
   engine::EngineConfig ec;
   ec.page_size = 8;
-  ec.pages_global = 96;
-  ec.pages_local = 48;
+  // Tight pools: admission waits, preemptions and window releases all happen.
+  ec.pages_global = 40;
+  ec.pages_local = 16;
   ec.max_running = 8;
   ec.max_step_tokens = 64;
   ScheduleTrace trace;
@@ -591,6 +592,8 @@ TEST_F(ModelGates, SimAndCudaRunTheSameSchedule) {
   }
   EXPECT_EQ(simulated.final_metrics, replayed.final_metrics);
   EXPECT_NE(simulated.final_metrics.find("end 0/0"), std::string::npos) << simulated.final_metrics;
+  EXPECT_EQ(simulated.final_metrics.find("aborted 0 "), std::string::npos) << "no abort happened";
+  EXPECT_EQ(simulated.final_metrics.find("waits 0 "), std::string::npos) << "no admission wait";
   std::printf("[gate] schedule of 60 requests (%zu steps) identical on sim and cuda: %s\n",
               simulated.steps.size(), simulated.final_metrics.c_str());
 }
