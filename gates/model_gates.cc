@@ -389,6 +389,75 @@ TEST_F(ModelGates, AbortMidBatchReturnsPages) {
   EXPECT_EQ(m.counters.terminals[static_cast<int>(TerminalKind::kAborted)], 2u);
 }
 
+// ---- seeded sampling ----------------------------------------------------------------
+
+TEST_F(ModelGates, SampledGenerationIsSeeded) {
+  HfRefs r = refs("g12b");
+  auto w = load(r);
+  ASSERT_NE(w, nullptr);
+  constexpr int32_t kTopK = 40;
+  // One run: every prompt sampled with temperature/top-k/top-p and its own seed; faults (if
+  // any) at the given steps; each sampled token's rank checked against the step's logits.
+  auto run = [&](uint64_t seed_base, std::vector<std::pair<int, engine::FaultSite>> faults_at) {
+    sim::FaultPlan faults(1);
+    kernels::CudaDeviceOptions opt;
+    opt.capture_logits = true;
+    opt.faults = &faults;
+    auto d = device(w->config(), w.get(), opt);
+    if (d == nullptr) return std::vector<std::vector<int32_t>>{};
+    RecordingDevice rec(*d);
+    auto e = make_engine(w->config(), tiny_engine_config(), rec);
+    if (e == nullptr) return std::vector<std::vector<int32_t>>{};
+    std::vector<engine::RequestId> rid;
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      engine::Request q = greedy_request(r.prompts[i].prompt, 12);
+      q.sampling.temperature = 0.9f;
+      q.sampling.top_k = kTopK;
+      q.sampling.top_p = 0.95f;
+      q.sampling.seed = seed_base + i;
+      rid.push_back(e->submit(std::move(q)).id());
+    }
+    const int32_t V = w->config().vocab_size;
+    int step = 0, failed = 0;
+    std::map<engine::RequestId, std::vector<int32_t>> tokens;
+    while (!e->idle() && step < 1000) {
+      for (const auto& [at, site] : faults_at) {
+        if (at == step) faults.force_once(site);
+      }
+      const engine::StepOutputs out = e->step();
+      ++step;
+      if (out.failed) {
+        ++failed;
+        continue;
+      }
+      const engine::StepPlan& plan = rec.last_plan();
+      for (const engine::RequestUpdate& u : out.updates) {
+        tokens[u.id].insert(tokens[u.id].end(), u.new_tokens.begin(), u.new_tokens.end());
+      }
+      for (const engine::PlanSeq& seq : plan.seqs) {
+        if (seq.logits_index < 0) continue;
+        const float* row = d->last_logits().data() + int64_t{seq.logits_index} * V;
+        const int32_t t = tokens[seq.request].back();
+        int32_t rank = 0;
+        for (int32_t v = 0; v < V; ++v) rank += row[v] > row[t];
+        EXPECT_LT(rank, kTopK) << "a sampled token outside the top-k";
+      }
+    }
+    EXPECT_EQ(failed, static_cast<int>(faults_at.size()));
+    std::vector<std::vector<int32_t>> out;
+    for (engine::RequestId id : rid) out.push_back(tokens[id]);
+    return out;
+  };
+  const auto a = run(1000, {});
+  const auto b = run(1000, {});
+  const auto faulted = run(1000, {{3, engine::FaultSite::kAfterKvWrite}, {7, engine::FaultSite::kSync}});
+  const auto other = run(2000, {});
+  EXPECT_EQ(a, b) << "same seeds, different tokens";
+  EXPECT_EQ(a, faulted) << "a retried step drew different tokens";
+  EXPECT_NE(a, other) << "other seeds drew the same tokens";
+  for (const auto& t : a) EXPECT_EQ(t.size(), 12u);
+}
+
 // ---- direct device checks over hand-built plans -------------------------------------
 
 class DirectDeviceGate : public ModelGates {

@@ -1,0 +1,70 @@
+// Host unit tests of the CUDA device's sampling (no GPU needed): greedy, and seeded
+// temperature / top-k / top-p draws that are a pure function of (seed, output index).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "kernels/cuda_device.h"
+
+namespace twinstep::kernels {
+namespace {
+
+engine::SamplingParams params(float t, int32_t k, float p, uint64_t seed) {
+  engine::SamplingParams s;
+  s.temperature = t;
+  s.top_k = k;
+  s.top_p = p;
+  s.seed = seed;
+  return s;
+}
+
+TEST(Sampling, GreedyIsTheArgmaxWithLowestIndexOnTies) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, NAN};
+  EXPECT_EQ(sample_logits(logits, params(0, 0, 1, 0), 0), 1);
+  const std::vector<float> nan_first = {NAN, -3.0f, -2.0f};
+  EXPECT_EQ(sample_logits(nan_first, params(0, 0, 1, 0), 0), 2);
+}
+
+TEST(Sampling, DrawsAreAPureFunctionOfSeedAndIndex) {
+  std::vector<float> logits(64);
+  for (int i = 0; i < 64; ++i) logits[i] = std::sin(i * 0.7f);
+  const auto s = params(1.0f, 0, 1.0f, 42);
+  std::vector<int32_t> a, b, c;
+  for (int i = 0; i < 200; ++i) {
+    a.push_back(sample_logits(logits, s, i));
+    b.push_back(sample_logits(logits, s, i));
+    c.push_back(sample_logits(logits, params(1.0f, 0, 1.0f, 43), i));
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(Sampling, TopKAndTopPCutTheTail) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.9f, 0.0f, 2.8f, -5.0f};
+  for (int i = 0; i < 500; ++i) {
+    const int32_t k2 = sample_logits(logits, params(5.0f, 2, 1.0f, 7), i);
+    EXPECT_TRUE(k2 == 1 || k2 == 2) << k2;
+    EXPECT_EQ(sample_logits(logits, params(5.0f, 1, 1.0f, 7), i), 1);
+    // top_p tiny keeps only the most likely token.
+    EXPECT_EQ(sample_logits(logits, params(5.0f, 0, 1e-6f, 7), i), 1);
+  }
+}
+
+TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
+  const std::vector<float> logits = {0.0f, std::log(2.0f), std::log(4.0f)};  // p = 1/7, 2/7, 4/7
+  std::map<int32_t, int> counts;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) counts[sample_logits(logits, params(1.0f, 0, 1.0f, 99), i)]++;
+  EXPECT_NEAR(counts[0] / double(n), 1.0 / 7, 0.015);
+  EXPECT_NEAR(counts[1] / double(n), 2.0 / 7, 0.015);
+  EXPECT_NEAR(counts[2] / double(n), 4.0 / 7, 0.015);
+  // Temperature 0.5 squares the odds: 1:4:16.
+  counts.clear();
+  for (int i = 0; i < n; ++i) counts[sample_logits(logits, params(0.5f, 0, 1.0f, 5), i)]++;
+  EXPECT_NEAR(counts[2] / double(n), 16.0 / 21, 0.015);
+}
+
+}  // namespace
+}  // namespace twinstep::kernels
