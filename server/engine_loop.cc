@@ -34,7 +34,8 @@ std::optional<engine::RequestControl> EngineLoop::submit(engine::Request request
   // lock, so it can never see an update for an id that is not registered yet.
   engine::RequestControl control = engine_.submit(std::move(request));
   Clock::time_point now = Clock::now();
-  auto [it, inserted] = live_.emplace(control.id(), Live{std::move(sink), control, now, now, false});
+  auto [it, inserted] =
+      live_.emplace(control.id(), Live{std::move(sink), control, now, now, false});
   TS_CHECK(inserted) << "engine reused request id " << control.id();
   new_work_ = true;
   wake_.notify_all();
@@ -97,8 +98,7 @@ void EngineLoop::run() {
       // idle() is only read here, on the stepping thread. A submit sets new_work_ under the
       // lock, so a request submitted while the engine looked idle is never slept through.
       wake_.wait(lock, [&] {
-        return may_step_locked() &&
-               (draining_ || new_work_ || !live_.empty() || !engine_.idle());
+        return may_step_locked() && (draining_ || new_work_ || !live_.empty() || !engine_.idle());
       });
       new_work_ = false;
       if (draining_ && engine_.idle() && live_.empty()) break;
@@ -113,8 +113,8 @@ void EngineLoop::run() {
   DrainReport report;
   report.metrics = engine_.metrics();
   report.pools_at_baseline = report.metrics.global.pages_used == 0 &&
-                             report.metrics.local.pages_used == 0 &&
-                             report.metrics.running == 0 && report.metrics.waiting == 0;
+                             report.metrics.local.pages_used == 0 && report.metrics.running == 0 &&
+                             report.metrics.waiting == 0;
   std::function<void(const DrainReport&)> done;
   {
     std::lock_guard lock(mutex_);

@@ -83,7 +83,7 @@ class EngineLoop {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::unordered_map<engine::RequestId, Live> live_;  // guarded by mutex_
-  bool new_work_ = false;                              // a submit since the loop last looked
+  bool new_work_ = false;                             // a submit since the loop last looked
   bool draining_ = false;
   std::function<void(const DrainReport&)> on_drained_;
   std::optional<uint64_t> hold_at_step_;  // stop stepping when steps_run_ reaches it

@@ -3,12 +3,11 @@
 
 #include <algorithm>
 #include <array>
-#include <limits>
-#include <memory>
-
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <limits>
+#include <memory>
 
 namespace twinstep::server::client {
 namespace {
@@ -75,8 +74,8 @@ void absorb_event(std::string_view data, CompletionResult& out) {
 
 class Call : public std::enable_shared_from_this<Call> {
  public:
-  Call(net::io_context& ioc, uint16_t port, http::verb method, std::string target,
-       std::string body, int disconnect_after, CompletionResult& out, std::function<void()> hook,
+  Call(net::io_context& ioc, uint16_t port, http::verb method, std::string target, std::string body,
+       int disconnect_after, CompletionResult& out, std::function<void()> hook,
        std::function<void()> done)
       : stream_(ioc),
         port_(port),
@@ -102,11 +101,12 @@ class Call : public std::enable_shared_from_this<Call> {
     out_.started = Clock::now();
     stream_.async_connect(loopback(port_), [self = shared_from_this()](beast::error_code ec) {
       if (ec) return self->finish("connect: " + ec.message());
-      http::async_write(self->stream_, self->request_,
-                        [self](beast::error_code ec, size_t) {
-                          if (ec) return self->finish("write: " + ec.message());
-                          self->read_more();
-                        });
+      beast::error_code nodelay_ec;  // the request goes out in one write; no Nagle wait
+      self->stream_.socket().set_option(tcp::no_delay(true), nodelay_ec);
+      http::async_write(self->stream_, self->request_, [self](beast::error_code ec, size_t) {
+        if (ec) return self->finish("write: " + ec.message());
+        self->read_more();
+      });
     });
   }
 
@@ -117,10 +117,9 @@ class Call : public std::enable_shared_from_this<Call> {
 
  private:
   void read_more() {
-    http::async_read_some(stream_, buffer_, parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
-                            self->on_read(ec);
-                          });
+    http::async_read_some(
+        stream_, buffer_, parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -242,8 +241,8 @@ Response request(uint16_t port, const std::string& method, const std::string& ta
   net::io_context ioc;
   CompletionResult out;
   net::steady_timer timer(ioc, timeout);
-  auto call = std::make_shared<Call>(ioc, port, http::string_to_verb(method), target, body, -1,
-                                     out, nullptr, [&] { timer.cancel(); });
+  auto call = std::make_shared<Call>(ioc, port, http::string_to_verb(method), target, body, -1, out,
+                                     nullptr, [&] { timer.cancel(); });
   call->start();
   timer.async_wait([&](beast::error_code ec) {
     if (!ec) call->close();

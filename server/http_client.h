@@ -7,11 +7,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace twinstep::server::client {
 
@@ -36,24 +35,24 @@ std::string raw_exchange(uint16_t port, const std::string& bytes,
 
 // One POST /v1/completions, streamed or not.
 struct CompletionSpec {
-  std::string body;                 // the JSON request body
+  std::string body;                  // the JSON request body
   int disconnect_after_events = -1;  // >= 0: hang up once this many SSE events arrived
 };
 
 struct CompletionResult {
   int status = 0;
-  std::string error;         // transport failure
-  std::string body;          // the raw body (the JSON document when not streamed)
+  std::string error;                           // transport failure
+  std::string body;                            // the raw body (the JSON document when not streamed)
   std::map<std::string, std::string> headers;  // names lower-cased
-  bool disconnected = false;  // we hung up on purpose
+  bool disconnected = false;                   // we hung up on purpose
   // Streamed responses, by choice index:
   std::map<size_t, std::vector<int32_t>> tokens;
   std::map<size_t, std::string> finish_reasons;
-  std::vector<nlohmann::json> error_events;  // data: {"error": ...}
-  std::optional<nlohmann::json> usage;       // from the usage-only chunk (include_usage)
+  std::vector<nlohmann::json> error_events;       // data: {"error": ...}
+  std::optional<nlohmann::json> usage;            // from the usage-only chunk (include_usage)
   std::map<size_t, nlohmann::json> choice_usage;  // usage on each choice's finishing chunk
   size_t events = 0;
-  bool done = false;  // saw data: [DONE]
+  bool done = false;       // saw data: [DONE]
   bool malformed = false;  // an event that was not valid JSON or lacked fields
   Clock::time_point started;
   std::optional<Clock::time_point> first_token;
@@ -67,10 +66,8 @@ using EventHook = std::function<void(size_t index, size_t events)>;
 // Runs the completions against 127.0.0.1:port with at most `concurrency` in flight (each on
 // its own connection); a finished one makes room for the next. Returns results in spec order.
 // Everything still open at `deadline` is closed and reports an error.
-std::vector<CompletionResult> run_completions(uint16_t port,
-                                              const std::vector<CompletionSpec>& specs,
-                                              size_t concurrency, EventHook hook = nullptr,
-                                              std::chrono::milliseconds deadline =
-                                                  std::chrono::seconds(240));
+std::vector<CompletionResult> run_completions(
+    uint16_t port, const std::vector<CompletionSpec>& specs, size_t concurrency,
+    EventHook hook = nullptr, std::chrono::milliseconds deadline = std::chrono::seconds(240));
 
 }  // namespace twinstep::server::client

@@ -7,6 +7,9 @@
 #include "server/http_server.h"
 
 #include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
@@ -16,10 +19,6 @@
 #include <thread>
 #include <unordered_map>
 #include <vector>
-
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 
 #include "server/openai_api.h"
 
@@ -164,10 +163,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_.options.max_body_bytes);
     parser_->header_limit(kHeaderLimitBytes);
     reading_ = true;
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = shared_from_this()](beast::error_code ec, size_t) {
-                              self->on_header(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -196,16 +194,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void discard_read() {
     if (reading_) return;
     reading_ = true;
-    stream_.socket().async_read_some(
-        net::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, size_t) {
-          self->reading_ = false;
-          if (self->closed_) {
-            if (ec) return self->finish_close();
-            return self->discard_read();
-          }
-          if (ec) return self->peer_gone();
-          if (self->exchange_) self->discard_read();
-        });
+    stream_.socket().async_read_some(net::buffer(scratch_),
+                                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                                       self->reading_ = false;
+                                       if (self->closed_) {
+                                         if (ec) return self->finish_close();
+                                         return self->discard_read();
+                                       }
+                                       if (ec) return self->peer_gone();
+                                       if (self->exchange_) self->discard_read();
+                                     });
   }
 
   void on_request() {
@@ -259,8 +257,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (method == allowed) return true;
       send_error({405, "invalid_request_error", "",
                   "method " + std::string(request.method_string()) + " is not allowed on " +
-                      std::string(path) + "; expected " +
-                      std::string(http::to_string(allowed))},
+                      std::string(path) + "; expected " + std::string(http::to_string(allowed))},
                  std::string(http::to_string(allowed)));
       return false;
     };
@@ -337,8 +334,8 @@ class Session : public std::enable_shared_from_this<Session> {
         });
     if (!control) {
       // The loop began draining between our check and the submit: this choice ends aborted.
-      choice.terminal = engine::Terminal{engine::TerminalKind::kAborted, {},
-                                         "the server is shutting down"};
+      choice.terminal =
+          engine::Terminal{engine::TerminalKind::kAborted, {}, "the server is shutting down"};
       if (++exchange_->finished == exchange_->choices.size()) finish_exchange();
       return;
     }
@@ -363,8 +360,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                      std::move(piece))
                        .dump());
       }
-      choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(),
-                           update.new_tokens.end());
+      choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
     }
     if (!update.terminal) return flush();
     choice.terminal = std::move(update.terminal);
@@ -379,7 +375,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (reason) {
       json object = completion_object(exchange_->id, exchange_->created, server_.options.model_id,
                                       json::array({choice_json(index, {}, false, reason)}));
-      object["usage"] = usage_json({choice.prompt_tokens, static_cast<int64_t>(choice.tokens.size())});
+      object["usage"] =
+          usage_json({choice.prompt_tokens, static_cast<int64_t>(choice.tokens.size())});
       send_event(object.dump());
     } else {
       ApiError error = choice_error(index);
@@ -393,13 +390,16 @@ class Session : public std::enable_shared_from_this<Session> {
   ApiError choice_error(size_t index) const {
     const engine::Terminal& t = *exchange_->choices[index].terminal;
     switch (t.kind) {
-      case engine::TerminalKind::kRejected: return error_from_rejection(t, index);
+      case engine::TerminalKind::kRejected:
+        return error_from_rejection(t, index);
       case engine::TerminalKind::kAborted:
-        return {503, "server_shutting_down", "", "request aborted: " +
-                                                     (t.message.empty() ? std::string("server shutting down") : t.message)};
+        return {503, "server_shutting_down", "",
+                "request aborted: " +
+                    (t.message.empty() ? std::string("server shutting down") : t.message)};
       case engine::TerminalKind::kFailed:
         return {500, "engine_error", "", "request failed in the engine: " + t.message};
-      default: TS_UNREACHABLE() << "choice_error for a finished choice";
+      default:
+        TS_UNREACHABLE() << "choice_error for a finished choice";
     }
     return {};
   }
@@ -409,7 +409,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!closed_) {
       if (ex.stream) {
         if (ex.include_usage) {
-          json object = completion_object(ex.id, ex.created, server_.options.model_id, json::array());
+          json object =
+              completion_object(ex.id, ex.created, server_.options.model_id, json::array());
           object["usage"] = usage_json(total_usage());
           send_event(object.dump());
         }
@@ -428,11 +429,13 @@ class Session : public std::enable_shared_from_this<Session> {
       pipelined_.reset();
       // Posted, not called: finish_exchange runs inside on_update, and the next exchange
       // must not start while this one's frame is still on the stack.
-      net::post(stream_.get_executor(), [self = shared_from_this(), next = std::move(next)]() mutable {
-        self->handle(std::move(next));
-        self->read_next();
-        self->flush();
-      });
+      net::post(stream_.get_executor(),
+                [self = shared_from_this(), next = std::move(next)]() mutable {
+                  if (self->closed_) return;  // the client left meanwhile: serve nothing
+                  self->handle(std::move(next));
+                  self->read_next();
+                  self->flush();
+                });
     }
   }
 
@@ -453,7 +456,8 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!reason) return send_error(choice_error(i));
       choices.push_back(choice_json(i, ex.choices[i].tokens, false, reason));
     }
-    json object = completion_object(ex.id, ex.created, server_.options.model_id, std::move(choices));
+    json object =
+        completion_object(ex.id, ex.created, server_.options.model_id, std::move(choices));
     object["usage"] = usage_json(total_usage());
     send(200, "application/json", object.dump());
   }
@@ -477,7 +481,8 @@ class Session : public std::enable_shared_from_this<Session> {
     return std::string("HTTP/1.1 200 OK\r\nServer: twinstep\r\nContent-Type: text/event-stream") +
            "\r\nCache-Control: no-cache" +
            (exchange_->chunked ? "\r\nTransfer-Encoding: chunked" : "") +
-           (close_after_flush_ ? "\r\nConnection: close" : "\r\nConnection: keep-alive") + "\r\n\r\n";
+           (close_after_flush_ ? "\r\nConnection: close" : "\r\nConnection: keep-alive") +
+           "\r\n\r\n";
   }
 
   void send(int status, std::string_view content_type, std::string_view body,
@@ -499,7 +504,8 @@ class Session : public std::enable_shared_from_this<Session> {
       if (close_after_flush_ && !exchange_ && !pipelined_) linger_close();
       return;
     }
-    in_flight_.assign(std::make_move_iterator(outbox_.begin()), std::make_move_iterator(outbox_.end()));
+    in_flight_.assign(std::make_move_iterator(outbox_.begin()),
+                      std::make_move_iterator(outbox_.end()));
     outbox_.clear();
     std::vector<net::const_buffer> buffers;
     buffers.reserve(in_flight_.size());
@@ -585,6 +591,10 @@ void Server::Impl::accept() {
       accept();  // a failed accept (e.g. out of descriptors) must not stop the server
       return;
     }
+    // Streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each event
+    // back until the client's (delayed) ACK of the previous one, adding up to ~40 ms.
+    beast::error_code nodelay_ec;
+    socket.set_option(tcp::no_delay(true), nodelay_ec);
     auto session = std::make_shared<Session>(std::move(socket), *this);
     {
       std::lock_guard lock(mutex);
@@ -643,7 +653,8 @@ Status<std::string> Server::start() {
   TS_CHECK(s.options.io_threads >= 1) << "io_threads=" << s.options.io_threads;
   beast::error_code ec;
   net::ip::address address = net::ip::make_address(s.options.host, ec);
-  if (ec) return unexpected("--host '" + s.options.host + "': not an IP address (" + ec.message() + ")");
+  if (ec)
+    return unexpected("--host '" + s.options.host + "': not an IP address (" + ec.message() + ")");
   tcp::endpoint endpoint(address, s.options.port);
   s.acceptor.open(endpoint.protocol(), ec);
   if (!ec) s.acceptor.set_option(net::socket_base::reuse_address(true), ec);

@@ -106,12 +106,12 @@ std::optional<ApiError> read_int(const json& body, const char* name, int64_t lo,
                                  int64_t& out) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::nullopt;
-  std::string range = "expected an integer in [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + "]";
+  std::string range =
+      "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   if (!it->is_number_integer()) {
-    return ApiError{400, "invalid_request_error", name,
-                    std::string(name) + ": " + range + ", got " + type_name(*it) + " " +
-                        shown(*it)};
+    return ApiError{
+        400, "invalid_request_error", name,
+        std::string(name) + ": " + range + ", got " + type_name(*it) + " " + shown(*it)};
   }
   bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi);
   int64_t value = too_big ? hi : it->get<int64_t>();
@@ -125,14 +125,14 @@ std::optional<ApiError> read_int(const json& body, const char* name, int64_t lo,
 
 // Optional number field; `ok` says whether the value is allowed, `expected` how to say so.
 template <class Ok>
-std::optional<ApiError> read_number(const json& body, const char* name, const char* expected,
-                                    Ok ok, float& out) {
+std::optional<ApiError> read_number(const json& body, const char* name, const char* expected, Ok ok,
+                                    float& out) {
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_number()) {
     return ApiError{400, "invalid_request_error", name,
-                    std::string(name) + ": expected " + expected + ", got " + type_name(*it) +
-                        " " + shown(*it)};
+                    std::string(name) + ": expected " + expected + ", got " + type_name(*it) + " " +
+                        shown(*it)};
   }
   double value = it->get<double>();
   if (!std::isfinite(value) || !ok(value)) {
@@ -147,9 +147,9 @@ std::optional<ApiError> read_bool(const json& body, const char* name, bool& out)
   auto it = body.find(name);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) {
-    return ApiError{400, "invalid_request_error", name,
-                    std::string(name) + ": expected true or false, got " + type_name(*it) + " " +
-                        shown(*it)};
+    return ApiError{
+        400, "invalid_request_error", name,
+        std::string(name) + ": expected true or false, got " + type_name(*it) + " " + shown(*it)};
   }
   out = it->get<bool>();
   return std::nullopt;
@@ -159,7 +159,8 @@ std::optional<ApiError> read_bool(const json& body, const char* name, bool& out)
 std::optional<ApiError> read_stop(const json& body, int32_t vocab, std::vector<int32_t>& out) {
   auto it = body.find("stop");
   if (it == body.end() || it->is_null()) return std::nullopt;
-  if (it->is_number_integer()) return read_token_ids(json::array({*it}), "stop", "stop", vocab, out);
+  if (it->is_number_integer())
+    return read_token_ids(json::array({*it}), "stop", "stop", vocab, out);
   if (!it->is_array()) {
     return ApiError{400, "invalid_request_error", "stop",
                     std::string("stop: expected a token id or an array of token ids, got ") +
@@ -249,9 +250,9 @@ std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
   if (body.contains("seed") && !body["seed"].is_null()) {
     const json& seed = body["seed"];
     if (!seed.is_number_integer()) {
-      return ApiError{400, "invalid_request_error", "seed",
-                      std::string("seed: expected an integer, got ") + type_name(seed) + " " +
-                          shown(seed)};
+      return ApiError{
+          400, "invalid_request_error", "seed",
+          std::string("seed: expected an integer, got ") + type_name(seed) + " " + shown(seed)};
     }
     // Negative seeds are valid OpenAI input; the bits are what matter.
     shape.sampling.seed = seed.is_number_unsigned() ? seed.get<uint64_t>()
@@ -289,8 +290,9 @@ Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
       << "vocab=" << limits.vocab_size << " context=" << limits.max_context;
   json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
-    return bad("", "request body: malformed JSON; expected a JSON object such as "
-                   "{\"prompt\": [1, 2, 3], \"max_tokens\": 16}");
+    return bad("",
+               "request body: malformed JSON; expected a JSON object such as "
+               "{\"prompt\": [1, 2, 3], \"max_tokens\": 16}");
   }
   if (!body.is_object()) {
     return bad("", std::string("request body: expected a JSON object, got ") + type_name(body));
@@ -323,12 +325,19 @@ ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_in
   std::string param;
   switch (terminal.reason) {
     case RejectReason::kEmptyPrompt:
-    case RejectReason::kTokenOutOfVocab: param = "prompt"; break;
+    case RejectReason::kTokenOutOfVocab:
+      param = "prompt";
+      break;
     case RejectReason::kZeroMaxTokens:
     case RejectReason::kExceedsContext:
-    case RejectReason::kNeverFits: param = "max_tokens"; break;
-    case RejectReason::kBadSampling: param = "temperature"; break;
-    case RejectReason::kNone: break;
+    case RejectReason::kNeverFits:
+      param = "max_tokens";
+      break;
+    case RejectReason::kBadSampling:
+      param = "temperature";
+      break;
+    case RejectReason::kNone:
+      break;
   }
   std::string message = param.empty() ? std::string() : param + ": ";
   message += "prompt " + std::to_string(prompt_index) + " rejected (" +
@@ -347,9 +356,12 @@ std::string tokens_text(const std::vector<int32_t>& tokens, bool leading_space) 
 
 const char* finish_reason(engine::TerminalKind kind) {
   switch (kind) {
-    case engine::TerminalKind::kStop: return "stop";
-    case engine::TerminalKind::kLength: return "length";
-    default: return nullptr;
+    case engine::TerminalKind::kStop:
+      return "stop";
+    case engine::TerminalKind::kLength:
+      return "length";
+    default:
+      return nullptr;
   }
 }
 

@@ -4,12 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "engine/result.h"
@@ -70,8 +69,8 @@ nlohmann::json usage_json(const Usage& usage);
 
 // One text_completion object (a full response when `choices` holds finished choices, or a
 // streamed chunk). Both share this shape.
-nlohmann::json completion_object(const std::string& id, int64_t created,
-                                 const std::string& model, nlohmann::json choices);
+nlohmann::json completion_object(const std::string& id, int64_t created, const std::string& model,
+                                 nlohmann::json choices);
 nlohmann::json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
                            const char* finish_reason);
 

@@ -111,8 +111,8 @@ TEST(OpenAiApi, MistypedFieldsNameTheField) {
     ApiError e = error_of(c.body);
     EXPECT_EQ(e.status, 400) << c.body;
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
-    EXPECT_EQ(e.message.rfind(c.param, 0), 0u) << "message should start with the field: "
-                                               << e.message;
+    EXPECT_EQ(e.message.rfind(c.param, 0), 0u)
+        << "message should start with the field: " << e.message;
   }
 }
 
@@ -150,7 +150,8 @@ TEST(OpenAiApi, ErrorBodyIsOpenAiShaped) {
   EXPECT_EQ(body["error"]["param"], "top_p");
   EXPECT_EQ(body["error"]["message"], "top_p: bad");
   EXPECT_EQ(body["error"]["type"], "invalid_request_error");
-  EXPECT_TRUE(json::parse(error_body({404, "not_found_error", "", "x"}))["error"]["param"].is_null());
+  EXPECT_TRUE(
+      json::parse(error_body({404, "not_found_error", "", "x"}))["error"]["param"].is_null());
 }
 
 TEST(OpenAiApi, RejectionsNameTheirField) {

@@ -57,8 +57,8 @@ Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {
   TS_CHECK(!bounds_.empty()) << "a histogram needs at least one bucket bound";
   for (size_t i = 1; i < bounds_.size(); ++i) {
-    TS_CHECK(bounds_[i - 1] < bounds_[i]) << "bucket bounds must increase: " << bounds_[i - 1]
-                                          << " then " << bounds_[i];
+    TS_CHECK(bounds_[i - 1] < bounds_[i])
+        << "bucket bounds must increase: " << bounds_[i - 1] << " then " << bounds_[i];
   }
 }
 
@@ -136,7 +136,8 @@ std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& l
            static_cast<double>(c.terminals[static_cast<int>(kind)]));
   }
   header(out, "twinstep_steps_total", "counter", "Engine steps, and those whose device failed.");
-  sample(out, "twinstep_steps_total", "result=\"ok\"", static_cast<double>(c.steps - c.steps_failed));
+  sample(out, "twinstep_steps_total", "result=\"ok\"",
+         static_cast<double>(c.steps - c.steps_failed));
   sample(out, "twinstep_steps_total", "result=\"failed\"", static_cast<double>(c.steps_failed));
   header(out, "twinstep_preemptions_total", "counter", "Requests preempted (KV dropped).");
   sample(out, "twinstep_preemptions_total", "", static_cast<double>(c.preemptions));

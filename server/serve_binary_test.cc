@@ -2,6 +2,7 @@
 // `--no-buffer` streams equal the engine's direct output, and SIGTERM while a stream is busy
 // ends the stream, drains the pools and exits 0. Every wait polls a pipe with a deadline.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,11 +12,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "sim/sim_device.h"
@@ -137,8 +136,9 @@ uint16_t start_server(Child& server) {
 }
 
 std::vector<std::string> curl_args(uint16_t port, const std::string& path, const json& body) {
-  std::vector<std::string> args = {"curl", "-sS", "--no-buffer", "--max-time", "120",
-                                   "http://127.0.0.1:" + std::to_string(port) + path};
+  std::vector<std::string> args = {
+      "curl",       "-sS", "--no-buffer",
+      "--max-time", "120", "http://127.0.0.1:" + std::to_string(port) + path};
   if (!body.is_null()) {
     args.insert(args.end(), {"-H", "Content-Type: application/json", "-d", body.dump()});
   }
@@ -192,8 +192,7 @@ Parsed parse_sse(const std::vector<std::string>& lines) {
 TEST(ServeBinary, CurlStreamsEqualTheEngineAndSigtermExitsZero) {
   // Paced at 5 ms a step so that the long stream below runs for about 20 s: it is surely
   // still running when SIGTERM arrives, and nothing waits for it to end on its own.
-  Child server({TWINSTEP_SERVE_BINARY, "--device", "sim", "--port", "0", "--sim-step-us",
-                "5000"});
+  Child server({TWINSTEP_SERVE_BINARY, "--device", "sim", "--port", "0", "--sim-step-us", "5000"});
   uint16_t port = start_server(server);
 
   engine::Request request;
@@ -204,8 +203,11 @@ TEST(ServeBinary, CurlStreamsEqualTheEngineAndSigtermExitsZero) {
   request.stop_ids = {1};  // the model's eos, which the server adds
   std::vector<int32_t> expected = direct_tokens(request);
 
-  json body = {{"prompt", request.prompt}, {"max_tokens", 24}, {"temperature", 0.9},
-               {"seed", 4242}, {"stream", true}};
+  json body = {{"prompt", request.prompt},
+               {"max_tokens", 24},
+               {"temperature", 0.9},
+               {"seed", 4242},
+               {"stream", true}};
   Child stream(curl_args(port, "/v1/completions", body));
   std::vector<std::string> lines = stream.rest();
   ASSERT_EQ(stream.wait_exit(), 0) << "curl failed";
@@ -223,8 +225,8 @@ TEST(ServeBinary, CurlStreamsEqualTheEngineAndSigtermExitsZero) {
   EXPECT_EQ(doc["choices"][0]["token_ids"].get<std::vector<int32_t>>(), expected);
 
   // A long stream, busy when SIGTERM arrives.
-  json long_body = {{"prompt", {3, 4, 5}}, {"max_tokens", 4000}, {"stream", true},
-                    {"ignore_eos", true}};
+  json long_body = {
+      {"prompt", {3, 4, 5}}, {"max_tokens", 4000}, {"stream", true}, {"ignore_eos", true}};
   Child busy(curl_args(port, "/v1/completions", long_body));
   std::optional<std::string> first = busy.line();
   ASSERT_TRUE(first.has_value());
@@ -245,7 +247,8 @@ TEST(ServeBinary, CurlStreamsEqualTheEngineAndSigtermExitsZero) {
   EXPECT_NE(log.find("(baseline)"), std::string::npos) << log;
 }
 
-TEST(ServeBinary, CudaWithoutACudaBuildIsAClearError) {
+// Without a CUDA build, or without the checkpoint, --device cuda fails with a message, exit 2.
+TEST(ServeBinary, CudaWithoutItsRequirementsIsAClearError) {
   Child server({TWINSTEP_SERVE_BINARY, "--device", "cuda", "--model", "/nonexistent"});
   std::vector<std::string> lines = server.rest();
   EXPECT_EQ(server.wait_exit(), 2);

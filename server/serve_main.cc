@@ -43,7 +43,6 @@ int main(int argc, char** argv) {
   std::cout << "twinstep-serve: shut down; aborted " << report.requests_aborted_in_flight
             << " in flight; pages used global " << end.global.pages_used << " local "
             << end.local.pages_used << "; running " << end.running << " waiting " << end.waiting
-            << (report.drain.pools_at_baseline ? " (baseline)" : " (NOT at baseline)")
-            << std::endl;
+            << (report.drain.pools_at_baseline ? " (baseline)" : " (NOT at baseline)") << std::endl;
   return report.drain.pools_at_baseline ? 0 : 1;
 }

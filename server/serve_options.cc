@@ -9,7 +9,7 @@
 #include "sim/sim_device.h"
 
 #if TWINSTEP_SERVE_CUDA
-#include "server/cuda_backend.h"
+#include "server/cuda_backend.h"  // make_cuda_backend
 #endif
 
 namespace twinstep::server {
@@ -36,6 +36,7 @@ std::string serve_usage() {
 An OpenAI-compatible completions server (prompts and outputs are token ids).
   --device sim|cuda        simulated device (default) or the CUDA engine (CUDA builds only)
   --model DIR              HF checkpoint dir (config.json); sim without it: preset sim-tiny
+  --random-weights         cuda: seeded random weights of DIR/config.json's geometry
   --model-id NAME          the id /v1/models reports (default: twinstep-sim, or DIR's name)
   --host ADDR --port N     where to listen (port 0: an ephemeral port, printed at start)
   --io-threads N           network threads (default 1; the engine has its own thread)
@@ -86,8 +87,7 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
                              config.server.max_body_bytes);
   };
   flags["--sim-step-us"] = [&](const std::string& v) {
-    return parse_int<int64_t>("--sim-step-us", v, 0, 10'000'000,
-                              config.server.loop.step_sleep_us);
+    return parse_int<int64_t>("--sim-step-us", v, 0, 10'000'000, config.server.loop.step_sleep_us);
   };
   int32_flag("--page-size", 1, config.engine.page_size);
   int32_flag("--pages-global", 1, config.engine.pages_global);
@@ -100,6 +100,10 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
       config.help = true;
+      continue;
+    }
+    if (arg == "--random-weights") {
+      config.random_weights = true;
       continue;
     }
     std::string name = arg, value;
@@ -138,28 +142,34 @@ bool cuda_device_compiled() {
 
 Result<Backend, std::string> make_backend(const ServeConfig& config) {
   Backend backend;
-  if (config.model_dir) {
-    auto model = engine::ModelConfig::from_file(std::filesystem::path(*config.model_dir) /
-                                                "config.json");
-    if (!model) return unexpected("--model " + *config.model_dir + ": " + model.error().message);
-    backend.model = std::move(model.value());
-  } else {
-    auto model = engine::ModelConfig::preset("sim-tiny");
-    if (!model) return unexpected("preset sim-tiny: " + model.error().message);
-    backend.model = std::move(model.value());
-  }
-  if (config.device == "sim") {
-    backend.device = std::make_unique<sim::SimDevice>(backend.model);
-  } else {
+  if (config.device == "cuda") {
 #if TWINSTEP_SERVE_CUDA
-    auto device = make_cuda_backend_device(backend.model, *config.model_dir);
-    if (!device) return unexpected("--device cuda: " + device.error());
-    backend.device = std::move(device.value());
+    TS_CHECK(config.model_dir.has_value())
+        << "parse_serve_args lets --device cuda through only with --model";
+    auto cuda = make_cuda_backend(*config.model_dir, config.random_weights);
+    if (!cuda) return unexpected("--device cuda: " + cuda.error());
+    backend.model = std::move(cuda->model);
+    backend.device = std::move(cuda->device);
 #else
     return unexpected(std::string(
         "--device cuda: this twinstep-serve was built without the CUDA device (configure with "
         "a CUDA toolkit and TWINSTEP_CUDA=ON), so only --device sim is available"));
 #endif
+  } else {
+    if (config.random_weights) {
+      return unexpected(std::string("--random-weights: only meaningful with --device cuda"));
+    }
+    if (config.model_dir) {
+      auto model =
+          engine::ModelConfig::from_file(std::filesystem::path(*config.model_dir) / "config.json");
+      if (!model) return unexpected("--model " + *config.model_dir + ": " + model.error().message);
+      backend.model = std::move(model.value());
+    } else {
+      auto model = engine::ModelConfig::preset("sim-tiny");
+      if (!model) return unexpected("preset sim-tiny: " + model.error().message);
+      backend.model = std::move(model.value());
+    }
+    backend.device = std::make_unique<sim::SimDevice>(backend.model);
   }
   auto engine = engine::Engine::create(backend.model, config.engine, *backend.device);
   if (!engine) return unexpected("engine: " + engine.error().message);

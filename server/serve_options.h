@@ -19,14 +19,15 @@ namespace twinstep::server {
 struct ServeConfig {
   std::string device = "sim";  // sim | cuda
   std::optional<std::string> model_dir;
+  bool random_weights = false;  // cuda: weights from a seed instead of the checkpoint
   ServerOptions server;
   engine::EngineConfig engine;
   bool help = false;
 };
 
 std::string serve_usage();
-// Every flag takes a value except --help. Unknown flags and bad values are errors that name
-// the flag and what was expected.
+// Every flag takes a value except --help and --random-weights. Unknown flags and bad values are
+// errors that name the flag and what was expected.
 Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>& args);
 
 // The model geometry, the device and the engine of a ServeConfig, owned together (the engine

@@ -63,6 +63,15 @@ TEST(ServeOptions, CudaWithoutTheCudaDeviceIsAClearError) {
       << backend.error();
 }
 
+TEST(ServeOptions, RandomWeightsOnlyWithCuda) {
+  auto config = parse_serve_args({"--random-weights"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_TRUE(config->random_weights);
+  auto backend = make_backend(config.value());
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.error().find("--random-weights"), std::string::npos) << backend.error();
+}
+
 TEST(ServeOptions, MissingModelDirNamesIt) {
   auto config = parse_serve_args({"--model", "/nonexistent/dir"});
   ASSERT_TRUE(config.ok()) << config.error();

@@ -3,6 +3,8 @@
 // disconnects abort and return every page, every bad-input class gets its status and a JSON
 // error naming the field, and shutdown while busy drains to the baseline. No sleeps: tests
 // wait by polling observable state against generous deadlines.
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -10,8 +12,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "engine/engine.h"
 #include "server/http_client.h"
@@ -82,8 +82,10 @@ engine::Request make_request(std::vector<int32_t> prompt, int32_t max_tokens, fl
 
 json body_of(const engine::Request& r, bool stream) {
   std::vector<int32_t> stop(r.stop_ids.begin(), r.stop_ids.end() - 1);  // eos added by server
-  json body = {{"prompt", r.prompt},         {"max_tokens", r.max_tokens},
-               {"temperature", r.sampling.temperature}, {"seed", r.sampling.seed},
+  json body = {{"prompt", r.prompt},
+               {"max_tokens", r.max_tokens},
+               {"temperature", r.sampling.temperature},
+               {"seed", r.sampling.seed},
                {"stream", stream}};
   if (!stop.empty()) body["stop"] = stop;
   return body;
@@ -123,8 +125,7 @@ class ServerTest : public ::testing::Test {
   }
   bool pools_at_baseline() const {
     engine::Metrics m = engine_->metrics();
-    return m.global.pages_used == 0 && m.local.pages_used == 0 && m.running == 0 &&
-           m.waiting == 0;
+    return m.global.pages_used == 0 && m.local.pages_used == 0 && m.running == 0 && m.waiting == 0;
   }
   uint64_t terminals(engine::TerminalKind kind) const {
     return engine_->metrics().counters.terminals[static_cast<int>(kind)];
@@ -186,9 +187,8 @@ TEST_F(ServerTest, StopTokenEndsWithFinishReasonStop) {
   ASSERT_GE(free_run.size(), 4u);
   // The first position whose token did not occur before it: stopping on it ends there.
   size_t at = 1;
-  while (at < free_run.size() &&
-         std::find(free_run.begin(), free_run.begin() + at, free_run[at]) !=
-             free_run.begin() + at) {
+  while (at < free_run.size() && std::find(free_run.begin(), free_run.begin() + at, free_run[at]) !=
+                                     free_run.begin() + at) {
     ++at;
   }
   ASSERT_LT(at, free_run.size());
@@ -242,9 +242,8 @@ TEST_F(ServerTest, SixtyFourConcurrentStreamsCompleteAndEqualTheEngine) {
     EXPECT_FALSE(r.malformed) << i;
     EXPECT_TRUE(r.error_events.empty()) << i;
     EXPECT_EQ(r.tokens.at(0), expected[i]) << "stream " << i;
-    std::string want = expected[i].size() == static_cast<size_t>(requests[i].max_tokens)
-                           ? "length"
-                           : "stop";
+    std::string want =
+        expected[i].size() == static_cast<size_t>(requests[i].max_tokens) ? "length" : "stop";
     EXPECT_EQ(r.finish_reasons.at(0), want) << i;
     ASSERT_TRUE(r.usage.has_value()) << i;
     EXPECT_EQ((*r.usage)["completion_tokens"], expected[i].size());
@@ -260,8 +259,8 @@ TEST_F(ServerTest, MidStreamDisconnectAbortsAndReturnsPages) {
   server_->loop().hold_after(0);  // nothing steps until every request is in
   std::vector<client::CompletionSpec> specs;
   for (int i = 0; i < kStreams; ++i) {
-    json body = {{"prompt", prompt_of(i, 40)}, {"max_tokens", 300}, {"stream", true},
-                 {"ignore_eos", true}};
+    json body = {
+        {"prompt", prompt_of(i, 40)}, {"max_tokens", 300}, {"stream", true}, {"ignore_eos", true}};
     specs.push_back({body.dump(), /*disconnect_after_events=*/1});
   }
   auto clients = std::async(std::launch::async,
@@ -279,9 +278,11 @@ TEST_F(ServerTest, MidStreamDisconnectAbortsAndReturnsPages) {
   EXPECT_GT(engine_->metrics().global.pages_used, 0);
   EXPECT_GT(engine_->metrics().local.pages_used, 0);
   server_->loop().release_hold();
-  ASSERT_TRUE(eventually([&] { return pools_at_baseline(); }));
+  // The metrics snapshot lands at the end of the step; the loop hands the terminals out
+  // just after it. Wait for both.
+  ASSERT_TRUE(
+      eventually([&] { return pools_at_baseline() && server_->loop().live_requests() == 0; }));
   EXPECT_EQ(terminals(engine::TerminalKind::kAborted), uint64_t{kStreams});
-  EXPECT_EQ(server_->loop().live_requests(), 0u);
   // Far fewer tokens than requested were generated: the aborts cut the streams short.
   EXPECT_LT(engine_->metrics().counters.tokens_generated, uint64_t{kStreams * 300});
   // And the server keeps serving.
@@ -335,8 +336,7 @@ void expect_error(const client::Response& r, int status, const std::string& para
   } else {
     EXPECT_EQ(doc["error"]["param"], param) << r.body;
   }
-  EXPECT_NE(doc["error"]["message"].get<std::string>().find(fragment), std::string::npos)
-      << r.body;
+  EXPECT_NE(doc["error"]["message"].get<std::string>().find(fragment), std::string::npos) << r.body;
 }
 
 TEST_F(ServerTest, EveryBadInputClassGetsItsStatusAndTheServerKeepsServing) {
@@ -385,10 +385,11 @@ TEST_F(ServerTest, EveryBadInputClassGetsItsStatusAndTheServerKeepsServing) {
 TEST_F(ServerTest, KeepAliveServesPipelinedRequestsInOrder) {
   start();
   std::string body = R"({"prompt":[4,5,6],"max_tokens":4,"stream":true,"seed":3})";
-  std::string bytes = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
-                      std::to_string(body.size()) + "\r\n\r\n" + body +
-                      "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  std::string bytes =
+      "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body +
+      "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   std::string got = client::raw_exchange(port_, bytes);
   size_t health = got.find("{\"status\":\"ok\"}");
   size_t done = got.find("data: [DONE]");
@@ -407,7 +408,9 @@ TEST_F(ServerTest, ShutdownWhileBusyAbortsInFlightAndDrainsToBaseline) {
   server_->loop().hold_after(0);
   std::vector<client::CompletionSpec> specs;
   for (int i = 0; i < kStreams + kPlain; ++i) {
-    json body = {{"prompt", prompt_of(i, 30)}, {"max_tokens", 500}, {"stream", i < kStreams},
+    json body = {{"prompt", prompt_of(i, 30)},
+                 {"max_tokens", 500},
+                 {"stream", i < kStreams},
                  {"ignore_eos", true}};
     specs.push_back({body.dump()});
   }
@@ -426,8 +429,9 @@ TEST_F(ServerTest, ShutdownWhileBusyAbortsInFlightAndDrainsToBaseline) {
   ShutdownReport report = server_->wait();
   EXPECT_TRUE(report.drain.pools_at_baseline);
   EXPECT_EQ(report.requests_aborted_in_flight, specs.size());
-  EXPECT_EQ(report.drain.metrics.counters.terminals[static_cast<int>(engine::TerminalKind::kAborted)],
-            specs.size());
+  EXPECT_EQ(
+      report.drain.metrics.counters.terminals[static_cast<int>(engine::TerminalKind::kAborted)],
+      specs.size());
   auto results = clients.get();
   for (int i = 0; i < kStreams + kPlain; ++i) {
     const auto& r = results[i];
