@@ -42,6 +42,7 @@ campaign:
   --list-mutants         print the mutant names and exit
   --json FILE            write the report as JSON
   --verbose              print each seed's drawn configuration
+  --trace                print every step's outputs and the pools (use with --seed)
   --progress / --no-progress   force the progress bar on or off (default: on a terminal)
 configuration pins (each overrides the seed's draw):
   --model NAME           built-in model preset (gemma4-12b, sim-tiny)
@@ -67,6 +68,7 @@ struct Options {
   bool keep_going = false;
   bool allow_missing_marks = false;
   bool verbose = false;
+  bool trace = false;
   std::optional<bool> progress;
   std::string json_path;
   std::optional<engine::Mutant> mutant;
@@ -179,6 +181,8 @@ Options parse(int argc, char** argv) {
       opt.allow_missing_marks = true;
     } else if (flag == "--verbose") {
       opt.verbose = true;
+    } else if (flag == "--trace") {
+      opt.trace = true;
     } else if (flag == "--progress") {
       opt.progress = true;
     } else if (flag == "--no-progress") {
@@ -388,7 +392,9 @@ int run(int argc, char** argv) {
     if (!config) usage_error("seed " + std::to_string(seed) + ": " + config.error());
     if (opt.verbose)
       std::printf("seed %-6" PRIu64 " config: %s\n", seed, config->describe().c_str());
-    const SeedResult r = run_seed(*config, [&](const SeedProgress& p) { progress.draw(done, p); });
+    const SeedResult r = run_seed(
+        *config, [&](const SeedProgress& p) { progress.draw(done, p); },
+        opt.trace ? stdout : nullptr);
     progress.clear();
     done += 1;
     totals.add(r.stats);

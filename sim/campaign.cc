@@ -250,8 +250,8 @@ namespace {
 
 class SeedRunner {
  public:
-  SeedRunner(const SeedConfig& c, Harness& h, const ProgressFn& progress)
-      : c_(c), h_(h), progress_(progress), abort_rng_(mix64(c.seed ^ kAbortSalt)) {
+  SeedRunner(const SeedConfig& c, Harness& h, const ProgressFn& progress, std::FILE* trace)
+      : c_(c), h_(h), progress_(progress), trace_(trace), abort_rng_(mix64(c.seed ^ kAbortSalt)) {
     Rng workload_rng(mix64(c.seed ^ kWorkloadSalt));
     const RequestLimits limits{c.model.vocab_size,     c.engine.max_context,  c.engine.page_size,
                                c.model.sliding_window, c.engine.pages_global, c.engine.pages_local};
@@ -333,7 +333,12 @@ class SeedRunner {
   }
 
   bool step() {
-    h_.step();
+    const engine::StepOutputs& out = h_.step();
+    if (trace_ != nullptr) {
+      std::fprintf(trace_, "%-8s step %llu %s\n", phase_.c_str(),
+                   static_cast<unsigned long long>(h_.steps()),
+                   describe_step(out, h_.engine().metrics()).c_str());
+    }
     if ((h_.steps() & 127) == 0 && progress_) {
       progress_(SeedProgress{c_.seed, phase_.c_str(), h_.steps(), next_, plan_.size()});
     }
@@ -391,6 +396,7 @@ class SeedRunner {
   const SeedConfig& c_;
   Harness& h_;
   const ProgressFn& progress_;
+  std::FILE* trace_;
   Rng abort_rng_;
   std::vector<PlannedRequest> plan_;
   size_t next_ = 0;
@@ -509,13 +515,35 @@ void collect_stats(Harness& h, RunStats* s) {
 
 }  // namespace
 
-SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress) {
+std::string describe_step(const engine::StepOutputs& out, const engine::Metrics& m) {
+  std::ostringstream os;
+  os << "rows " << out.rows;
+  if (out.failed) os << " FAILED (" << out.error << ")";
+  os << " | pools G " << m.global.pages_used << "/" << m.global.pages_total << " L "
+     << m.local.pages_used << "/" << m.local.pages_total << " | run " << m.running << " wait "
+     << m.waiting << " |";
+  for (const engine::RequestUpdate& u : out.updates) {
+    os << " " << u.id << ":";
+    if (u.scheduled_tokens > 0) os << "+" << u.scheduled_tokens << "@" << u.kv_len;
+    for (const int32_t t : u.new_tokens) os << " t" << t;
+    if (u.preempted) os << " preempted";
+    if (u.terminal) {
+      os << " " << terminal_kind_name(u.terminal->kind);
+      if (u.terminal->kind == TerminalKind::kRejected) {
+        os << "(" << reject_reason_name(u.terminal->reason) << ")";
+      }
+    }
+  }
+  return os.str();
+}
+
+SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress, std::FILE* trace) {
   SeedResult result;
   result.seed = config.seed;
   result.config = config;
   ThrowingChecks checks;
   Harness harness(config.model, config.engine, mix64(config.seed ^ kFaultSalt), config.cost);
-  SeedRunner runner(config, harness, progress);
+  SeedRunner runner(config, harness, progress, trace);
   try {
     result.violation = runner.run();
   } catch (const CheckFailure& failure) {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -118,7 +119,13 @@ using ProgressFn = std::function<void(const SeedProgress&)>;
 
 // Runs one seed to completion or to its first violation. A TS_CHECK failure inside the engine
 // (its own ledger, for example) is caught and reported as a violation, not an abort.
-SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress = {});
+// With `trace`, every step's outputs are written there, one line per step (for replays).
+SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress = {},
+                    std::FILE* trace = nullptr);
+
+// One line describing a step's outputs and the pools after it. Steps are numbered from 1 in
+// traces and violations (the harness's count), the engine's step_index from 0.
+std::string describe_step(const engine::StepOutputs& out, const engine::Metrics& metrics);
 
 // A named "sometimes" point and how often a campaign reached it.
 struct CoverageMark {
