@@ -58,6 +58,8 @@ configuration pins (each overrides the seed's draw):
   --abort-ppm N          per safety step, chance to abort one live request
   --queued-abort-ppm N   per request, chance to abort it before its first step
   --invalid-ppm N        share of requests built to be rejected
+  --sampled-ppm N        share of valid requests with temperature > 0
+  --stop-ppm N           share of valid requests given a stop id the oracle says they emit
   --safety-steps N       cap on the safety phase's steps
 )";
 
@@ -256,6 +258,10 @@ Options parse(int argc, char** argv) {
       o.queued_abort_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
     } else if (flag == "--invalid-ppm") {
       o.invalid_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+    } else if (flag == "--sampled-ppm") {
+      o.sampled_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+    } else if (flag == "--stop-ppm") {
+      o.stop_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
     } else if (flag == "--safety-steps") {
       o.safety_steps = int_pin(0, kBig);
     } else {

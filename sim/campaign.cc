@@ -156,8 +156,8 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
   static constexpr uint32_t kSampled[] = {0, 300'000, 1'000'000};
   static constexpr uint32_t kStop[] = {0, 150'000, 500'000};
   static constexpr uint32_t kInvalid[] = {30'000, 80'000, 200'000};
-  c.workload.sampled_ppm = pick(rng, kSampled);
-  c.workload.stop_ppm = pick(rng, kStop);
+  c.workload.sampled_ppm = o.sampled_ppm.value_or(pick(rng, kSampled));
+  c.workload.stop_ppm = o.stop_ppm.value_or(pick(rng, kStop));
   c.workload.invalid_ppm = o.invalid_ppm.value_or(pick(rng, kInvalid));
   if (o.prompt) c.workload.prompt = *o.prompt;
   if (o.output) c.workload.output = *o.output;

@@ -55,7 +55,7 @@ struct Overrides {
   std::optional<int64_t> mean_interarrival_ns;
   std::optional<LengthDist> prompt, output;
   std::array<std::optional<uint32_t>, engine::kFaultSiteCount> fault_ppm;
-  std::optional<uint32_t> abort_ppm, queued_abort_ppm, invalid_ppm;
+  std::optional<uint32_t> abort_ppm, queued_abort_ppm, invalid_ppm, sampled_ppm, stop_ppm;
   std::optional<int64_t> safety_steps;
 };
 
