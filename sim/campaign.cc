@@ -61,49 +61,60 @@ class ThrowingChecks {
 // ---------------------------------------------------------------------------------------------
 // The swarm draw.
 
-Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
-  Rng rng(mix64(seed ^ kSwarmSalt));
-  SeedConfig c;
-  c.seed = seed;
+namespace {
 
-  // Model geometry. One seed in four runs the published 12B's geometry (window 1024, big
-  // vocabulary); the rest the tiny preset, where windows and pages turn over quickly.
+// The draw, in stages that always consume the same random numbers in the same order (a pin
+// replaces a stage's result, never its draws), so pinning one knob leaves the others alone.
+
+// Model geometry and window. One seed in four runs the published 12B's geometry (window 1024,
+// big vocabulary); the rest the tiny preset, where windows and pages turn over quickly. The
+// window is the model's own or one of a few that stress page boundaries.
+Status<std::string> draw_model(Rng& rng, const Overrides& o, SeedConfig* c) {
   const bool big_model = rng.below(4) == 0;
   if (o.model_config) {
-    c.model = *o.model_config;
-    c.model_name = o.model_config_path;
+    c->model = *o.model_config;
+    c->model_name = o.model_config_path;
   } else {
-    c.model_name = o.model_preset.value_or(big_model ? "gemma4-12b" : "sim-tiny");
-    auto model = engine::ModelConfig::preset(c.model_name);
+    c->model_name = o.model_preset.value_or(big_model ? "gemma4-12b" : "sim-tiny");
+    auto model = engine::ModelConfig::preset(c->model_name);
     if (!model) return unexpected("--model: " + model.error().message);
-    c.model = std::move(model.value());
+    c->model = std::move(model.value());
   }
-
-  // Window: the model's own, or one of a few that stress page boundaries.
   static constexpr int32_t kWindows[] = {1, 2, 5, 16, 33, 64, 100, 256};
   const bool own_window = rng.below(2) == 0;
   const int32_t drawn_window = pick(rng, kWindows);
-  int32_t window = o.window.value_or(own_window ? c.model.sliding_window : drawn_window);
+  const int32_t window = o.window.value_or(own_window ? c->model.sliding_window : drawn_window);
   if (window <= 0) return unexpected(std::string("--window must be at least 1"));
-  c.model.sliding_window = window;
+  c->model.sliding_window = window;
+  return Ok{};
+}
 
-  // Lengths: prompts scaled to the window (so windows are crossed), sometimes independent.
+// Prompt lengths scaled to the window (so windows are crossed), sometimes independent of it.
+void draw_lengths(Rng& rng, const Overrides& o, SeedConfig* c) {
   static constexpr int32_t kWindowMultiplesHalf[] = {1, 2, 4, 6};
   static constexpr int32_t kOutputMax[] = {1, 4, 16, 48, 128};
   static constexpr LengthShape kShapes[] = {LengthShape::kUniform, LengthShape::kLongTail,
                                             LengthShape::kBimodal};
+  const int32_t window = c->model.sliding_window;
   const int32_t multiple = pick(rng, kWindowMultiplesHalf);
   const bool free_prompt = rng.below(3) == 0;
   const int32_t free_prompt_max = static_cast<int32_t>(rng.range(8, 512));
-  int32_t prompt_max =
-      free_prompt ? free_prompt_max : std::clamp<int32_t>(window * multiple / 2 + 8, 8, 2560);
-  c.workload.prompt = {rng.below(2) == 0 ? 1 : prompt_max / 4, prompt_max, pick(rng, kShapes)};
+  const int32_t prompt_max =
+      free_prompt
+          ? free_prompt_max
+          : static_cast<int32_t>(std::clamp<int64_t>(int64_t{window} * multiple / 2 + 8, 8, 2560));
+  c->workload.prompt = {rng.below(2) == 0 ? 1 : prompt_max / 4, prompt_max, pick(rng, kShapes)};
   const int32_t output_max = pick(rng, kOutputMax);
-  c.workload.output = {rng.below(2) == 0 ? 1 : std::max(1, output_max / 2), output_max,
-                       pick(rng, kShapes)};
+  c->workload.output = {rng.below(2) == 0 ? 1 : std::max(1, output_max / 2), output_max,
+                        pick(rng, kShapes)};
+  if (o.prompt) c->workload.prompt = *o.prompt;
+  if (o.output) c->workload.output = *o.output;
+}
 
-  // Pages: a page size, then pools sized for a drawn concurrency; sometimes tighter than one
-  // large request, so never-fits and preemption happen.
+// A page size and a context limit, then pools sized for a drawn concurrency; sometimes
+// tighter than one large request, so never-fits, admission waits and preemption happen.
+Status<std::string> draw_pools(Rng& rng, const Overrides& o, SeedConfig* c) {
+  const int32_t window = c->model.sliding_window;
   static constexpr int32_t kPageSizes[] = {1, 2, 3, 4, 8, 8, 16, 16, 32, 64};
   int32_t page_size = pick(rng, kPageSizes);
   // Keep the local family's pages per request bounded (the invariant check is O(pages)).
@@ -114,77 +125,83 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
   static constexpr int32_t kMaxContextsSmall[] = {64, 256, 1000, 4096};
   const bool own_context = rng.below(2) == 0;
   const int32_t drawn_context = pick(rng, kMaxContextsSmall);
-  const int32_t model_context = c.model.max_position_embeddings;
-  int32_t max_context = own_context ? model_context : std::min(drawn_context, model_context);
-  max_context = o.max_context.value_or(max_context);
+  const int32_t model_context = c->model.max_position_embeddings;
+  const int32_t max_context =
+      o.max_context.value_or(own_context ? model_context : std::min(drawn_context, model_context));
 
-  const int32_t largest = std::min(max_context, c.workload.prompt.max + c.workload.output.max);
-  const int32_t per_request = std::max(ceil_div(largest, page_size), ceil_div(4, page_size));
+  const int32_t largest = static_cast<int32_t>(
+      std::min<int64_t>(max_context, int64_t{c->workload.prompt.max} + c->workload.output.max));
+  const int32_t min_pages = ceil_div(4, page_size);
+  const int32_t per_request = std::max(ceil_div(largest, page_size), min_pages);
   const int32_t local_per_request = std::min(per_request, ceil_div(window, page_size) + 1);
   static constexpr int32_t kConcurrency[] = {1, 2, 3, 4, 8, 16};
   const bool tight_global = rng.below(4) == 0;
   const bool tight_local = rng.below(5) == 0;
   const int32_t conc_global = pick(rng, kConcurrency);
   const int32_t conc_local = pick(rng, kConcurrency);
-  const int32_t min_pages = ceil_div(4, page_size);
-  c.engine.page_size = page_size;
-  c.engine.pages_global = o.pages_global.value_or(
+  c->engine.page_size = page_size;
+  c->engine.max_context = max_context;
+  c->engine.pages_global = o.pages_global.value_or(
       std::max(min_pages, tight_global ? per_request / 2 : per_request * conc_global));
-  c.engine.pages_local = o.pages_local.value_or(
+  c->engine.pages_local = o.pages_local.value_or(
       std::max(min_pages, tight_local ? local_per_request / 2 : local_per_request * conc_local));
-  c.engine.max_context = max_context;
+  return Ok{};
+}
 
+// Batch and step limits, then the workload's volume and arrivals: fewer requests when they are
+// long or the step budget is tiny, so a seed stays a fraction of a second.
+void draw_limits_and_arrivals(Rng& rng, const Overrides& o, SeedConfig* c) {
   static constexpr int32_t kMaxRunning[] = {1, 2, 4, 8, 16, 64};
   static constexpr int32_t kStepTokens[] = {1, 3, 16, 64, 256, 1024, 4096};
-  c.engine.max_running = o.max_running.value_or(pick(rng, kMaxRunning));
-  int32_t step_tokens = pick(rng, kStepTokens);
-  c.engine.max_step_tokens = o.max_step_tokens.value_or(step_tokens);
-  c.engine.max_step_failures = o.max_step_failures.value_or(static_cast<int32_t>(rng.range(1, 6)));
+  c->engine.max_running = o.max_running.value_or(pick(rng, kMaxRunning));
+  const int32_t step_tokens = pick(rng, kStepTokens);
+  c->engine.max_step_tokens = o.max_step_tokens.value_or(step_tokens);
+  c->engine.max_step_failures = o.max_step_failures.value_or(static_cast<int32_t>(rng.range(1, 6)));
 
-  // Workload volume: fewer requests when they are long or the step budget is tiny, so a seed
-  // stays a fraction of a second.
   static constexpr ArrivalProcess kArrivals[] = {ArrivalProcess::kSteady, ArrivalProcess::kBursty,
                                                  ArrivalProcess::kFlood};
   static constexpr int64_t kInterarrival[] = {20'000, 100'000, 400'000, 2'000'000};
-  const int64_t work_per_request = c.workload.prompt.max + 2 * c.workload.output.max;
-  const int64_t budget_rows = int64_t{6000} * std::min(c.engine.max_step_tokens, 64);
+  const int64_t work_per_request = int64_t{c->workload.prompt.max} + 2 * c->workload.output.max;
+  const int64_t budget_rows = int64_t{6000} * std::min(c->engine.max_step_tokens, 64);
   const int64_t fit =
       std::clamp<int64_t>(budget_rows / std::max<int64_t>(work_per_request, 1), 8, 160);
-  c.workload.requests = o.requests.value_or(static_cast<int32_t>(rng.range(fit / 2 + 1, fit)));
-  c.workload.arrival = o.arrival.value_or(pick(rng, kArrivals));
-  c.workload.mean_interarrival_ns = o.mean_interarrival_ns.value_or(pick(rng, kInterarrival));
+  c->workload.requests = o.requests.value_or(static_cast<int32_t>(rng.range(fit / 2 + 1, fit)));
+  c->workload.arrival = o.arrival.value_or(pick(rng, kArrivals));
+  c->workload.mean_interarrival_ns = o.mean_interarrival_ns.value_or(pick(rng, kInterarrival));
   static constexpr uint32_t kSampled[] = {0, 300'000, 1'000'000};
   static constexpr uint32_t kStop[] = {0, 150'000, 500'000};
   static constexpr uint32_t kInvalid[] = {30'000, 80'000, 200'000};
-  c.workload.sampled_ppm = o.sampled_ppm.value_or(pick(rng, kSampled));
-  c.workload.stop_ppm = o.stop_ppm.value_or(pick(rng, kStop));
-  c.workload.invalid_ppm = o.invalid_ppm.value_or(pick(rng, kInvalid));
-  if (o.prompt) c.workload.prompt = *o.prompt;
-  if (o.output) c.workload.output = *o.output;
+  c->workload.sampled_ppm = o.sampled_ppm.value_or(pick(rng, kSampled));
+  c->workload.stop_ppm = o.stop_ppm.value_or(pick(rng, kStop));
+  c->workload.invalid_ppm = o.invalid_ppm.value_or(pick(rng, kInvalid));
+}
 
-  // Faults and aborts (safety phase only). Swarm: each site is on or off per seed.
+// Faults and aborts (safety phase only). Swarm: each fault site is on or off per seed.
+void draw_faults(Rng& rng, const Overrides& o, SeedConfig* c) {
   static constexpr uint32_t kFaultRates[] = {2'000, 10'000, 50'000, 150'000};
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
     const bool on = rng.below(2) == 0;
     const uint32_t rate = pick(rng, kFaultRates);
-    c.fault_ppm[i] = o.fault_ppm[i].value_or(on ? rate : 0);
+    c->fault_ppm[i] = o.fault_ppm[i].value_or(on ? rate : 0);
   }
   static constexpr uint32_t kAbortRates[] = {0, 10'000, 50'000, 200'000};
   static constexpr uint32_t kQueuedAbortRates[] = {0, 20'000, 100'000};
-  c.abort_ppm = o.abort_ppm.value_or(pick(rng, kAbortRates));
-  c.queued_abort_ppm = o.queued_abort_ppm.value_or(pick(rng, kQueuedAbortRates));
-  c.safety_steps_max = o.safety_steps.value_or(4000);
+  c->abort_ppm = o.abort_ppm.value_or(pick(rng, kAbortRates));
+  c->queued_abort_ppm = o.queued_abort_ppm.value_or(pick(rng, kQueuedAbortRates));
+  c->safety_steps_max = o.safety_steps.value_or(4000);
+}
 
-  // Refuse pins that leave nothing to run, naming the knob.
+// Refuses pins that leave nothing to run, naming the knob.
+Status<std::string> check_runnable(const SeedConfig& c) {
   if (auto error = Harness::creation_error(c.model, c.engine)) {
     return unexpected("the engine refuses this configuration: " + *error);
   }
-  const RequestLimits limits{c.model.vocab_size,    max_context,         page_size, window,
-                             c.engine.pages_global, c.engine.pages_local};
+  const RequestLimits limits{c.model.vocab_size,     c.engine.max_context,  c.engine.page_size,
+                             c.model.sliding_window, c.engine.pages_global, c.engine.pages_local};
   if (limits.max_total() < 2) {
     return unexpected("pools of " + std::to_string(c.engine.pages_global) + " global and " +
                       std::to_string(c.engine.pages_local) + " local pages of " +
-                      std::to_string(page_size) +
+                      std::to_string(c.engine.page_size) +
                       " tokens hold no request (expected room for at least 2 tokens: raise "
                       "--pages-global / --pages-local / --page-size or --max-context)");
   }
@@ -193,6 +210,21 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& o) {
     return unexpected(std::string("length ranges must satisfy 1 <= MIN <= MAX"));
   }
   if (c.workload.requests < 0) return unexpected(std::string("--requests must be >= 0"));
+  return Ok{};
+}
+
+}  // namespace
+
+Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& overrides) {
+  Rng rng(mix64(seed ^ kSwarmSalt));
+  SeedConfig c;
+  c.seed = seed;
+  if (auto s = draw_model(rng, overrides, &c); !s) return unexpected(s.error());
+  draw_lengths(rng, overrides, &c);
+  if (auto s = draw_pools(rng, overrides, &c); !s) return unexpected(s.error());
+  draw_limits_and_arrivals(rng, overrides, &c);
+  draw_faults(rng, overrides, &c);
+  if (auto s = check_runnable(c); !s) return unexpected(s.error());
   return c;
 }
 
