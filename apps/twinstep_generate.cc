@@ -104,19 +104,32 @@ Options parse_args(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--model") o.model = value();
-    else if (a == "--prompt-ids") o.prompts = parse_prompts(value());
-    else if (a == "--max-tokens") o.max_tokens = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--device") o.device = value();
-    else if (a == "--random-weights") o.random_weights = true;
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, value()));
-    else if (a == "--ignore-eos") o.ignore_eos = true;
-    else if (a == "--temperature") o.sampling.temperature = static_cast<float>(parse_double(a, value()));
-    else if (a == "--top-k") o.sampling.top_k = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--top-p") o.sampling.top_p = static_cast<float>(parse_double(a, value()));
-    else if (a == "--sample-seed") o.sampling.seed = static_cast<uint64_t>(parse_int(a, value()));
-    else if (a == "--page-size") o.page_size = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--max-step-tokens") o.max_step_tokens = static_cast<int32_t>(parse_int(a, value()));
+    if (a == "--model")
+      o.model = value();
+    else if (a == "--prompt-ids")
+      o.prompts = parse_prompts(value());
+    else if (a == "--max-tokens")
+      o.max_tokens = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--device")
+      o.device = value();
+    else if (a == "--random-weights")
+      o.random_weights = true;
+    else if (a == "--seed")
+      o.seed = static_cast<uint64_t>(parse_int(a, value()));
+    else if (a == "--ignore-eos")
+      o.ignore_eos = true;
+    else if (a == "--temperature")
+      o.sampling.temperature = static_cast<float>(parse_double(a, value()));
+    else if (a == "--top-k")
+      o.sampling.top_k = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--top-p")
+      o.sampling.top_p = static_cast<float>(parse_double(a, value()));
+    else if (a == "--sample-seed")
+      o.sampling.seed = static_cast<uint64_t>(parse_int(a, value()));
+    else if (a == "--page-size")
+      o.page_size = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--max-step-tokens")
+      o.max_step_tokens = static_cast<int32_t>(parse_int(a, value()));
     else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -131,6 +144,9 @@ Options parse_args(int argc, char** argv) {
     usage_error("--device must be 'cuda' or 'sim', got '" + o.device + "'");
   }
   if (o.page_size <= 0) usage_error("--page-size must be positive");
+#if !defined(TWINSTEP_WITH_CUDA)
+  if (o.device == "cuda") usage_error("this build has no CUDA: use --device sim");
+#endif
   return o;
 }
 
@@ -165,7 +181,8 @@ int main(int argc, char** argv) {
   } else {
     auto c = engine::ModelConfig::preset(o.model);
     if (!c) {
-      std::fprintf(stderr, "twinstep-generate: --model '%s' is neither a directory nor a preset: %s\n",
+      std::fprintf(stderr,
+                   "twinstep-generate: --model '%s' is neither a directory nor a preset: %s\n",
                    o.model.c_str(), c.error().message.c_str());
       return 1;
     }
@@ -180,7 +197,8 @@ int main(int argc, char** argv) {
   engine::EngineConfig ec;
   ec.page_size = o.page_size;
   int64_t pages = 0;
-  for (const auto& p : o.prompts) pages += ceil_div(static_cast<int64_t>(p.size()) + o.max_tokens, o.page_size);
+  for (const auto& p : o.prompts)
+    pages += ceil_div(static_cast<int64_t>(p.size()) + o.max_tokens, o.page_size);
   ec.pages_global = static_cast<int32_t>(pages + 1);
   ec.pages_local = static_cast<int32_t>(pages + 1);
   ec.max_running = static_cast<int32_t>(o.prompts.size());

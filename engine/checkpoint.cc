@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 namespace twinstep::engine {
 namespace {
@@ -98,9 +97,11 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& c) {
     specs.push_back({p + "self_attn.k_norm.weight", {g.head_dim}, WeightInit::kQkNorm, g.head_dim});
     specs.push_back({p + "post_attention_layernorm.weight", {hidden}, WeightInit::kNorm});
     specs.push_back({p + "pre_feedforward_layernorm.weight", {hidden}, WeightInit::kNorm});
-    specs.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, hidden}, WeightInit::kMatrix});
+    specs.push_back(
+        {p + "mlp.gate_proj.weight", {c.intermediate_size, hidden}, WeightInit::kMatrix});
     specs.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, hidden}, WeightInit::kMatrix});
-    specs.push_back({p + "mlp.down_proj.weight", {hidden, c.intermediate_size}, WeightInit::kMatrix});
+    specs.push_back(
+        {p + "mlp.down_proj.weight", {hidden, c.intermediate_size}, WeightInit::kMatrix});
     specs.push_back({p + "post_feedforward_layernorm.weight", {hidden}, WeightInit::kNorm});
     specs.push_back({p + "layer_scalar", {1}, WeightInit::kScalar});
   }
@@ -161,8 +162,8 @@ Status<CheckpointError> ModelWeights::check(const ModelConfig& config,
     expected_names.insert(spec.name);
     auto it = found.find(spec.name);
     if (it == found.end()) {
-      problems.push_back("'" + spec.name + "': missing (expected bf16 " +
-                         shape_string(spec.shape) + ")");
+      problems.push_back("'" + spec.name + "': missing (expected bf16 " + shape_string(spec.shape) +
+                         ")");
       continue;
     }
     const TensorView& t = *it->second;
@@ -180,8 +181,7 @@ Status<CheckpointError> ModelWeights::check(const ModelConfig& config,
     }
   }
   if (!problems.empty()) {
-    std::string message = std::to_string(problems.size()) +
-                          " tensor(s) do not match the config:";
+    std::string message = std::to_string(problems.size()) + " tensor(s) do not match the config:";
     for (const std::string& p : problems) message += "\n  " + p;
     return fail(CheckpointErrorCode::kTensors, std::move(message));
   }
@@ -231,9 +231,8 @@ Result<std::unique_ptr<ModelWeights>, CheckpointError> ModelWeights::load(
       return fail(CheckpointErrorCode::kSafetensors,
                   "'" + t->name + "': data is not 2-byte aligned in its shard");
     }
-    weights->tensors_[name] =
-        WeightView{t->shape, {reinterpret_cast<const uint16_t*>(t->bytes.data()),
-                              t->bytes.size() / 2}};
+    weights->tensors_[name] = WeightView{
+        t->shape, {reinterpret_cast<const uint16_t*>(t->bytes.data()), t->bytes.size() / 2}};
   }
   return weights;
 }
@@ -261,7 +260,9 @@ Status<CheckpointError> write_checkpoint_tensors(const ModelWeights& weights,
   std::vector<TensorToWrite> out;
   for (const TensorSpec& spec : expected_tensors(weights.config())) {
     const WeightView& w = weights.get(spec.name);
-    out.push_back({"model." + spec.name, DType::kBF16, w.shape,
+    out.push_back({"model." + spec.name,
+                   DType::kBF16,
+                   w.shape,
                    {reinterpret_cast<const uint8_t*>(w.bf16.data()), w.bf16.size() * 2}});
   }
   if (auto st = write_safetensors(file, out); !st) {

@@ -40,7 +40,8 @@ class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
-           ("twinstep_ckpt_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("twinstep_ckpt_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     write(dir_ / "config.json", kHf517Config);
@@ -58,7 +59,9 @@ class CheckpointTest : public ::testing::Test {
     std::vector<TensorToWrite> all;
     for (const TensorSpec& spec : expected_tensors(w.config())) {
       const WeightView& v = w.get(spec.name);
-      all.push_back({prefix + spec.name, DType::kBF16, v.shape,
+      all.push_back({prefix + spec.name,
+                     DType::kBF16,
+                     v.shape,
                      {reinterpret_cast<const uint8_t*>(v.bf16.data()), v.bf16.size() * 2}});
     }
     if (edit) edit(all);
@@ -85,7 +88,8 @@ TEST_F(CheckpointTest, Hf517ConfigGivesTheGeometry) {
   EXPECT_DOUBLE_EQ(config_.global.rope.partial_rotary_factor, 0.25);
   // K==V: global layers have no v_proj.
   int v_projs = 0;
-  for (const TensorSpec& s : expected_tensors(config_)) v_projs += s.name.find("v_proj") != std::string::npos;
+  for (const TensorSpec& s : expected_tensors(config_))
+    v_projs += s.name.find("v_proj") != std::string::npos;
   EXPECT_EQ(v_projs, 6);
 }
 
@@ -108,7 +112,9 @@ TEST_F(CheckpointTest, MultimodalPrefixAndOtherTowersAreAccepted) {
   auto w = ModelWeights::random(config_, 8);
   static const uint16_t vision[4] = {1, 2, 3, 4};
   write_shards(*w, "model.language_model.", 1, [](std::vector<TensorToWrite>& all) {
-    all.push_back({"model.vision_tower.patch.weight", DType::kBF16, {4},
+    all.push_back({"model.vision_tower.patch.weight",
+                   DType::kBF16,
+                   {4},
                    {reinterpret_cast<const uint8_t*>(vision), 8}});
   });
   auto loaded = ModelWeights::load(dir_);
@@ -133,9 +139,12 @@ TEST_F(CheckpointTest, OneErrorListsEveryFaultyTensor) {
       kept.push_back(t);
     }
     // A v_proj on a K==V global layer, and per-layer embeddings: both unexpected.
-    kept.push_back({"model.layers.3.self_attn.v_proj.weight", DType::kBF16, {128, 128},
+    kept.push_back({"model.layers.3.self_attn.v_proj.weight",
+                    DType::kBF16,
+                    {128, 128},
                     all[1].bytes.subspan(0, 128 * 128 * 2)});
-    kept.push_back({"model.embed_tokens_per_layer.weight", DType::kBF16, {4}, all[1].bytes.subspan(0, 8)});
+    kept.push_back(
+        {"model.embed_tokens_per_layer.weight", DType::kBF16, {4}, all[1].bytes.subspan(0, 8)});
     all = kept;
   });
   auto loaded = ModelWeights::load(dir_);
@@ -144,7 +153,8 @@ TEST_F(CheckpointTest, OneErrorListsEveryFaultyTensor) {
   EXPECT_EQ(loaded.error().code, CheckpointErrorCode::kTensors);
   EXPECT_NE(m.find("5 tensor(s)"), std::string::npos) << m;
   EXPECT_NE(m.find("'layers.1.mlp.up_proj.weight': missing"), std::string::npos) << m;
-  EXPECT_NE(m.find("q_proj.weight': shape [128, 256], expected [256, 128]"), std::string::npos) << m;
+  EXPECT_NE(m.find("q_proj.weight': shape [128, 256], expected [256, 128]"), std::string::npos)
+      << m;
   EXPECT_NE(m.find("'model.norm.weight': dtype F32, expected BF16"), std::string::npos) << m;
   EXPECT_NE(m.find("'model.layers.3.self_attn.v_proj.weight': unexpected"), std::string::npos) << m;
   EXPECT_NE(m.find("embed_tokens_per_layer.weight': unexpected"), std::string::npos) << m;
@@ -177,7 +187,8 @@ TEST_F(CheckpointTest, MissingPiecesAreNamed) {
     return ModelWeights::load(dir_);
   }();
   ASSERT_FALSE(bad_gen.ok());
-  EXPECT_NE(bad_gen.error().message.find("eos_token_id"), std::string::npos) << bad_gen.error().message;
+  EXPECT_NE(bad_gen.error().message.find("eos_token_id"), std::string::npos)
+      << bad_gen.error().message;
 }
 
 TEST(WeightInit, IsAPureFunctionOfSeedTensorAndIndex) {

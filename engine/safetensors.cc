@@ -12,7 +12,6 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-
 #include <nlohmann/json.hpp>
 
 namespace twinstep::engine {
@@ -33,14 +32,15 @@ struct DTypeName {
   int32_t bytes;
 };
 constexpr DTypeName kDTypes[] = {
-    {"BF16", DType::kBF16, 2}, {"F16", DType::kF16, 2},  {"F32", DType::kF32, 4},
-    {"F64", DType::kF64, 8},   {"I8", DType::kI8, 1},    {"U8", DType::kU8, 1},
-    {"I16", DType::kI16, 2},   {"I32", DType::kI32, 4},  {"I64", DType::kI64, 8},
+    {"BF16", DType::kBF16, 2}, {"F16", DType::kF16, 2}, {"F32", DType::kF32, 4},
+    {"F64", DType::kF64, 8},   {"I8", DType::kI8, 1},   {"U8", DType::kU8, 1},
+    {"I16", DType::kI16, 2},   {"I32", DType::kI32, 4}, {"I64", DType::kI64, 8},
     {"BOOL", DType::kBool, 1},
 };
 
 Result<DType, SafetensorsError> parse_dtype(const json& j, const std::string& where) {
-  if (!j.is_string()) return fail(SafetensorsErrorCode::kBadTensor, where + ": dtype must be a string");
+  if (!j.is_string())
+    return fail(SafetensorsErrorCode::kBadTensor, where + ": dtype must be a string");
   const std::string s = j.get<std::string>();
   for (const DTypeName& d : kDTypes) {
     if (s == d.name) return d.dtype;
@@ -74,7 +74,8 @@ Result<TensorView, SafetensorsError> parse_entry(const std::string& name, const 
   if (!dtype) return unexpected(dtype.error());
   view.dtype = dtype.value();
   const json& shape = entry["shape"];
-  if (!shape.is_array()) return fail(SafetensorsErrorCode::kBadTensor, where + ": shape must be an array");
+  if (!shape.is_array())
+    return fail(SafetensorsErrorCode::kBadTensor, where + ": shape must be an array");
   int64_t elements = 1;
   for (const json& d : shape) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0) {
@@ -83,22 +84,23 @@ Result<TensorView, SafetensorsError> parse_entry(const std::string& name, const 
     }
     view.shape.push_back(d.get<int64_t>());
     if (!checked_mul(elements, d.get<int64_t>(), &elements)) {
-      return fail(SafetensorsErrorCode::kBadTensor, where + ": shape " + shape.dump() + " overflows");
+      return fail(SafetensorsErrorCode::kBadTensor,
+                  where + ": shape " + shape.dump() + " overflows");
     }
   }
   const json& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    return fail(SafetensorsErrorCode::kBadTensor,
-                where + ": data_offsets must be [begin, end] non-negative integers, got " +
-                    offsets.dump());
+    return fail(
+        SafetensorsErrorCode::kBadTensor,
+        where + ": data_offsets must be [begin, end] non-negative integers, got " + offsets.dump());
   }
   const uint64_t begin = offsets[0].get<uint64_t>();
   const uint64_t end = offsets[1].get<uint64_t>();
   if (begin > end) {
-    return fail(SafetensorsErrorCode::kBadTensor,
-                where + ": data_offsets begin " + std::to_string(begin) + " > end " +
-                    std::to_string(end));
+    return fail(
+        SafetensorsErrorCode::kBadTensor,
+        where + ": data_offsets begin " + std::to_string(begin) + " > end " + std::to_string(end));
   }
   if (end > data.size()) {
     return fail(SafetensorsErrorCode::kTruncated,
@@ -182,15 +184,15 @@ Result<std::vector<TensorView>, SafetensorsError> SafetensorsFile::parse(
   for (const TensorView& t : tensors) {
     if (!t.bytes.empty()) by_offset.push_back(&t);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const TensorView* a, const TensorView* b) { return a->bytes.data() < b->bytes.data(); });
+  std::sort(by_offset.begin(), by_offset.end(), [](const TensorView* a, const TensorView* b) {
+    return a->bytes.data() < b->bytes.data();
+  });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const TensorView* prev = by_offset[i - 1];
     const TensorView* cur = by_offset[i];
     if (prev->bytes.data() + prev->bytes.size() > cur->bytes.data()) {
-      return fail(SafetensorsErrorCode::kOverlap,
-                  label + ": tensors '" + prev->name + "' and '" + cur->name +
-                      "' overlap in the data section");
+      return fail(SafetensorsErrorCode::kOverlap, label + ": tensors '" + prev->name + "' and '" +
+                                                      cur->name + "' overlap in the data section");
     }
   }
   std::sort(tensors.begin(), tensors.end(),

@@ -17,11 +17,11 @@
 namespace twinstep::engine {
 
 enum class SafetensorsErrorCode {
-  kIo,           // cannot open / stat / map the file
-  kTruncated,    // shorter than its header says
-  kBadHeader,    // header is not the expected JSON document
-  kBadTensor,    // a tensor entry is inconsistent (dtype, shape, offsets)
-  kOverlap,      // two tensors share bytes
+  kIo,         // cannot open / stat / map the file
+  kTruncated,  // shorter than its header says
+  kBadHeader,  // header is not the expected JSON document
+  kBadTensor,  // a tensor entry is inconsistent (dtype, shape, offsets)
+  kOverlap,    // two tensors share bytes
 };
 using SafetensorsError = Error<SafetensorsErrorCode>;
 

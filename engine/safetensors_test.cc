@@ -49,7 +49,8 @@ TEST(Safetensors, TruncatedBeforeTheLength) {
   std::vector<uint8_t> img = {1, 2, 3};
   auto e = parse_error(img);
   EXPECT_EQ(e.code, SafetensorsErrorCode::kTruncated);
-  EXPECT_NE(e.message.find("shorter than the 8-byte header length"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("shorter than the 8-byte header length"), std::string::npos)
+      << e.message;
 }
 
 TEST(Safetensors, HeaderLengthPastTheEnd) {
@@ -105,19 +106,20 @@ TEST(Safetensors, UnknownDtype) {
 
 TEST(Safetensors, MalformedEntries) {
   const char* bad[] = {
-      R"({"w":{"dtype":"BF16","shape":[4]}})",                               // no offsets
-      R"({"w":{"dtype":"BF16","shape":[-1],"data_offsets":[0,2]}})",         // negative dim
-      R"({"w":{"dtype":"BF16","shape":"4","data_offsets":[0,8]}})",          // shape not array
-      R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[8,0]}})",          // begin > end
-      R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[0]}})",            // one offset
-      R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[-2,6]}})",         // negative offset
-      R"({"w":7})",                                                          // not an object
+      R"({"w":{"dtype":"BF16","shape":[4]}})",                        // no offsets
+      R"({"w":{"dtype":"BF16","shape":[-1],"data_offsets":[0,2]}})",  // negative dim
+      R"({"w":{"dtype":"BF16","shape":"4","data_offsets":[0,8]}})",   // shape not array
+      R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[8,0]}})",   // begin > end
+      R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[0]}})",     // one offset
+      R"({"w":{"dtype":"BF16","shape":[4],"data_offsets":[-2,6]}})",  // negative offset
+      R"({"w":7})",                                                   // not an object
       R"({"w":{"dtype":"BF16","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
   };
   for (const char* header : bad) {
     auto r = SafetensorsFile::parse(image(header, 8), "t");
     ASSERT_FALSE(r.ok()) << header;
-    EXPECT_EQ(r.error().code, SafetensorsErrorCode::kBadTensor) << header << ": " << r.error().message;
+    EXPECT_EQ(r.error().code, SafetensorsErrorCode::kBadTensor)
+        << header << ": " << r.error().message;
   }
 }
 
@@ -126,11 +128,10 @@ TEST(Safetensors, OpenMapsAWrittenFileAndReportsMissingFiles) {
   std::filesystem::create_directories(dir);
   const std::vector<uint16_t> a = {1, 2, 3, 4, 5, 6};
   const std::vector<float> b = {1.5f, -2.0f};
-  ASSERT_TRUE(write_safetensors(dir / "x.safetensors",
-                                {{"a", DType::kBF16, {2, 3},
-                                  {reinterpret_cast<const uint8_t*>(a.data()), 12}},
-                                 {"b", DType::kF32, {2},
-                                  {reinterpret_cast<const uint8_t*>(b.data()), 8}}})
+  ASSERT_TRUE(write_safetensors(
+                  dir / "x.safetensors",
+                  {{"a", DType::kBF16, {2, 3}, {reinterpret_cast<const uint8_t*>(a.data()), 12}},
+                   {"b", DType::kF32, {2}, {reinterpret_cast<const uint8_t*>(b.data()), 8}}})
                   .ok());
   auto file = SafetensorsFile::open(dir / "x.safetensors");
   ASSERT_TRUE(file.ok()) << file.error().message;

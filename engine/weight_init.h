@@ -16,10 +16,10 @@ namespace twinstep::engine {
 
 // How a tensor's values are drawn. Chosen per tensor role by weight_init_for (checkpoint.h).
 enum class WeightInit : uint8_t {
-  kMatrix,     // ~N(0, std): projections and the embedding
-  kNorm,       // 1 + 0.1 * ~N(0, 1): RMSNorm weights (never exactly 1)
-  kQkNorm,     // head_dim^-0.25 * (1 + 0.1 * ~N(0, 1)): keeps q.k (scale 1.0) near unit std
-  kScalar,     // U(0.7, 1.3): layer scalars
+  kMatrix,  // ~N(0, std): projections and the embedding
+  kNorm,    // 1 + 0.1 * ~N(0, 1): RMSNorm weights (never exactly 1)
+  kQkNorm,  // head_dim^-0.25 * (1 + 0.1 * ~N(0, 1)): keeps q.k (scale 1.0) near unit std
+  kScalar,  // U(0.7, 1.3): layer scalars
 };
 
 struct WeightInitSpec {

@@ -14,11 +14,10 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
@@ -55,8 +54,8 @@ inline std::string ensure_hf_refs(fs::path* dir_out) {
   fs::remove_all(dir, ec);
   fs::create_directories(dir, ec);
   const std::string log = (dir / "make_refs.log").string();
-  const std::string cmd = "python3 '" + script.string() + "' --out '" + dir.string() + "' > '" +
-                          log + "' 2>&1";
+  const std::string cmd =
+      "python3 '" + script.string() + "' --out '" + dir.string() + "' > '" + log + "' 2>&1";
   std::fprintf(stderr, "[model gates] generating HF references: %s\n", cmd.c_str());
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
@@ -64,8 +63,10 @@ inline std::string ensure_hf_refs(fs::path* dir_out) {
   std::fprintf(stderr, "%s\n", text.c_str());
   if (rc != 0) {
     fs::remove(done, ec);
-    return "make_refs.py failed (exit " + std::to_string(rc) + "); the HF fixtures are missing, "
-           "which fails the gate. Log:\n" + text.substr(text.size() > 4000 ? text.size() - 4000 : 0);
+    return "make_refs.py failed (exit " + std::to_string(rc) +
+           "); the HF fixtures are missing, "
+           "which fails the gate. Log:\n" +
+           text.substr(text.size() > 4000 ? text.size() - 4000 : 0);
   }
   return "";
 }
@@ -143,7 +144,8 @@ class RecordingDevice final : public engine::Device {
  public:
   explicit RecordingDevice(kernels::CudaDevice& inner) : inner_(inner) {}
   std::string name() const override { return "recording:" + inner_.name(); }
-  Status<engine::DeviceError> bind(const engine::PoolLayout& g, const engine::PoolLayout& l) override {
+  Status<engine::DeviceError> bind(const engine::PoolLayout& g,
+                                   const engine::PoolLayout& l) override {
     layouts_[0] = g;
     layouts_[1] = l;
     return inner_.bind(g, l);

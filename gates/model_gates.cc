@@ -64,7 +64,8 @@ TEST_F(ModelGates, GreedyMatchesHfGenerate) {
       EXPECT_GE(p.prompt.size(), 32u);
       EXPECT_GT(static_cast<int32_t>(p.prompt.size()), w->config().sliding_window)
           << "a reference prompt must cross the window";
-      rid.push_back(e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
+      rid.push_back(
+          e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
       steps += p.tokens.size();
     }
     auto out = drive(*e);
@@ -72,9 +73,10 @@ TEST_F(ModelGates, GreedyMatchesHfGenerate) {
       EXPECT_EQ(ids(out[rid[i]].tokens), ids(r.prompts[i].tokens))
           << g << " prompt " << i << " (" << r.prompts[i].prompt.size() << " tokens)";
     }
-    std::printf("[gate] %s: %zu prompts, %zu greedy tokens compared token for token with HF "
-                "generate() (margin gate %.4f)\n",
-                g, r.prompts.size(), steps, r.margin_gate);
+    std::printf(
+        "[gate] %s: %zu prompts, %zu greedy tokens compared token for token with HF "
+        "generate() (margin gate %.4f)\n",
+        g, r.prompts.size(), steps, r.margin_gate);
   }
 }
 
@@ -162,9 +164,10 @@ TEST_F(ModelGates, PagedMatchesOracleForward) {
       }
     });
     EXPECT_GT(decode_rows, 0);
-    std::printf("[gate] %s: %d logits rows (%d decode) paged vs oracle: max |dlogit| %.5f "
-                "(gate %.5f), argmax compared on %d\n",
-                g, compared, decode_rows, worst, r.logit_tol, argmax_checked);
+    std::printf(
+        "[gate] %s: %d logits rows (%d decode) paged vs oracle: max |dlogit| %.5f "
+        "(gate %.5f), argmax compared on %d\n",
+        g, compared, decode_rows, worst, r.logit_tol, argmax_checked);
   }
 }
 
@@ -225,9 +228,10 @@ TEST_F(ModelGates, WindowCrossingMatchesHf) {
     EXPECT_EQ(compared, static_cast<int>(position_of.size()));
     EXPECT_GT(beyond_window, W) << "too few positions past the window edge";
     EXPECT_GT(e->metrics().counters.window_pages_released, 0u);
-    std::printf("[gate] %s: %d teacher-forced positions (%d past the window of %d), top-8 "
-                "|dlogit| vs HF fp32 max %.5f (tol %.5f), argmax checked on %d (margin >= %.4f)\n",
-                g, compared, beyond_window, W, worst, r.logit_tol, argmax_checked, r.margin_gate);
+    std::printf(
+        "[gate] %s: %d teacher-forced positions (%d past the window of %d), top-8 "
+        "|dlogit| vs HF fp32 max %.5f (tol %.5f), argmax checked on %d (margin >= %.4f)\n",
+        g, compared, beyond_window, W, worst, r.logit_tol, argmax_checked, r.margin_gate);
   }
 }
 
@@ -450,7 +454,8 @@ TEST_F(ModelGates, SampledGenerationIsSeeded) {
   };
   const auto a = run(1000, {});
   const auto b = run(1000, {});
-  const auto faulted = run(1000, {{3, engine::FaultSite::kAfterKvWrite}, {7, engine::FaultSite::kSync}});
+  const auto faulted =
+      run(1000, {{3, engine::FaultSite::kAfterKvWrite}, {7, engine::FaultSite::kSync}});
   const auto other = run(2000, {});
   EXPECT_EQ(a, b) << "same seeds, different tokens";
   EXPECT_EQ(a, faulted) << "a retried step drew different tokens";
@@ -566,7 +571,8 @@ TEST_F(DirectDeviceGate, PageFromAnotherPoolIsRefused) {
   EXPECT_NE(a.error().message.find("pool"), std::string::npos) << a.error().message;
   engine::StepPlan past_end = plan({{2, 3, 4}});
   past_end.global.page_indices[0] = static_cast<uint32_t>(global_.pages_total);
-  past_end.global.row_slot = {int64_t{global_.pages_total} * 8, int64_t{global_.pages_total} * 8 + 1,
+  past_end.global.row_slot = {int64_t{global_.pages_total} * 8,
+                              int64_t{global_.pages_total} * 8 + 1,
                               int64_t{global_.pages_total} * 8 + 2};
   auto b = d_->execute(past_end);
   ASSERT_FALSE(b.ok());
@@ -604,7 +610,8 @@ ScheduleTrace run_schedule(const engine::ModelConfig& config, engine::Device& de
   for (int i = 0; i < kRequests; ++i) {
     engine::Request r;
     const int len = static_cast<int>(rng.range(1, 48));
-    for (int t = 0; t < len; ++t) r.prompt.push_back(static_cast<int32_t>(rng.range(3, config.vocab_size - 1)));
+    for (int t = 0; t < len; ++t)
+      r.prompt.push_back(static_cast<int32_t>(rng.range(3, config.vocab_size - 1)));
     r.max_tokens = static_cast<int32_t>(rng.range(1, 10));
     reqs.push_back(std::move(r));
     if (i % 6 == 3) abort_at[i] = i / 4 + static_cast<int>(rng.range(1, 6));
@@ -612,7 +619,8 @@ ScheduleTrace run_schedule(const engine::ModelConfig& config, engine::Device& de
   std::vector<engine::RequestControl> controls;
   int submitted = 0;
   for (int step = 0; step < 5000; ++step) {
-    for (int k = 0; k < 4 && submitted < kRequests; ++k) controls.push_back(e->submit(reqs[submitted++]));
+    for (int k = 0; k < 4 && submitted < kRequests; ++k)
+      controls.push_back(e->submit(reqs[submitted++]));
     for (int i = 0; i < submitted; ++i) {
       if (abort_at[i] == step) controls[i].abort();
     }
@@ -633,8 +641,8 @@ ScheduleTrace run_schedule(const engine::ModelConfig& config, engine::Device& de
   }
   const engine::Metrics m = e->metrics();
   std::ostringstream os;
-  os << "steps " << m.counters.steps << " generated " << m.counters.tokens_generated
-     << " prompt " << m.counters.prompt_tokens_computed << " preemptions " << m.counters.preemptions
+  os << "steps " << m.counters.steps << " generated " << m.counters.tokens_generated << " prompt "
+     << m.counters.prompt_tokens_computed << " preemptions " << m.counters.preemptions
      << " window_released " << m.counters.window_pages_released << " waits "
      << m.counters.admission_waits << " aborted "
      << m.counters.terminals[static_cast<int>(TerminalKind::kAborted)] << " peak "
@@ -721,15 +729,15 @@ TEST_F(ModelGates, Gemma12bGeometryServes) {
   EXPECT_GT(m.counters.window_pages_released, 0u);
   EXPECT_EQ(m.global.pages_used, 0);
   EXPECT_EQ(m.local.pages_used, 0);
-  std::printf("[gate] gemma4-12b random weights: %.1f GB of weights made in %.2f s; %d requests x "
-              "(~1060 prompt + %d new) served in %.2f s, %llu steps, local pages released behind "
-              "the window %llu, peak pages %d/%d\n",
-              d->model().arena_bytes() / 1e9,
-              std::chrono::duration<double>(t1 - t0).count(), kRequests, kNewTokens,
-              std::chrono::duration<double>(t2 - t1).count(),
-              static_cast<unsigned long long>(m.counters.steps),
-              static_cast<unsigned long long>(m.counters.window_pages_released),
-              m.global.pages_peak, m.local.pages_peak);
+  std::printf(
+      "[gate] gemma4-12b random weights: %.1f GB of weights made in %.2f s; %d requests x "
+      "(~1060 prompt + %d new) served in %.2f s, %llu steps, local pages released behind "
+      "the window %llu, peak pages %d/%d\n",
+      d->model().arena_bytes() / 1e9, std::chrono::duration<double>(t1 - t0).count(), kRequests,
+      kNewTokens, std::chrono::duration<double>(t2 - t1).count(),
+      static_cast<unsigned long long>(m.counters.steps),
+      static_cast<unsigned long long>(m.counters.window_pages_released), m.global.pages_peak,
+      m.local.pages_peak);
 }
 
 }  // namespace

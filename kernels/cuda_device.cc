@@ -22,21 +22,21 @@ Unexpected<DeviceError> device_error(DeviceErrorCode code, std::string message) 
 }
 
 DeviceError from_kernel(const KernelError& e) {
-  return DeviceError{e.code == KernelErrorCode::kBadArgument ? DeviceErrorCode::kBadPlan
-                                                             : DeviceErrorCode::kCuda,
-                     e.message};
+  return DeviceError{
+      e.code == KernelErrorCode::kBadArgument ? DeviceErrorCode::kBadPlan : DeviceErrorCode::kCuda,
+      e.message};
 }
 
 DeviceError cuda_error(cudaError_t err, const char* what) {
-  return DeviceError{err == cudaErrorMemoryAllocation ? DeviceErrorCode::kOutOfMemory
-                                                      : DeviceErrorCode::kCuda,
-                     std::string(what) + ": " + cudaGetErrorString(err)};
+  return DeviceError{
+      err == cudaErrorMemoryAllocation ? DeviceErrorCode::kOutOfMemory : DeviceErrorCode::kCuda,
+      std::string(what) + ": " + cudaGetErrorString(err)};
 }
 
 // Uniform in [0, 1) from (seed, output index): splitmix64 of both, 53 bits.
 double sample_uniform(uint64_t seed, int32_t output_index) {
-  const uint64_t bits = engine::weight_hash(seed ^ engine::weight_hash(
-                                                       0x5A4D504C45ull + static_cast<uint64_t>(output_index)));
+  const uint64_t bits = engine::weight_hash(
+      seed ^ engine::weight_hash(0x5A4D504C45ull + static_cast<uint64_t>(output_index)));
   return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);
 }
 
@@ -158,13 +158,12 @@ engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
     }
     if (layout->kv_heads != g.kv_heads || layout->head_dim != g.head_dim ||
         layout->layers != g.num_layers) {
-      return device_error(DeviceErrorCode::kBadLayout,
-                          std::string(name) + " pool geometry (kv_heads " +
-                              std::to_string(layout->kv_heads) + ", head_dim " +
-                              std::to_string(layout->head_dim) + ", layers " +
-                              std::to_string(layout->layers) + ") != the model's (" +
-                              std::to_string(g.kv_heads) + ", " + std::to_string(g.head_dim) +
-                              ", " + std::to_string(g.num_layers) + ")");
+      return device_error(
+          DeviceErrorCode::kBadLayout,
+          std::string(name) + " pool geometry (kv_heads " + std::to_string(layout->kv_heads) +
+              ", head_dim " + std::to_string(layout->head_dim) + ", layers " +
+              std::to_string(layout->layers) + ") != the model's (" + std::to_string(g.kv_heads) +
+              ", " + std::to_string(g.head_dim) + ", " + std::to_string(g.num_layers) + ")");
     }
     if (layout->page_size <= 0 || layout->pages_total < 2) {
       return device_error(DeviceErrorCode::kBadLayout,
@@ -180,9 +179,9 @@ engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
     bf16*& pool = pools_[static_cast<int>(f)];
     if (cudaError_t err = cudaMalloc(&pool, bytes); err != cudaSuccess) {
       pool = nullptr;
-      return device_error(DeviceErrorCode::kOutOfMemory,
-                          std::string(engine::family_name(f)) + " pool of " +
-                              std::to_string(bytes) + " bytes: " + cudaGetErrorString(err));
+      return device_error(DeviceErrorCode::kOutOfMemory, std::string(engine::family_name(f)) +
+                                                             " pool of " + std::to_string(bytes) +
+                                                             " bytes: " + cudaGetErrorString(err));
     }
     // Zeroed, so a read of a never-written slot is finite (the padding page stays zero).
     if (cudaError_t err = cudaMemsetAsync(pool, 0, bytes, stream_); err != cudaSuccess) {
@@ -287,7 +286,8 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
   auto at = [&](size_t i) { return dev + parts[i].offset; };
   StepViews v;
   v.tokens = reinterpret_cast<const int32_t*>(at(0));
-  v.rows = RowsView{reinterpret_cast<const int32_t*>(at(1)), reinterpret_cast<const int32_t*>(at(2)), R};
+  v.rows =
+      RowsView{reinterpret_cast<const int32_t*>(at(1)), reinterpret_cast<const int32_t*>(at(2)), R};
   v.logit_rows = reinterpret_cast<const int32_t*>(at(3));
   v.num_logits = plan.num_logits;
   v.sliding_window = plan.sliding_window;
@@ -300,15 +300,17 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
                              reinterpret_cast<const int32_t*>(at(base + 1)),
                              reinterpret_cast<const int32_t*>(at(base + 2)),
                              reinterpret_cast<const int64_t*>(at(base + 3)),
-                             static_cast<int32_t>(fp.page_indices.size()), S};
+                             static_cast<int32_t>(fp.page_indices.size()),
+                             S};
     const engine::PoolLayout& layout = layouts_[i];
-    v.pools[i] = KvPoolView{pools_[i], layout.layers, layout.pages_total, layout.page_size,
-                            layout.kv_heads, layout.head_dim};
+    v.pools[i] = KvPoolView{pools_[i],        layout.layers,   layout.pages_total,
+                            layout.page_size, layout.kv_heads, layout.head_dim};
   }
   return v;
 }
 
-engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute(const engine::StepPlan& plan) {
+engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute(
+    const engine::StepPlan& plan) {
   return execute_on(plan, stream_);
 }
 
@@ -324,26 +326,26 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return unexpected(cuda_error(err, "cudaGetDevice"));
   }
   if (current != options_.device_ordinal) {
-    return device_error(DeviceErrorCode::kBadPlan,
-                        "refused: CUDA device " + std::to_string(current) +
-                            " is current, this device runs on device " +
-                            std::to_string(options_.device_ordinal));
+    return device_error(DeviceErrorCode::kBadPlan, "refused: CUDA device " +
+                                                       std::to_string(current) +
+                                                       " is current, this device runs on device " +
+                                                       std::to_string(options_.device_ordinal));
   }
   if (!bound_) return device_error(DeviceErrorCode::kBadPlan, "execute() before bind()");
   if (auto bad = validate(plan)) return unexpected(std::move(*bad));
   engine::DeviceOutput out;
   if (plan.num_rows() == 0) return out;
   if (fire(engine::FaultSite::kUpload)) {
-    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: upload",
-                                  engine::FaultSite::kUpload});
+    return unexpected(
+        DeviceError{DeviceErrorCode::kFault, "injected fault: upload", engine::FaultSite::kUpload});
   }
   auto views = upload(plan);
   if (!views) return unexpected(views.error());
   if (fire(engine::FaultSite::kLaunch)) {
     // The plan copy may be in flight; nothing else is.
     cudaStreamSynchronize(stream_);
-    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: launch",
-                                  engine::FaultSite::kLaunch});
+    return unexpected(
+        DeviceError{DeviceErrorCode::kFault, "injected fault: launch", engine::FaultSite::kLaunch});
   }
   launches_ += 1;
   auto logits = forward_->run(views.value());
@@ -409,8 +411,8 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     }
   }
   if (fire(engine::FaultSite::kSync)) {
-    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: sync",
-                                  engine::FaultSite::kSync});
+    return unexpected(
+        DeviceError{DeviceErrorCode::kFault, "injected fault: sync", engine::FaultSite::kSync});
   }
   if (options_.capture_logits) last_logits_ = std::move(host_logits);
   return out;
@@ -420,8 +422,8 @@ Result<std::vector<uint16_t>, DeviceError> CudaDevice::download_pool(Family fami
   const int i = static_cast<int>(family);
   std::vector<uint16_t> host(layouts_[i].elements_total());
   if (host.empty()) return host;
-  if (cudaError_t err = cudaMemcpyAsync(host.data(), pools_[i], host.size() * 2,
-                                        cudaMemcpyDeviceToHost, stream_);
+  if (cudaError_t err =
+          cudaMemcpyAsync(host.data(), pools_[i], host.size() * 2, cudaMemcpyDeviceToHost, stream_);
       err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaMemcpyAsync(pool)"));
   }

@@ -50,8 +50,8 @@ class CudaDevice final : public engine::Device {
       const engine::StepPlan& plan) override;
   // The same, with the stream the caller means to run on: anything but this device's own
   // stream is refused before any work.
-  engine::Result<engine::DeviceOutput, engine::DeviceError> execute_on(
-      const engine::StepPlan& plan, cudaStream_t stream);
+  engine::Result<engine::DeviceOutput, engine::DeviceError> execute_on(const engine::StepPlan& plan,
+                                                                       cudaStream_t stream);
 
   cudaStream_t stream() const { return stream_; }
   int device_ordinal() const { return options_.device_ordinal; }

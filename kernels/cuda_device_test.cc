@@ -1,12 +1,12 @@
 // Host unit tests of the CUDA device's sampling (no GPU needed): greedy, and seeded
 // temperature / top-k / top-p draws that are a pure function of (seed, output index).
+#include "kernels/cuda_device.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 #include <vector>
-
-#include "kernels/cuda_device.h"
 
 namespace twinstep::kernels {
 namespace {

@@ -19,9 +19,9 @@ Unexpected<KernelError> bad(std::string message) {
   return unexpected(KernelError{KernelErrorCode::kBadArgument, std::move(message)});
 }
 
-#define TS_TRY(expr)                           \
-  do {                                         \
-    auto status_ = (expr);                     \
+#define TS_TRY(expr)                                       \
+  do {                                                     \
+    auto status_ = (expr);                                 \
     if (!status_.ok()) return unexpected(status_.error()); \
   } while (0)
 
@@ -58,8 +58,8 @@ Placement place(const engine::ModelConfig& c) {
     const int64_t q_out = int64_t{c.num_q_heads} * g.head_dim;
     const int64_t kv_out = int64_t{g.kv_heads} * g.head_dim;
     put(s + "input_layernorm.weight", H);
-    std::vector<std::pair<std::string, int64_t>> qkv = {{s + "self_attn.q_proj.weight", q_out * H},
-                                                        {s + "self_attn.k_proj.weight", kv_out * H}};
+    std::vector<std::pair<std::string, int64_t>> qkv = {
+        {s + "self_attn.q_proj.weight", q_out * H}, {s + "self_attn.k_proj.weight", kv_out * H}};
     if (!kv_shared) qkv.push_back({s + "self_attn.v_proj.weight", kv_out * H});
     put_fused(qkv);
     put(s + "self_attn.o_proj.weight", H * q_out);
@@ -92,7 +92,8 @@ Result<std::unique_ptr<DeviceModel>, KernelError> DeviceModel::create(
   for (Family f : engine::kFamilies) {
     if (c.family(f).num_layers > 0 && !head_dim_supported(c.family(f).head_dim)) {
       return bad(std::string("model: ") + engine::family_name(f) + " head_dim " +
-                 std::to_string(c.family(f).head_dim) + " has no kernel (supported 64/128/256/512)");
+                 std::to_string(c.family(f).head_dim) +
+                 " has no kernel (supported 64/128/256/512)");
     }
   }
   if (c.hidden_size % 8 != 0 || c.intermediate_size % 8 != 0) {
@@ -189,9 +190,9 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   }
   const int64_t H = c.hidden_size;
   const int64_t I = c.intermediate_size;
-  const int64_t sizes[] = {R * H * 2,        R * H * 2,     R * qkv_cols * 2, R * attn_cols * 2,
-                           R * H * 2,        R * 2 * I * 2, R * I * 2,        L * H * 2,
-                           L * int64_t{c.vocab_size} * 4};
+  const int64_t sizes[] = {R * H * 2,         R * H * 2, R * qkv_cols * 2,
+                           R * attn_cols * 2, R * H * 2, R * 2 * I * 2,
+                           R * I * 2,         L * H * 2, L * int64_t{c.vocab_size} * 4};
   int64_t total = 0;
   for (int64_t s : sizes) total += align_up(s);
   if (arena_ != nullptr) {
@@ -204,9 +205,9 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   if (err != cudaSuccess) {
     arena_ = nullptr;
     rows_capacity_ = logits_capacity_ = 0;
-    return unexpected(KernelError{KernelErrorCode::kCuda,
-                                  "cudaMalloc(activations, " + std::to_string(total) +
-                                      " bytes): " + cudaGetErrorString(err)});
+    return unexpected(
+        KernelError{KernelErrorCode::kCuda, "cudaMalloc(activations, " + std::to_string(total) +
+                                                " bytes): " + cudaGetErrorString(err)});
   }
   auto* p = static_cast<uint8_t*>(arena_);
   void* slots[9];
@@ -214,11 +215,10 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
     slots[i] = p;
     p += align_up(sizes[i]);
   }
-  buffers_ = Buffers{static_cast<bf16*>(slots[0]), static_cast<bf16*>(slots[1]),
-                     static_cast<bf16*>(slots[2]), static_cast<bf16*>(slots[3]),
-                     static_cast<bf16*>(slots[4]), static_cast<bf16*>(slots[5]),
-                     static_cast<bf16*>(slots[6]), static_cast<bf16*>(slots[7]),
-                     static_cast<float*>(slots[8])};
+  buffers_ = Buffers{
+      static_cast<bf16*>(slots[0]), static_cast<bf16*>(slots[1]), static_cast<bf16*>(slots[2]),
+      static_cast<bf16*>(slots[3]), static_cast<bf16*>(slots[4]), static_cast<bf16*>(slots[5]),
+      static_cast<bf16*>(slots[6]), static_cast<bf16*>(slots[7]), static_cast<float*>(slots[8])};
   rows_capacity_ = R;
   logits_capacity_ = L;
   return buffers_;

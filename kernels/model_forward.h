@@ -65,11 +65,11 @@ class DeviceModel {
 
 // One step as the forward sees it: device copies of the plan's arrays.
 struct StepViews {
-  const int32_t* tokens = nullptr;      // [rows]
-  RowsView rows;                        // positions, row_seq
+  const int32_t* tokens = nullptr;          // [rows]
+  RowsView rows;                            // positions, row_seq
   PagingView paging[engine::kFamilyCount];  // by Family
   KvPoolView pools[engine::kFamilyCount];   // by Family
-  const int32_t* logit_rows = nullptr;  // [num_logits] row index of each logits slot
+  const int32_t* logit_rows = nullptr;      // [num_logits] row index of each logits slot
   int32_t num_logits = 0;
   int32_t sliding_window = 0;
   bool decode_only = false;  // every seq has one row: the decode attention launcher
@@ -90,15 +90,15 @@ class ModelForward {
 
   // The contiguous no-KV oracle uses the same activations (see oracle_forward.h).
   struct Buffers {
-    bf16* x = nullptr;       // [rows, hidden] residual stream
-    bf16* h = nullptr;       // [rows, hidden] normed input of a block
-    bf16* qkv = nullptr;     // [rows, max qkv_cols]
-    bf16* attn = nullptr;    // [rows, q_heads * max head_dim]
-    bf16* o = nullptr;       // [rows, hidden] block output
-    bf16* gu = nullptr;      // [rows, 2 * intermediate]
-    bf16* act = nullptr;     // [rows, intermediate]
-    bf16* xl = nullptr;      // [logit rows, hidden]
-    float* logits = nullptr; // [logit rows, vocab]
+    bf16* x = nullptr;        // [rows, hidden] residual stream
+    bf16* h = nullptr;        // [rows, hidden] normed input of a block
+    bf16* qkv = nullptr;      // [rows, max qkv_cols]
+    bf16* attn = nullptr;     // [rows, q_heads * max head_dim]
+    bf16* o = nullptr;        // [rows, hidden] block output
+    bf16* gu = nullptr;       // [rows, 2 * intermediate]
+    bf16* act = nullptr;      // [rows, intermediate]
+    bf16* xl = nullptr;       // [logit rows, hidden]
+    float* logits = nullptr;  // [logit rows, vocab]
   };
   Result<Buffers, KernelError> reserve(int32_t rows, int32_t logit_rows);
 

@@ -1,7 +1,7 @@
 // kernels/oracle_forward.cu: the contiguous no-KV oracle forward and its plain attention.
-#include "kernels/oracle_forward.h"
-
 #include <algorithm>
+
+#include "kernels/oracle_forward.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -54,7 +54,8 @@ __global__ void plain_attention_kernel(const bf16* q, int64_t q_stride, const bf
   for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
     float acc = 0.0f;
     for (int32_t j = lo; j <= t; ++j) {
-      acc += scores[j - lo] * __bfloat162float(v[int64_t{j} * kv_heads * hd + int64_t{kvh} * hd + d]);
+      acc +=
+          scores[j - lo] * __bfloat162float(v[int64_t{j} * kv_heads * hd + int64_t{kvh} * hd + d]);
     }
     out[int64_t{t} * q_heads * hd + int64_t{h} * hd + d] = __float2bfloat16(acc * inv);
   }
@@ -144,16 +145,16 @@ Result<std::vector<float>, KernelError> oracle_logits(const DeviceModel& model, 
     const int32_t window = Ly.family == engine::Family::kLocal ? c.sliding_window : 0;
     const int32_t span = window > 0 ? std::min(window, T) : T;
     plain_attention_kernel<<<dim3(T, c.num_q_heads), kThreads, span * sizeof(float), stream>>>(
-        b.qkv, Ly.qkv_cols, b.qkv + q_out, Ly.qkv_cols, vbuf, b.attn, T, c.num_q_heads,
-        Ly.kv_heads, Ly.head_dim, window);
+        b.qkv, Ly.qkv_cols, b.qkv + q_out, Ly.qkv_cols, vbuf, b.attn, T, c.num_q_heads, Ly.kv_heads,
+        Ly.head_dim, window);
     ORACLE_TRY(cuda_status(cudaGetLastError(), "plain_attention_kernel"));
     ORACLE_TRY(finish_layer(model, Ly, blas, b, T, stream));
   }
   ORACLE_TRY(lm_head(model, blas, b, d_rows, L, T, stream));
   std::vector<float> logits(int64_t{L} * c.vocab_size);
-  ORACLE_TRY(cuda_status(cudaMemcpyAsync(logits.data(), b.logits, logits.size() * 4,
-                                         cudaMemcpyDeviceToHost, stream),
-                         "cudaMemcpyAsync(oracle logits)"));
+  ORACLE_TRY(cuda_status(
+      cudaMemcpyAsync(logits.data(), b.logits, logits.size() * 4, cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync(oracle logits)"));
   ORACLE_TRY(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize(oracle)"));
   return logits;
 }
