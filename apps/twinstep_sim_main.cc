@@ -144,128 +144,159 @@ void parse_fault(const std::string& text, Overrides* o) {
   }
 }
 
+// Walks argv; a flag's value is the next argument.
+struct Args {
+  int argc;
+  char** argv;
+  int i = 0;
+  std::string flag;
+  std::string value() {
+    if (i + 1 >= argc) usage_error(flag + " needs a value");
+    return argv[++i];
+  }
+};
+
+constexpr int64_t kBig = 1 << 30;
+
+// Flags that shape the run but not a seed's configuration. False: not one of them.
+bool parse_run_flag(Args& a, Options* out) {
+  Options& opt = *out;
+  const std::string& flag = a.flag;
+  auto value = [&] { return a.value(); };
+  if (flag == "--help" || flag == "-h") {
+    std::fputs(kUsage, stdout);
+    std::exit(0);
+  } else if (flag == "--list-mutants") {
+    for (const engine::Mutant m : engine::all_mutants()) {
+      std::printf("%s\n", std::string(engine::mutant_name(m)).c_str());
+    }
+    std::exit(engine::mutants_compiled() ? 0 : 1);
+  } else if (flag == "--seeds") {
+    opt.seeds = parse_int(flag, value(), 1, kBig);
+  } else if (flag == "--seed") {
+    opt.first_seed = static_cast<uint64_t>(parse_int(flag, value(), 0, INT64_MAX));
+    opt.seeds = 1;
+    opt.single = true;
+  } else if (flag == "--first-seed") {
+    opt.first_seed = static_cast<uint64_t>(parse_int(flag, value(), 0, INT64_MAX));
+  } else if (flag == "--keep-going") {
+    opt.keep_going = true;
+  } else if (flag == "--allow-missing-marks") {
+    opt.allow_missing_marks = true;
+  } else if (flag == "--verbose") {
+    opt.verbose = true;
+  } else if (flag == "--trace") {
+    opt.trace = true;
+  } else if (flag == "--progress") {
+    opt.progress = true;
+  } else if (flag == "--no-progress") {
+    opt.progress = false;
+  } else if (flag == "--json") {
+    opt.json_path = value();
+  } else if (flag == "--mutant") {
+    const std::string name = value();
+    opt.mutant = engine::mutant_from_name(name);
+    if (!opt.mutant) {
+      std::string known;
+      for (const engine::Mutant m : engine::all_mutants()) {
+        known += std::string(engine::mutant_name(m)) + " ";
+      }
+      usage_error("--mutant '" + name + "' names no mutant (expected one of: " + known + ")");
+    }
+    if (!engine::mutants_compiled()) {
+      usage_error("--mutant needs a build with -DTWINSTEP_MUTANTS=ON (the sim preset)");
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Configuration pins: parsed, and kept verbatim for the replay line. False: not a pin.
+bool parse_pin(Args& a, Options* out) {
+  Options& opt = *out;
+  Overrides& o = opt.overrides;
+  const std::string& flag = a.flag;
+  auto value = [&] { return a.value(); };
+  auto pin = [&](const std::string& v) { opt.pins.insert(opt.pins.end(), {flag, v}); };
+  auto int_pin = [&](int64_t lo, int64_t hi) {
+    const std::string v = value();
+    pin(v);
+    return static_cast<int32_t>(parse_int(flag, v, lo, hi));
+  };
+  if (flag == "--model") {
+    const std::string v = value();
+    pin(v);
+    o.model_preset = v;
+  } else if (flag == "--config") {
+    const std::string v = value();
+    pin(v);
+    auto model = engine::ModelConfig::from_file(v);
+    if (!model) usage_error("--config " + v + ": " + model.error().message);
+    o.model_config = std::move(model.value());
+    o.model_config_path = v;
+  } else if (flag == "--page-size") {
+    o.page_size = int_pin(1, 4096);
+  } else if (flag == "--pages-global") {
+    o.pages_global = int_pin(1, 1 << 24);
+  } else if (flag == "--pages-local") {
+    o.pages_local = int_pin(1, 1 << 24);
+  } else if (flag == "--window") {
+    o.window = int_pin(1, kBig);
+  } else if (flag == "--max-running") {
+    o.max_running = int_pin(1, 1 << 20);
+  } else if (flag == "--max-step-tokens") {
+    o.max_step_tokens = int_pin(1, 1 << 24);
+  } else if (flag == "--max-context") {
+    o.max_context = int_pin(1, kBig);
+  } else if (flag == "--max-step-failures") {
+    o.max_step_failures = int_pin(1, 1 << 20);
+  } else if (flag == "--requests") {
+    o.requests = int_pin(0, 1 << 20);
+  } else if (flag == "--arrival") {
+    const std::string v = value();
+    pin(v);
+    o.arrival = arrival_from_name(v);
+    if (!o.arrival) usage_error("--arrival '" + v + "': expected steady, bursty or flood");
+  } else if (flag == "--mean-interarrival-us") {
+    o.mean_interarrival_ns = int64_t{int_pin(0, 1 << 30)} * 1000;
+  } else if (flag == "--prompt-len") {
+    const std::string v = value();
+    pin(v);
+    o.prompt = parse_lengths(flag, v);
+  } else if (flag == "--output-len") {
+    const std::string v = value();
+    pin(v);
+    o.output = parse_lengths(flag, v);
+  } else if (flag == "--fault") {
+    const std::string v = value();
+    pin(v);
+    parse_fault(v, &o);
+  } else if (flag == "--abort-ppm") {
+    o.abort_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+  } else if (flag == "--queued-abort-ppm") {
+    o.queued_abort_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+  } else if (flag == "--invalid-ppm") {
+    o.invalid_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+  } else if (flag == "--sampled-ppm") {
+    o.sampled_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+  } else if (flag == "--stop-ppm") {
+    o.stop_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
+  } else if (flag == "--safety-steps") {
+    o.safety_steps = int_pin(0, kBig);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 Options parse(int argc, char** argv) {
   Options opt;
-  Overrides& o = opt.overrides;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(flag + " needs a value");
-      return argv[++i];
-    };
-    // A configuration pin: parsed, and kept verbatim for the replay line.
-    auto pin = [&](const std::string& v) { opt.pins.insert(opt.pins.end(), {flag, v}); };
-    auto int_pin = [&](int64_t lo, int64_t hi) {
-      const std::string v = value();
-      pin(v);
-      return static_cast<int32_t>(parse_int(flag, v, lo, hi));
-    };
-    constexpr int64_t kBig = 1 << 30;
-    if (flag == "--help" || flag == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else if (flag == "--list-mutants") {
-      for (const engine::Mutant m : engine::all_mutants()) {
-        std::printf("%s\n", std::string(engine::mutant_name(m)).c_str());
-      }
-      std::exit(engine::mutants_compiled() ? 0 : 1);
-    } else if (flag == "--seeds") {
-      opt.seeds = parse_int(flag, value(), 1, kBig);
-    } else if (flag == "--seed") {
-      opt.first_seed = static_cast<uint64_t>(parse_int(flag, value(), 0, INT64_MAX));
-      opt.seeds = 1;
-      opt.single = true;
-    } else if (flag == "--first-seed") {
-      opt.first_seed = static_cast<uint64_t>(parse_int(flag, value(), 0, INT64_MAX));
-    } else if (flag == "--keep-going") {
-      opt.keep_going = true;
-    } else if (flag == "--allow-missing-marks") {
-      opt.allow_missing_marks = true;
-    } else if (flag == "--verbose") {
-      opt.verbose = true;
-    } else if (flag == "--trace") {
-      opt.trace = true;
-    } else if (flag == "--progress") {
-      opt.progress = true;
-    } else if (flag == "--no-progress") {
-      opt.progress = false;
-    } else if (flag == "--json") {
-      opt.json_path = value();
-    } else if (flag == "--mutant") {
-      const std::string name = value();
-      opt.mutant = engine::mutant_from_name(name);
-      if (!opt.mutant) {
-        std::string known;
-        for (const engine::Mutant m : engine::all_mutants()) {
-          known += std::string(engine::mutant_name(m)) + " ";
-        }
-        usage_error("--mutant '" + name + "' names no mutant (expected one of: " + known + ")");
-      }
-      if (!engine::mutants_compiled()) {
-        usage_error("--mutant needs a build with -DTWINSTEP_MUTANTS=ON (the sim preset)");
-      }
-    } else if (flag == "--model") {
-      const std::string v = value();
-      pin(v);
-      o.model_preset = v;
-    } else if (flag == "--config") {
-      const std::string v = value();
-      pin(v);
-      auto model = engine::ModelConfig::from_file(v);
-      if (!model) usage_error("--config " + v + ": " + model.error().message);
-      o.model_config = std::move(model.value());
-      o.model_config_path = v;
-    } else if (flag == "--page-size") {
-      o.page_size = int_pin(1, 4096);
-    } else if (flag == "--pages-global") {
-      o.pages_global = int_pin(1, 1 << 24);
-    } else if (flag == "--pages-local") {
-      o.pages_local = int_pin(1, 1 << 24);
-    } else if (flag == "--window") {
-      o.window = int_pin(1, kBig);
-    } else if (flag == "--max-running") {
-      o.max_running = int_pin(1, 1 << 20);
-    } else if (flag == "--max-step-tokens") {
-      o.max_step_tokens = int_pin(1, 1 << 24);
-    } else if (flag == "--max-context") {
-      o.max_context = int_pin(1, kBig);
-    } else if (flag == "--max-step-failures") {
-      o.max_step_failures = int_pin(1, 1 << 20);
-    } else if (flag == "--requests") {
-      o.requests = int_pin(0, 1 << 20);
-    } else if (flag == "--arrival") {
-      const std::string v = value();
-      pin(v);
-      o.arrival = arrival_from_name(v);
-      if (!o.arrival) usage_error("--arrival '" + v + "': expected steady, bursty or flood");
-    } else if (flag == "--mean-interarrival-us") {
-      o.mean_interarrival_ns = int64_t{int_pin(0, 1 << 30)} * 1000;
-    } else if (flag == "--prompt-len") {
-      const std::string v = value();
-      pin(v);
-      o.prompt = parse_lengths(flag, v);
-    } else if (flag == "--output-len") {
-      const std::string v = value();
-      pin(v);
-      o.output = parse_lengths(flag, v);
-    } else if (flag == "--fault") {
-      const std::string v = value();
-      pin(v);
-      parse_fault(v, &o);
-    } else if (flag == "--abort-ppm") {
-      o.abort_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
-    } else if (flag == "--queued-abort-ppm") {
-      o.queued_abort_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
-    } else if (flag == "--invalid-ppm") {
-      o.invalid_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
-    } else if (flag == "--sampled-ppm") {
-      o.sampled_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
-    } else if (flag == "--stop-ppm") {
-      o.stop_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
-    } else if (flag == "--safety-steps") {
-      o.safety_steps = int_pin(0, kBig);
-    } else {
-      usage_error("unknown option '" + flag + "'");
+  Args a{argc, argv};
+  for (a.i = 1; a.i < argc; ++a.i) {
+    a.flag = argv[a.i];
+    if (!parse_run_flag(a, &opt) && !parse_pin(a, &opt)) {
+      usage_error("unknown option '" + a.flag + "'");
     }
   }
   return opt;
