@@ -310,7 +310,8 @@ def run_geometry_with(name, out_dir, seed, new_tokens, qk_scale):
     log(f"{name}: {len(chosen)} prompts kept (lengths {[len(c['prompt']) for c in chosen]}, "
         f"steps {[c['kept'] for c in chosen]}), tf_noise={tf_noise:.5f}, {time.time() - t0:.1f}s")
     if len(chosen) < 3:
-        log(f"FAIL: {name}: only {len(chosen)} prompts keep >= {MIN_KEPT_STEPS} steps")
+        log(f"{name}: only {len(chosen)} prompts keep >= {MIN_KEPT_STEPS} steps at q/k scale "
+            f"{qk_scale}" + ("; trying a smaller one" if qk_scale != QK_SCALES[-1] else "; FAIL"))
         return False
     return True
 
