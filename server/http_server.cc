@@ -598,6 +598,9 @@ void Server::Impl::accept() {
     auto session = std::make_shared<Session>(std::move(socket), *this);
     {
       std::lock_guard lock(mutex);
+      // Checked under the lock that on_drained takes: a connection registered after the
+      // drain's sweep would never be told to close and would keep the io threads alive.
+      if (shutting_down()) return;  // the socket closes with the session
       ++counters.connections_accepted;
       std::erase_if(sessions, [](const std::weak_ptr<Session>& s) { return s.expired(); });
       sessions.push_back(session);
