@@ -407,112 +407,124 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
   }
 }
 
-int run(int argc, char** argv) {
-  const Options opt = parse(argc, argv);
-  if (opt.mutant) engine::set_active_mutant(*opt.mutant);
-  const std::string program = argv[0];
+// Prints a seed's line (and, on a violation, the seed, invariant, step and replay command);
+// returns its JSON record.
+nlohmann::json report_seed(const SeedResult& r, const std::string& program, const Options& opt) {
+  nlohmann::json record = {{"seed", r.seed},
+                           {"ok", r.ok()},
+                           {"trace_hash", hex(r.trace_hash)},
+                           {"config", r.config.to_json()},
+                           {"stats", stats_to_json(r.stats)}};
+  if (r.ok()) {
+    std::printf("seed %-6" PRIu64 " ok    steps %6" PRIu64 "  req %4" PRIu64
+                "  sim %9.3f ms  trace-hash: %s\n",
+                r.seed, r.stats.steps, r.stats.requests, static_cast<double>(r.stats.sim_ns) * 1e-6,
+                hex(r.trace_hash).c_str());
+  } else {
+    const FirstViolation& v = *r.violation;
+    const std::string replay = replay_line(program, opt, r.seed);
+    std::printf("seed %-6" PRIu64 " VIOLATION\n", r.seed);
+    std::printf("  seed:      %" PRIu64 "\n  invariant: %s\n  step:      %" PRIu64
+                " (%s phase)\n  detail:    %s\n  config:    %s\n  replay:    %s\n",
+                r.seed, v.invariant.c_str(), v.step, v.phase.c_str(), v.detail.c_str(),
+                r.config.describe().c_str(), replay.c_str());
+    std::printf("seed %-6" PRIu64 " FAIL  steps %6" PRIu64 "  req %4" PRIu64
+                "  invariant %s at step %" PRIu64 "  trace-hash: %s\n",
+                r.seed, r.stats.steps, r.stats.requests, v.invariant.c_str(), v.step,
+                hex(r.trace_hash).c_str());
+    record["violation"] = {{"invariant", v.invariant},
+                           {"step", v.step},
+                           {"phase", v.phase},
+                           {"detail", v.detail},
+                           {"replay", replay}};
+  }
+  std::fflush(stdout);
+  return record;
+}
+
+struct CampaignOutcome {
+  RunStats totals;
+  nlohmann::json seeds = nlohmann::json::array();
+  int64_t done = 0;
+  int64_t ok = 0;
+  bool violated = false;
+};
+
+CampaignOutcome run_campaign(const Options& opt, const std::string& program) {
   const bool progress_on = opt.progress.value_or(isatty(STDERR_FILENO) == 1);
   Progress progress(progress_on, opt.seeds);
-  const auto start = std::chrono::steady_clock::now();
-
-  std::printf("twinstep-sim: %" PRId64 " seed%s from %" PRIu64 ", mutant %s\n", opt.seeds,
-              opt.seeds == 1 ? "" : "s", opt.first_seed,
-              std::string(engine::mutant_name(engine::active_mutant())).c_str());
-  std::fflush(stdout);
-  RunStats totals;
-  nlohmann::json seeds_json = nlohmann::json::array();
-  int64_t done = 0, ok = 0;
-  bool violated = false;
-  for (int64_t i = 0; i < opt.seeds; ++i) {
+  CampaignOutcome outcome;
+  for (int64_t i = 0; i < opt.seeds && !(outcome.violated && !opt.keep_going); ++i) {
     const uint64_t seed = opt.first_seed + static_cast<uint64_t>(i);
     auto config = draw_config(seed, opt.overrides);
     if (!config) usage_error("seed " + std::to_string(seed) + ": " + config.error());
-    if (opt.verbose)
+    if (opt.verbose) {
       std::printf("seed %-6" PRIu64 " config: %s\n", seed, config->describe().c_str());
+    }
     const SeedResult r = run_seed(
-        *config, [&](const SeedProgress& p) { progress.draw(done, p); },
+        *config, [&](const SeedProgress& p) { progress.draw(outcome.done, p); },
         opt.trace ? stdout : nullptr);
     progress.clear();
-    done += 1;
-    totals.add(r.stats);
-    nlohmann::json seed_json = {{"seed", seed},
-                                {"ok", r.ok()},
-                                {"trace_hash", hex(r.trace_hash)},
-                                {"config", r.config.to_json()},
-                                {"stats", stats_to_json(r.stats)}};
-    if (r.ok()) {
-      ok += 1;
-      std::printf("seed %-6" PRIu64 " ok    steps %6" PRIu64 "  req %4" PRIu64
-                  "  sim %9.3f ms  trace-hash: %s\n",
-                  seed, r.stats.steps, r.stats.requests, static_cast<double>(r.stats.sim_ns) * 1e-6,
-                  hex(r.trace_hash).c_str());
-    } else {
-      violated = true;
-      const FirstViolation& v = *r.violation;
-      const std::string replay = replay_line(program, opt, seed);
-      std::printf("seed %-6" PRIu64 " VIOLATION\n", seed);
-      std::printf("  seed:      %" PRIu64 "\n  invariant: %s\n  step:      %" PRIu64
-                  " (%s phase)\n  detail:    %s\n  config:    %s\n  replay:    %s\n",
-                  seed, v.invariant.c_str(), v.step, v.phase.c_str(), v.detail.c_str(),
-                  r.config.describe().c_str(), replay.c_str());
-      std::printf("seed %-6" PRIu64 " FAIL  steps %6" PRIu64 "  req %4" PRIu64
-                  "  invariant %s at step %" PRIu64 "  trace-hash: %s\n",
-                  seed, r.stats.steps, r.stats.requests, v.invariant.c_str(), v.step,
-                  hex(r.trace_hash).c_str());
-      seed_json["violation"] = {{"invariant", v.invariant},
-                                {"step", v.step},
-                                {"phase", v.phase},
-                                {"detail", v.detail},
-                                {"replay", replay}};
-    }
-    std::fflush(stdout);
-    seeds_json.push_back(std::move(seed_json));
-    if (violated && !opt.keep_going) break;
+    outcome.done += 1;
+    outcome.ok += r.ok() ? 1 : 0;
+    outcome.violated |= !r.ok();
+    outcome.totals.add(r.stats);
+    outcome.seeds.push_back(report_seed(r, program, opt));
   }
+  return outcome;
+}
+
+bool write_json(const std::string& path, const nlohmann::json& report) {
+  std::ofstream out(path);
+  out << report.dump(2) << "\n";
+  return static_cast<bool>(out);
+}
+
+int run(int argc, char** argv) {
+  const Options opt = parse(argc, argv);
+  if (opt.mutant) engine::set_active_mutant(*opt.mutant);
+  // Fail before a long run, not after it, when the report cannot be written.
+  if (!opt.json_path.empty() && !write_json(opt.json_path, nlohmann::json::object())) {
+    usage_error("--json " + opt.json_path + ": cannot write the file");
+  }
+  const std::string mutant(engine::mutant_name(engine::active_mutant()));
+  std::printf("twinstep-sim: %" PRId64 " seed%s from %" PRIu64 ", mutant %s\n", opt.seeds,
+              opt.seeds == 1 ? "" : "s", opt.first_seed, mutant.c_str());
+  std::fflush(stdout);
+  const auto start = std::chrono::steady_clock::now();
+  const CampaignOutcome c = run_campaign(opt, argv[0]);
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::vector<CoverageMark> marks = coverage_marks(totals);
-  print_summary(totals, done, ok, marks, wall_s);
+  const std::vector<CoverageMark> marks = coverage_marks(c.totals);
+  print_summary(c.totals, c.done, c.ok, marks, wall_s);
 
   std::vector<std::string> missing;
+  nlohmann::json marks_json = nlohmann::json::array();
   for (const CoverageMark& m : marks) {
     if (m.hits == 0) missing.push_back(m.name);
+    marks_json.push_back({{"name", m.name}, {"hits", m.hits}});
   }
   // A single-seed replay cannot be expected to reach every mark; a campaign can.
-  const bool marks_required = !opt.single && !opt.allow_missing_marks && !violated;
-  std::string result = "pass";
-  int rc = 0;
-  if (violated) {
-    result = "violation";
-    rc = 1;
-  } else if (marks_required && !missing.empty()) {
-    result = "missing-marks";
-    rc = 3;
-  }
+  const bool marks_required = !opt.single && !opt.allow_missing_marks;
+  const std::string result = c.violated                           ? "violation"
+                             : marks_required && !missing.empty() ? "missing-marks"
+                                                                  : "pass";
+  int rc = result == "violation" ? 1 : result == "missing-marks" ? 3 : 0;
   if (!opt.json_path.empty()) {
-    nlohmann::json marks_json = nlohmann::json::array();
-    for (const CoverageMark& m : marks) marks_json.push_back({{"name", m.name}, {"hits", m.hits}});
     const nlohmann::json report = {
-        {"tool", "twinstep-sim"},
-        {"args", std::vector<std::string>(argv + 1, argv + argc)},
-        {"mutant", std::string(engine::mutant_name(engine::active_mutant()))},
-        {"result", result},
-        {"seeds_run", done},
-        {"seeds_ok", ok},
-        {"wall_s", wall_s},
-        {"totals", stats_to_json(totals)},
-        {"marks", marks_json},
-        {"missing_marks", missing},
-        {"seeds", seeds_json}};
-    std::ofstream out(opt.json_path);
-    out << report.dump(2) << "\n";
-    if (!out) {
+        {"tool", "twinstep-sim"}, {"args", std::vector<std::string>(argv + 1, argv + argc)},
+        {"mutant", mutant},       {"result", result},
+        {"seeds_run", c.done},    {"seeds_ok", c.ok},
+        {"wall_s", wall_s},       {"totals", stats_to_json(c.totals)},
+        {"marks", marks_json},    {"missing_marks", missing},
+        {"seeds", c.seeds}};
+    if (!write_json(opt.json_path, report)) {
       std::fprintf(stderr, "twinstep-sim: cannot write --json %s\n", opt.json_path.c_str());
-      if (rc == 0) rc = 2;
+      rc = rc == 0 ? 2 : rc;
     }
   }
   if (result == "pass") {
-    std::printf("\nresult: PASS (%" PRId64 " seeds, wall %.2f s)\n", done, wall_s);
+    std::printf("\nresult: PASS (%" PRId64 " seeds, wall %.2f s)\n", c.done, wall_s);
   } else if (result == "violation") {
     std::printf("\nresult: VIOLATION (see the replay line above)\n");
   } else {
