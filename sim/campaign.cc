@@ -334,7 +334,7 @@ class SeedRunner {
     while (next_ < plan_.size() && plan_[next_].arrival_ns <= h_.device().now_ns()) {
       const engine::RequestControl control = h_.submit(plan_[next_].request);
       index_.emplace(control.id(), next_);
-      if (with_aborts && abort_rng_.chance_ppm(c_.queued_abort_ppm)) h_.abort(control.id());
+      if (with_aborts && abort_rng_.chance_ppm(c_.queued_abort_ppm)) abort(control.id());
       next_ += 1;
     }
   }
@@ -361,7 +361,12 @@ class SeedRunner {
     }
     const std::vector<RequestId>& pool = in_phase.empty() ? live : in_phase;
     if (pool.empty()) return;
-    h_.abort(pool[abort_rng_.below(pool.size())]);
+    abort(pool[abort_rng_.below(pool.size())]);
+  }
+
+  void abort(RequestId id) {
+    h_.abort(id);
+    aborted_before_step_.push_back(id);
   }
 
   bool step() {
@@ -374,9 +379,20 @@ class SeedRunner {
     if ((h_.steps() & 127) == 0 && progress_) {
       progress_(SeedProgress{c_.seed, phase_.c_str(), h_.steps(), next_, plan_.size()});
     }
-    if (h_.ok()) return true;
-    violation_ = from_harness();
-    return false;
+    if (!h_.ok()) {
+      violation_ = from_harness();
+      return false;
+    }
+    // An abort retires its request at the next step, whatever phase it is in.
+    for (const RequestId id : aborted_before_step_) {
+      if (h_.records().at(id).terminal) continue;
+      std::ostringstream os;
+      os << id << " was aborted before step " << h_.steps() << " and is still live after it";
+      violation_ = FirstViolation{h_.steps(), phase_, "abort-latency", os.str()};
+      return false;
+    }
+    aborted_before_step_.clear();
+    return true;
   }
 
   FirstViolation from_harness() const {
@@ -433,6 +449,7 @@ class SeedRunner {
   std::vector<PlannedRequest> plan_;
   size_t next_ = 0;
   std::map<RequestId, size_t> index_;
+  std::vector<RequestId> aborted_before_step_;  // must all have a terminal after the next step
   std::string phase_;
   std::optional<FirstViolation> violation_;
 };
