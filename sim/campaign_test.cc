@@ -136,6 +136,10 @@ TEST(Campaign, CoverageMarksNameEveryFaultSiteReasonAndPhase) {
 // reproduces the same violation at the same step with the same trace hash.
 TEST(Campaign, EveryMutantIsCaughtAndReplays) {
   if (!engine::mutants_compiled()) GTEST_SKIP() << "built without TWINSTEP_MUTANTS";
+  // The selection is process-wide: put it back even when an assertion returns early.
+  struct Restore {
+    ~Restore() { engine::set_active_mutant(engine::Mutant::kNone); }
+  } restore;
   for (const engine::Mutant m : engine::all_mutants()) {
     engine::set_active_mutant(m);
     std::optional<SeedResult> failure;
@@ -145,13 +149,11 @@ TEST(Campaign, EveryMutantIsCaughtAndReplays) {
     }
     ASSERT_TRUE(failure.has_value()) << "mutant " << engine::mutant_name(m) << " survived";
     const SeedResult again = run(failure->seed);
-    engine::set_active_mutant(engine::Mutant::kNone);
     ASSERT_FALSE(again.ok()) << engine::mutant_name(m) << " did not replay";
     EXPECT_EQ(again.violation->invariant, failure->violation->invariant);
     EXPECT_EQ(again.violation->step, failure->violation->step);
     EXPECT_EQ(again.trace_hash, failure->trace_hash);
   }
-  engine::set_active_mutant(engine::Mutant::kNone);
 }
 
 }  // namespace
