@@ -369,7 +369,41 @@ class SeedRunner {
     aborted_before_step_.push_back(id);
   }
 
+  // Digest of one live request's state: frontier, tokens and the pages it holds per family.
+  static uint64_t digest(const engine::RequestState& r) {
+    uint64_t h = mix64((static_cast<uint64_t>(r.frontier) << 32) ^ r.tokens.size());
+    for (const engine::Family f : engine::kFamilies) {
+      const engine::KvState& kv = r.kv_of(f);
+      h = mix64(h ^ static_cast<uint32_t>(kv.first_page));
+      for (const engine::PageId page : kv.pages) h = mix64(h ^ page.index);
+    }
+    return h;
+  }
+
+  std::map<RequestId, uint64_t> snapshot() const {
+    std::map<RequestId, uint64_t> out;
+    for (const auto& [id, r] : h_.engine().scheduler().requests()) out.emplace(id, digest(r));
+    return out;
+  }
+
+  // A failed step must leave every request that survives it exactly as it was.
+  std::optional<FirstViolation> check_failed_step(const std::map<RequestId, uint64_t>& before) {
+    const auto& live = h_.engine().scheduler().requests();
+    for (const auto& [id, d] : before) {
+      auto it = live.find(id);
+      if (it == live.end() || digest(it->second) == d) continue;
+      std::ostringstream os;
+      os << id << " changed frontier, tokens or pages in a failed step (frontier now "
+         << it->second.frontier << ")";
+      return FirstViolation{h_.steps(), phase_, "failed-step-moved-state", os.str()};
+    }
+    return std::nullopt;
+  }
+
   bool step() {
+    // Only faults fail a step; snapshot (O(pages held)) only while they can fire.
+    const bool faults_on = phase_ == "safety";
+    const std::map<RequestId, uint64_t> before = faults_on ? snapshot() : decltype(before){};
     const engine::StepOutputs& out = h_.step();
     if (trace_ != nullptr) {
       std::fprintf(trace_, "%-8s step %llu %s\n", phase_.c_str(),
@@ -382,6 +416,12 @@ class SeedRunner {
     if (!h_.ok()) {
       violation_ = from_harness();
       return false;
+    }
+    if (out.failed) {
+      if (auto v = check_failed_step(before)) {
+        violation_ = std::move(v);
+        return false;
+      }
     }
     // An abort retires its request at the next step, whatever phase it is in.
     for (const RequestId id : aborted_before_step_) {
