@@ -166,9 +166,13 @@ int main(int argc, char** argv) {
         "  server-side TTFT (submit to token out of the engine), bucket bounds ms: "
         "p50 <= %.1f  p99 <= %.1f\n",
         latency.ttft.quantile_bound(0.5) * 1e3, latency.ttft.quantile_bound(0.99) * 1e3);
-    std::printf("  engine: %llu steps, %llu tokens generated\n",
+    // Tokens per step is the batch the engine really ran: near the concurrency when the
+    // device is the bottleneck, near 1 when the clients and the network are.
+    std::printf("  engine: %llu steps, %llu tokens generated, %.1f tokens per step\n",
                 static_cast<unsigned long long>(m.counters.steps),
-                static_cast<unsigned long long>(m.counters.tokens_generated));
+                static_cast<unsigned long long>(m.counters.tokens_generated),
+                static_cast<double>(m.counters.tokens_generated) /
+                    static_cast<double>(std::max<uint64_t>(1, m.counters.steps)));
     server->shutdown();
     server::ShutdownReport report = server->wait();
     if (!report.drain.pools_at_baseline) {
