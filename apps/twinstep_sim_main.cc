@@ -61,6 +61,8 @@ configuration pins (each overrides the seed's draw):
   --sampled-ppm N        share of valid requests with temperature > 0
   --stop-ppm N           share of valid requests given a stop id the oracle says they emit
   --safety-steps N       cap on the safety phase's steps
+exit status: 0 pass, 1 a violation (its replay line is printed), 2 bad usage, 3 a campaign
+that left a coverage mark unhit.
 )";
 
 struct Options {
