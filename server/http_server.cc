@@ -134,10 +134,16 @@ struct Exchange {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, Server::Impl& server)
-      : stream_(std::move(socket)), linger_(stream_.get_executor()), server_(server) {}
+      : stream_(std::move(socket)),
+        linger_(stream_.get_executor()),
+        idle_(stream_.get_executor()),
+        server_(server) {}
 
   void start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_next(); });
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      self->read_next();
+      self->arm_idle();
+    });
   }
   // Server shutdown, after the engine drained: finish what is queued, then close.
   void close_when_idle() {
@@ -207,6 +213,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_request() {
+    idle_.cancel();
     Request request = parser_->release();
     if (exchange_) {
       pipelined_ = std::move(request);  // served once the exchange finishes; stop reading
@@ -501,7 +508,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void flush() {
     if (closed_ || writing_) return;
     if (outbox_.empty()) {
-      if (close_after_flush_ && !exchange_ && !pipelined_) linger_close();
+      if (close_after_flush_ && !exchange_ && !pipelined_) return linger_close();
+      if (!exchange_ && !pipelined_) arm_idle();
       return;
     }
     in_flight_.assign(std::make_move_iterator(outbox_.begin()),
@@ -541,6 +549,19 @@ class Session : public std::enable_shared_from_this<Session> {
     finish_close();
   }
 
+  // The connection owes us nothing and we owe it nothing: it has idle_timeout to complete its
+  // next request (header and body), or it is closed. Bounds what a silent or trickling client
+  // can hold; a completion in flight is never cut by it.
+  void arm_idle() {
+    if (closed_) return;
+    idle_.expires_after(server_.options.idle_timeout);
+    idle_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || self->closed_) return;
+      if (self->exchange_ || self->pipelined_ || self->writing_ || !self->outbox_.empty()) return;
+      self->linger_close();
+    });
+  }
+
   // Our last response is written: half-close and let the client hang up first, so unread
   // request bytes on our side cannot turn the close into a reset that eats the response.
   void linger_close() {
@@ -563,12 +584,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void finish_close() {
     linger_.cancel();
+    idle_.cancel();
     beast::error_code ec;
     stream_.socket().close(ec);
   }
 
   beast::tcp_stream stream_;
   net::steady_timer linger_;
+  net::steady_timer idle_;  // closes a connection that sends no complete request in time
   Server::Impl& server_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;

@@ -4,6 +4,7 @@
 // EngineLoop this server owns; the network runs on the server's io threads.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +21,9 @@ struct ServerOptions {
   uint16_t port = 0;  // 0: an ephemeral port (see Server::port())
   int io_threads = 1;
   size_t max_body_bytes = size_t{1} << 20;  // larger bodies get 413
+  // A connection with no request in flight must complete its next one within this, or it is
+  // closed (silent or trickling clients cannot hold connections forever).
+  std::chrono::milliseconds idle_timeout = std::chrono::seconds(60);
   std::string model_id = "twinstep-sim";
   EngineLoopOptions loop;
 };

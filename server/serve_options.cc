@@ -41,6 +41,7 @@ An OpenAI-compatible completions server (prompts and outputs are token ids).
   --host ADDR --port N     where to listen (port 0: an ephemeral port, printed at start)
   --io-threads N           network threads (default 1; the engine has its own thread)
   --max-body-bytes N       larger request bodies get 413 (default 1048576)
+  --idle-timeout-s N       close a connection that sends no complete request for N s (60)
   --page-size N --pages-global N --pages-local N --max-running N --max-step-tokens N
   --max-context N          engine limits (defaults: the engine's; context 0 = the model's)
   --sim-step-us N          sleep N us after each step, to pace the simulated device
@@ -85,6 +86,12 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
   flags["--max-body-bytes"] = [&](const std::string& v) {
     return parse_int<size_t>("--max-body-bytes", v, 64, size_t{1} << 30,
                              config.server.max_body_bytes);
+  };
+  flags["--idle-timeout-s"] = [&](const std::string& v) -> std::optional<std::string> {
+    int64_t seconds = 0;
+    if (auto e = parse_int<int64_t>("--idle-timeout-s", v, 1, 86'400, seconds)) return e;
+    config.server.idle_timeout = std::chrono::seconds(seconds);
+    return std::nullopt;
   };
   flags["--sim-step-us"] = [&](const std::string& v) {
     return parse_int<int64_t>("--sim-step-us", v, 0, 10'000'000, config.server.loop.step_sleep_us);

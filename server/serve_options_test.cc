@@ -19,9 +19,10 @@ TEST(ServeOptions, DefaultsServeTheSimulatedDevice) {
 }
 
 TEST(ServeOptions, FlagsAndValues) {
-  auto config = parse_serve_args({"--device", "sim", "--host", "0.0.0.0", "--port=8123",
-                                  "--pages-global", "64", "--max-context", "512",
-                                  "--max-body-bytes", "4096", "--sim-step-us", "100"});
+  auto config =
+      parse_serve_args({"--device", "sim", "--host", "0.0.0.0", "--port=8123", "--pages-global",
+                        "64", "--max-context", "512", "--max-body-bytes", "4096", "--sim-step-us",
+                        "100", "--idle-timeout-s", "7"});
   ASSERT_TRUE(config.ok()) << config.error();
   EXPECT_EQ(config->server.host, "0.0.0.0");
   EXPECT_EQ(config->server.port, 8123);
@@ -29,6 +30,7 @@ TEST(ServeOptions, FlagsAndValues) {
   EXPECT_EQ(config->engine.max_context, 512);
   EXPECT_EQ(config->server.max_body_bytes, 4096u);
   EXPECT_EQ(config->server.loop.step_sleep_us, 100);
+  EXPECT_EQ(config->server.idle_timeout, std::chrono::seconds(7));
 }
 
 TEST(ServeOptions, BadFlagsNameTheFlag) {

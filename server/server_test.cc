@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <boost/asio.hpp>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -249,8 +250,22 @@ TEST_F(ServerTest, SixtyFourConcurrentStreamsCompleteAndEqualTheEngine) {
     EXPECT_EQ((*r.usage)["completion_tokens"], expected[i].size());
     EXPECT_EQ((*r.usage)["prompt_tokens"], requests[i].prompt.size());
   }
-  EXPECT_TRUE(eventually([&] { return pools_at_baseline(); }));
+  EXPECT_TRUE(
+      eventually([&] { return pools_at_baseline() && server_->loop().live_requests() == 0; }));
   EXPECT_EQ(server_->http_counters().responses[http_status_slot(200)], uint64_t{kStreams});
+  // The load feed saw all of it: one TTFT per request, gaps for the rest of the tokens.
+  std::string metrics = client::request(port_, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("twinstep_time_to_first_token_seconds_count 64\n"), std::string::npos)
+      << metrics;
+  size_t tokens = 0;
+  for (const auto& e : expected) tokens += e.size();
+  EXPECT_NE(metrics.find("twinstep_tokens_generated_total " + std::to_string(tokens) + "\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("twinstep_inter_token_latency_seconds_count " +
+                         std::to_string(tokens - kStreams) + "\n"),
+            std::string::npos)
+      << metrics;
 }
 
 TEST_F(ServerTest, MidStreamDisconnectAbortsAndReturnsPages) {
@@ -287,6 +302,40 @@ TEST_F(ServerTest, MidStreamDisconnectAbortsAndReturnsPages) {
   EXPECT_LT(engine_->metrics().counters.tokens_generated, uint64_t{kStreams * 300});
   // And the server keeps serving.
   EXPECT_EQ(post({{"prompt", {1, 2, 3}}, {"max_tokens", 2}}).status, 200);
+}
+
+// A client that sends a request and hangs up before the answer: a non-streamed completion,
+// and a stream on a "Connection: close" request (where no further request is read, but the
+// hang-up must still be noticed).
+TEST_F(ServerTest, HangUpBeforeTheAnswerAborts) {
+  start();
+  namespace net = boost::asio;
+  const std::string streamed = R"({"prompt":[7,8,9],"max_tokens":200,"stream":true})";
+  const std::string plain = R"({"prompt":[7,8,9],"max_tokens":200})";
+  int expected_aborts = 0;
+  for (const std::string& body : {plain, streamed}) {
+    for (const char* connection : {"keep-alive", "close"}) {
+      server_->loop().hold_after(0);
+      net::io_context ioc;
+      net::ip::tcp::socket socket(ioc);
+      socket.connect({net::ip::make_address_v4("127.0.0.1"), port_});
+      std::string request =
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: " + std::string(connection) +
+          "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+      net::write(socket, net::buffer(request));
+      ASSERT_TRUE(eventually([&] { return server_->loop().live_requests() == 1; }));
+      socket.close();
+      ++expected_aborts;
+      ASSERT_TRUE(eventually([&] {
+        return server_->http_counters().disconnect_aborts == uint64_t(expected_aborts);
+      })) << body
+          << " " << connection;
+      server_->loop().release_hold();
+      ASSERT_TRUE(
+          eventually([&] { return pools_at_baseline() && server_->loop().live_requests() == 0; }));
+      EXPECT_EQ(terminals(engine::TerminalKind::kAborted), uint64_t(expected_aborts));
+    }
+  }
 }
 
 TEST_F(ServerTest, RandomDisconnectsAmongFinishersReturnPoolsToBaseline) {
@@ -399,6 +448,25 @@ TEST_F(ServerTest, KeepAliveServesPipelinedRequestsInOrder) {
   ASSERT_NE(models, std::string::npos) << got;
   EXPECT_LT(health, done);
   EXPECT_LT(done, models);
+}
+
+TEST_F(ServerTest, IdleConnectionsAreClosedButLongStreamsAreNot) {
+  ServerOptions options;
+  options.idle_timeout = std::chrono::seconds(1);
+  options.loop.step_sleep_us = 5000;  // the stream below lasts >= 2 s: twice the idle timeout
+  start(options);
+  auto begin = std::chrono::steady_clock::now();
+  // Silent, and trickling (a header that never ends): both closed, long before the client's
+  // own 60 s deadline.
+  EXPECT_EQ(client::raw_exchange(port_, ""), "");
+  EXPECT_EQ(client::raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\n"), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, seconds(50));
+  json body = {{"prompt", {1, 2, 3}}, {"max_tokens", 400}, {"stream", true}, {"ignore_eos", true}};
+  auto results = client::run_completions(port_, {{body.dump()}}, 1);
+  ASSERT_EQ(results[0].status, 200) << results[0].error;
+  EXPECT_TRUE(results[0].done) << results[0].error;
+  EXPECT_EQ(results[0].tokens.at(0).size(), 400u);
+  EXPECT_EQ(results[0].finish_reasons.at(0), "length");
 }
 
 TEST_F(ServerTest, ShutdownWhileBusyAbortsInFlightAndDrainsToBaseline) {
