@@ -47,53 +47,95 @@ int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 int32_t sample_logits(std::span<const float> logits, const engine::SamplingParams& s,
                       int32_t output_index) {
   TS_CHECK(!logits.empty()) << "sampling an empty row";
+  const int32_t vocab = static_cast<int32_t>(logits.size());
   auto argmax = [&] {
     int32_t best = 0;
-    for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
+    for (int32_t i = 1; i < vocab; ++i) {
       // NaN never wins: a comparison with NaN is false.
       if (logits[i] > logits[best] || std::isnan(logits[best])) best = i;
     }
     return best;
   };
   if (s.greedy()) return argmax();
-  // Candidates ordered by logit (descending), ties by index: a total, portable order.
-  std::vector<int32_t> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) {
-    const float la = std::isnan(logits[a]) ? -INFINITY : logits[a];
-    const float lb = std::isnan(logits[b]) ? -INFINITY : logits[b];
-    return la != lb ? la > lb : a < b;
-  };
-  size_t keep = logits.size();
-  if (s.top_k > 0) keep = std::min<size_t>(keep, static_cast<size_t>(s.top_k));
-  std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-  order.resize(keep);
-  const double top = logits[order[0]];
-  std::vector<double> p(keep);
-  double sum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    const double l = std::isnan(logits[order[i]]) ? -INFINITY : logits[order[i]];
-    p[i] = std::exp((l - top) / s.temperature);
-    sum += p[i];
+  // NaN never wins: it becomes -inf, weight 0.
+  std::vector<float> key(vocab);
+  float top = -INFINITY;
+  for (int32_t i = 0; i < vocab; ++i) {
+    key[i] = std::isnan(logits[i]) ? -INFINITY : logits[i];
+    top = std::max(top, key[i]);
   }
+  if (top == -INFINITY) return argmax();
+  // Weights: every entry without top_k (the cut is relative to the whole vocabulary); only the
+  // top_k candidates otherwise, filled in below.
+  std::vector<double> w(vocab, 0.0);
+  auto weigh = [&](int32_t i) {
+    return w[i] = std::exp((static_cast<double>(key[i]) - top) / s.temperature);
+  };
+  double total = 0.0;
+  if (s.top_k <= 0) {
+    for (int32_t i = 0; i < vocab; ++i) total += weigh(i);
+  }
+  const double u = sample_uniform(s.seed, output_index);
+
+  // Plain temperature: one pass in index order, no sort (a full sort of a 262k vocabulary
+  // costs tens of milliseconds per row).
+  if (s.top_k <= 0 && s.top_p >= 1.0f) {
+    const double target = u * total;
+    double acc = 0.0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < vocab; ++i) {
+      if (w[i] == 0.0) continue;
+      acc += w[i];
+      last = i;
+      if (target < acc) return i;
+    }
+    return last;
+  }
+
+  // Candidates ordered by logit (descending), ties by index: a total, portable order. Only the
+  // prefix a cut can reach is ordered: the top_k entries, or for top_p a prefix grown x4
+  // (selection, then a sort of the new slice) until it holds the nucleus.
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) { return key[a] != key[b] ? key[a] > key[b] : a < b; };
+  auto order_prefix = [&](int32_t from, int32_t to) {
+    if (to < vocab) std::nth_element(order.begin() + from, order.begin() + to, order.end(), by_logit);
+    std::sort(order.begin() + from, order.begin() + to, by_logit);
+  };
+  const int32_t cap = s.top_k > 0 ? std::min(vocab, s.top_k) : vocab;
+  int32_t sorted = std::min(cap, s.top_p < 1.0f ? 256 : cap);
+  order_prefix(0, sorted);
+  double mass = total;  // the mass the top-p cut is relative to: the top-k set, or everything
+  if (s.top_k > 0) {
+    mass = 0.0;
+    for (int32_t i = 0; i < cap; ++i) mass += weigh(order[i]);
+  }
+  int32_t keep = cap;
   if (s.top_p < 1.0f) {
+    const double needed = static_cast<double>(s.top_p) * mass;
     double cumulative = 0.0;
-    size_t cut = keep;
-    for (size_t i = 0; i < keep; ++i) {
-      cumulative += p[i] / sum;
-      if (cumulative >= s.top_p) {
-        cut = i + 1;
+    int32_t i = 0;
+    for (;;) {
+      for (; i < sorted; ++i) {
+        cumulative += w[order[i]];
+        if (cumulative >= needed) break;
+      }
+      if (i < sorted || sorted == cap) {
+        keep = std::min(i + 1, cap);
         break;
       }
+      const int32_t grown = std::min(cap, sorted * 4);
+      order_prefix(sorted, grown);
+      sorted = grown;
     }
-    keep = cut;
-    sum = std::accumulate(p.begin(), p.begin() + keep, 0.0);
   }
-  const double u = sample_uniform(s.seed, output_index) * sum;
+  double sum = 0.0;
+  for (int32_t i = 0; i < keep; ++i) sum += w[order[i]];
+  const double target = u * sum;
   double acc = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (u < acc) return order[i];
+  for (int32_t i = 0; i < keep; ++i) {
+    acc += w[order[i]];
+    if (target < acc) return order[i];
   }
   return order[keep - 1];
 }

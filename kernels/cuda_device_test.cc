@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <map>
+#include <numeric>
 #include <vector>
 
 namespace twinstep::kernels {
@@ -64,6 +68,58 @@ TEST(Sampling, FrequenciesFollowTheTemperedSoftmax) {
   counts.clear();
   for (int i = 0; i < n; ++i) counts[sample_logits(logits, params(0.5f, 0, 1.0f, 5), i)]++;
   EXPECT_NEAR(counts[2] / double(n), 16.0 / 21, 0.015);
+}
+
+// The nucleus is found without sorting the whole vocabulary; it must be exactly the set a full
+// sort finds: the smallest prefix, in (logit desc, index asc) order, whose mass reaches top_p.
+TEST(Sampling, TopPNucleusEqualsTheFullSortNucleus) {
+  const int32_t vocab = 5000;
+  std::vector<float> logits(vocab);
+  uint64_t state = 12345;
+  for (int32_t i = 0; i < vocab; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    logits[i] = static_cast<float>((state >> 40) % 4000) / 400.0f;  // many ties, range 0..10
+  }
+  for (const float top_p : {0.05f, 0.5f, 0.9f, 0.999f}) {
+    const auto s = params(0.7f, 0, top_p, 3);
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    });
+    const double top = logits[order[0]];
+    double total = 0.0;
+    for (int32_t i = 0; i < vocab; ++i) total += std::exp((logits[i] - top) / 0.7);
+    double cumulative = 0.0;
+    std::vector<bool> in_nucleus(vocab, false);
+    for (int32_t i = 0; i < vocab; ++i) {
+      in_nucleus[order[i]] = true;
+      cumulative += std::exp((logits[order[i]] - top) / 0.7) / total;
+      if (cumulative >= top_p) break;
+    }
+    for (int32_t draw = 0; draw < 300; ++draw) {
+      const int32_t token = sample_logits(logits, s, draw);
+      ASSERT_TRUE(in_nucleus[token]) << "top_p " << top_p << " drew " << token;
+    }
+  }
+}
+
+// Prints the host sampling cost at the 12B vocabulary (a figure, not a timed assertion).
+TEST(Sampling, ReportsTheCostAtA262kVocabulary) {
+  std::vector<float> logits(262144);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = std::sin(i * 0.37f) * 8.0f;
+  for (const auto& [name, s] : {std::pair{"temperature", params(0.8f, 0, 1.0f, 1)},
+                                {"top_p 0.9", params(0.8f, 0, 0.9f, 1)},
+                                {"top_k 50", params(0.8f, 50, 1.0f, 1)}}) {
+    const auto start = std::chrono::steady_clock::now();
+    int64_t checksum = 0;
+    for (int i = 0; i < 8; ++i) checksum += sample_logits(logits, s, i);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::printf("sample_logits %-11s vocab 262144: %.2f ms per row (checksum %lld)\n", name,
+                ms / 8, static_cast<long long>(checksum));
+    EXPECT_GE(checksum, 0);
+  }
 }
 
 }  // namespace
