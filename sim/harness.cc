@@ -102,7 +102,8 @@ void Harness::check_update(const engine::RequestUpdate& update) {
     }
     rec.last_token_ns = now;
   }
-  if (static_cast<int32_t>(rec.output.size()) > rec.request.max_tokens) {
+  if (rec.request.max_tokens > 0 &&
+      static_cast<int32_t>(rec.output.size()) > rec.request.max_tokens) {
     std::ostringstream os;
     os << update.id << " emitted " << rec.output.size() << " tokens, max_tokens "
        << rec.request.max_tokens;

@@ -146,7 +146,10 @@ uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t 
 
 engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engine::StepPlan& plan) {
   if (auto error = validate(plan)) return engine::unexpected(std::move(*error));
-  auto fault = [](FaultSite site) {
+  // A failed step still costs time: the base cost, plus the rows once they were launched.
+  auto fault = [&](FaultSite site) {
+    const bool launched = site == FaultSite::kAfterKvWrite || site == FaultSite::kSync;
+    now_ns_ += cost_.base_ns + (launched ? cost_.per_row_ns * plan.num_rows() : 0);
     return engine::unexpected(DeviceError{DeviceErrorCode::kFault,
                                           "injected fault at " + std::string(fault_site_name(site)),
                                           site});
