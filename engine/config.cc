@@ -57,8 +57,8 @@ bool parse_rope(const json& block, const std::string& where, RopeSpec* rope, std
   } else if (type == "proportional") {
     rope->type = RopeType::kProportional;
   } else {
-    *error = where + ".rope_type '" + type +
-             "' is not supported (expected 'default' or 'proportional')";
+    *error =
+        where + ".rope_type '" + type + "' is not supported (expected 'default' or 'proportional')";
     return false;
   }
   if (auto it = block.find("rope_theta"); it != block.end()) {
@@ -75,7 +75,8 @@ bool parse_rope(const json& block, const std::string& where, RopeSpec* rope, std
     }
     rope->partial_rotary_factor = it->get<double>();
   }
-  for (const char* unsupported : {"factor", "rope_scaling_factor", "original_max_position_embeddings"}) {
+  for (const char* unsupported :
+       {"factor", "rope_scaling_factor", "original_max_position_embeddings"}) {
     if (block.contains(unsupported) && rope->type == RopeType::kDefault &&
         !block[unsupported].is_null()) {
       *error = where + "." + unsupported + " is not supported with rope_type 'default'";
@@ -138,8 +139,8 @@ std::optional<ConfigError> refuse_unsupported(const json& j) {
   for (const Rule& rule : rules) {
     if (truthy(j, rule.field)) {
       return ConfigError{ConfigErrorCode::kUnsupported,
-                         std::string("unsupported feature: field '") + rule.field + "' = " +
-                             j[rule.field].dump() + " asks for " + rule.what +
+                         std::string("unsupported feature: field '") + rule.field +
+                             "' = " + j[rule.field].dump() + " asks for " + rule.what +
                              ", which twinstep does not implement (expected absent, 0 or false)"};
     }
   }
@@ -190,16 +191,18 @@ Result<ModelConfig, ConfigError> ModelConfig::from_json(const json& root) {
     return fail(ConfigErrorCode::kMissingField, error);
   }
   if (c.max_position_embeddings == 0) c.max_position_embeddings = 131072;
-  for (auto [name, value] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+  for (auto [name, value] : {std::pair{"vocab_size", c.vocab_size},
+                             {"hidden_size", c.hidden_size},
                              {"intermediate_size", c.intermediate_size},
                              {"num_hidden_layers", c.num_layers},
                              {"num_attention_heads", c.num_q_heads},
-                             {"num_key_value_heads", local_kv}, {"head_dim", head_dim},
+                             {"num_key_value_heads", local_kv},
+                             {"head_dim", head_dim},
                              {"sliding_window", c.sliding_window}}) {
     if (value <= 0) {
-      return fail(ConfigErrorCode::kBadValue,
-                  std::string("field '") + name + "' must be positive, got " +
-                      std::to_string(value));
+      return fail(
+          ConfigErrorCode::kBadValue,
+          std::string("field '") + name + "' must be positive, got " + std::to_string(value));
     }
   }
   c.k_eq_v = truthy(j, "attention_k_eq_v");
@@ -252,9 +255,9 @@ Result<ModelConfig, ConfigError> ModelConfig::from_json(const json& root) {
         layer = static_cast<int32_t>(std::distance(plc->begin(), it));
       }
       if (layer < 0 || layer >= c.num_layers) {
-        return fail(ConfigErrorCode::kBadValue,
-                    "per_layer_config names layer " + std::to_string(layer) +
-                        " outside [0, num_hidden_layers)");
+        return fail(ConfigErrorCode::kBadValue, "per_layer_config names layer " +
+                                                    std::to_string(layer) +
+                                                    " outside [0, num_hidden_layers)");
       }
       const json& ov = it.value();
       if (ov.is_null()) continue;
@@ -273,13 +276,14 @@ Result<ModelConfig, ConfigError> ModelConfig::from_json(const json& root) {
         }
         if (*slot >= 0 && *slot != v) {
           return fail(ConfigErrorCode::kUnsupported,
-                      where + "." + key + " differs from other layers of its type; twinstep "
-                      "needs one geometry per layer type");
+                      where + "." + key +
+                          " differs from other layers of its type; twinstep "
+                          "needs one geometry per layer type");
         }
         *slot = v;
       }
-      for (const char* field : {"num_kv_shared_layers", "enable_moe_block",
-                                "hidden_size_per_layer_input"}) {
+      for (const char* field :
+           {"num_kv_shared_layers", "enable_moe_block", "hidden_size_per_layer_input"}) {
         if (truthy(ov, field)) {
           return fail(ConfigErrorCode::kUnsupported,
                       "unsupported feature: " + where + "." + field + " = " + ov[field].dump());
@@ -307,7 +311,8 @@ Result<ModelConfig, ConfigError> ModelConfig::from_json(const json& root) {
   c.local.rope = RopeSpec{RopeType::kDefault, 10000.0, 1.0};
   c.global.rope = RopeSpec{RopeType::kProportional, 1e6, 0.25};
   if (auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
-    if (!rp->is_object()) return fail(ConfigErrorCode::kBadValue, "'rope_parameters' must be an object");
+    if (!rp->is_object())
+      return fail(ConfigErrorCode::kBadValue, "'rope_parameters' must be an object");
     if (rp->contains("sliding_attention") || rp->contains("full_attention")) {
       if (rp->contains("sliding_attention") &&
           !parse_rope((*rp)["sliding_attention"], "rope_parameters.sliding_attention",
@@ -336,10 +341,10 @@ Result<ModelConfig, ConfigError> ModelConfig::from_json(const json& root) {
                   "head_dim " + std::to_string(fam->head_dim) + " must be even for RoPE");
     }
     if (fam->num_layers > 0 && c.num_q_heads % fam->kv_heads != 0) {
-      return fail(ConfigErrorCode::kBadValue,
-                  "num_attention_heads (" + std::to_string(c.num_q_heads) +
-                      ") must be a multiple of the KV heads (" + std::to_string(fam->kv_heads) +
-                      ")");
+      return fail(ConfigErrorCode::kBadValue, "num_attention_heads (" +
+                                                  std::to_string(c.num_q_heads) +
+                                                  ") must be a multiple of the KV heads (" +
+                                                  std::to_string(fam->kv_heads) + ")");
     }
   }
   if (c.global.num_layers == 0 || c.local.num_layers == 0) {
@@ -384,40 +389,32 @@ std::vector<std::string> ModelConfig::preset_names() { return {"gemma4-12b", "si
 Result<ModelConfig, ConfigError> ModelConfig::preset(const std::string& name) {
   json j;
   if (name == "gemma4-12b") {
-    j = {{"model_type", "gemma4_text"},
-         {"vocab_size", 262144},
-         {"hidden_size", 3840},
-         {"intermediate_size", 15360},
-         {"num_hidden_layers", 48},
-         {"num_attention_heads", 16},
-         {"num_key_value_heads", 8},
-         {"head_dim", 256},
-         {"global_head_dim", 512},
-         {"num_global_key_value_heads", 1},
-         {"attention_k_eq_v", true},
-         {"sliding_window", 1024},
-         {"max_position_embeddings", 131072},
-         {"final_logit_softcapping", 30.0},
-         {"rope_parameters",
-          {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-           {"full_attention",
-            {{"rope_type", "proportional"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}}}}},
-         {"eos_token_id", json::array({1, 106})}};
+    j = {
+        {"model_type", "gemma4_text"},
+        {"vocab_size", 262144},
+        {"hidden_size", 3840},
+        {"intermediate_size", 15360},
+        {"num_hidden_layers", 48},
+        {"num_attention_heads", 16},
+        {"num_key_value_heads", 8},
+        {"head_dim", 256},
+        {"global_head_dim", 512},
+        {"num_global_key_value_heads", 1},
+        {"attention_k_eq_v", true},
+        {"sliding_window", 1024},
+        {"max_position_embeddings", 131072},
+        {"final_logit_softcapping", 30.0},
+        {"rope_parameters",
+         {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+          {"full_attention",
+           {{"rope_type", "proportional"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}}}}},
+        {"eos_token_id", json::array({1, 106})}};
   } else if (name == "sim-tiny") {
-    j = {{"model_type", "gemma4_text"},
-         {"vocab_size", 4096},
-         {"hidden_size", 256},
-         {"intermediate_size", 512},
-         {"num_hidden_layers", 6},
-         {"num_attention_heads", 4},
-         {"num_key_value_heads", 2},
-         {"head_dim", 64},
-         {"global_head_dim", 128},
-         {"num_global_key_value_heads", 1},
-         {"attention_k_eq_v", true},
-         {"sliding_window", 64},
-         {"max_position_embeddings", 4096},
-         {"eos_token_id", 1}};
+    j = {{"model_type", "gemma4_text"},     {"vocab_size", 4096},       {"hidden_size", 256},
+         {"intermediate_size", 512},        {"num_hidden_layers", 6},   {"num_attention_heads", 4},
+         {"num_key_value_heads", 2},        {"head_dim", 64},           {"global_head_dim", 128},
+         {"num_global_key_value_heads", 1}, {"attention_k_eq_v", true}, {"sliding_window", 64},
+         {"max_position_embeddings", 4096}, {"eos_token_id", 1}};
   } else {
     std::string known;
     for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;

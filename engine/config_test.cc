@@ -9,9 +9,9 @@ namespace {
 using nlohmann::json;
 
 json base_config() {
-  return json{{"model_type", "gemma4_text"}, {"vocab_size", 512},       {"hidden_size", 64},
-              {"intermediate_size", 128},    {"num_hidden_layers", 6},  {"num_attention_heads", 4},
-              {"num_key_value_heads", 2},    {"head_dim", 16},          {"sliding_window", 8},
+  return json{{"model_type", "gemma4_text"},   {"vocab_size", 512},      {"hidden_size", 64},
+              {"intermediate_size", 128},      {"num_hidden_layers", 6}, {"num_attention_heads", 4},
+              {"num_key_value_heads", 2},      {"head_dim", 16},         {"sliding_window", 8},
               {"max_position_embeddings", 256}};
 }
 
@@ -72,8 +72,8 @@ TEST(ModelConfig, PerLayerConfigOverridesAndRopeByLayerType) {
 }
 
 TEST(ModelConfig, RefusesUnsupportedFeaturesByFieldName) {
-  for (const char* field : {"enable_moe_block", "hidden_size_per_layer_input",
-                            "num_kv_shared_layers"}) {
+  for (const char* field :
+       {"enable_moe_block", "hidden_size_per_layer_input", "num_kv_shared_layers"}) {
     json j = base_config();
     j[field] = field == std::string("enable_moe_block") ? json(true) : json(4);
     auto c = ModelConfig::from_json(j);

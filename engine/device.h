@@ -13,10 +13,10 @@
 namespace twinstep::engine {
 
 enum class DeviceErrorCode {
-  kBadLayout,    // bind(): pool geometry the device cannot serve
-  kBadPlan,      // execute(): plan failed validation before launch (token/page/position)
-  kFault,        // an injected fault fired
-  kCuda,         // a CUDA/cuBLAS call failed
+  kBadLayout,  // bind(): pool geometry the device cannot serve
+  kBadPlan,    // execute(): plan failed validation before launch (token/page/position)
+  kFault,      // an injected fault fired
+  kCuda,       // a CUDA/cuBLAS call failed
   kOutOfMemory,
 };
 struct DeviceError {

@@ -9,36 +9,54 @@ namespace twinstep::engine {
 
 const char* terminal_kind_name(TerminalKind kind) {
   switch (kind) {
-    case TerminalKind::kStop: return "stop";
-    case TerminalKind::kLength: return "length";
-    case TerminalKind::kAborted: return "aborted";
-    case TerminalKind::kRejected: return "rejected";
-    case TerminalKind::kFailed: return "failed";
+    case TerminalKind::kStop:
+      return "stop";
+    case TerminalKind::kLength:
+      return "length";
+    case TerminalKind::kAborted:
+      return "aborted";
+    case TerminalKind::kRejected:
+      return "rejected";
+    case TerminalKind::kFailed:
+      return "failed";
   }
   return "?";
 }
 
 const char* reject_reason_name(RejectReason reason) {
   switch (reason) {
-    case RejectReason::kNone: return "none";
-    case RejectReason::kEmptyPrompt: return "empty_prompt";
-    case RejectReason::kZeroMaxTokens: return "zero_max_tokens";
-    case RejectReason::kExceedsContext: return "exceeds_context";
-    case RejectReason::kTokenOutOfVocab: return "token_out_of_vocab";
-    case RejectReason::kNeverFits: return "never_fits";
-    case RejectReason::kBadSampling: return "bad_sampling";
+    case RejectReason::kNone:
+      return "none";
+    case RejectReason::kEmptyPrompt:
+      return "empty_prompt";
+    case RejectReason::kZeroMaxTokens:
+      return "zero_max_tokens";
+    case RejectReason::kExceedsContext:
+      return "exceeds_context";
+    case RejectReason::kTokenOutOfVocab:
+      return "token_out_of_vocab";
+    case RejectReason::kNeverFits:
+      return "never_fits";
+    case RejectReason::kBadSampling:
+      return "bad_sampling";
   }
   return "?";
 }
 
 const char* request_phase_name(RequestPhase phase) {
   switch (phase) {
-    case RequestPhase::kQueued: return "queued";
-    case RequestPhase::kWaiting: return "waiting";
-    case RequestPhase::kPrefill: return "prefill";
-    case RequestPhase::kDecode: return "decode";
-    case RequestPhase::kPreempted: return "preempted";
-    case RequestPhase::kDone: return "done";
+    case RequestPhase::kQueued:
+      return "queued";
+    case RequestPhase::kWaiting:
+      return "waiting";
+    case RequestPhase::kPrefill:
+      return "prefill";
+    case RequestPhase::kDecode:
+      return "decode";
+    case RequestPhase::kPreempted:
+      return "preempted";
+    case RequestPhase::kDone:
+      return "done";
   }
   return "?";
 }
@@ -75,9 +93,9 @@ Result<std::unique_ptr<Engine>, EngineError> Engine::create(const ModelConfig& m
   const Scheduler& s = *engine->scheduler_;
   auto bound = device.bind(s.pool(Family::kGlobal).layout(), s.pool(Family::kLocal).layout());
   if (!bound) {
-    return unexpected(EngineError{EngineErrorCode::kDevice,
-                                  "device " + device.name() + " refused the pools: " +
-                                      bound.error().message});
+    return unexpected(
+        EngineError{EngineErrorCode::kDevice,
+                    "device " + device.name() + " refused the pools: " + bound.error().message});
   }
   engine->metrics_ = s.metrics();
   return engine;

@@ -33,10 +33,10 @@ enum class RejectReason : uint8_t {
   kNone,
   kEmptyPrompt,
   kZeroMaxTokens,
-  kExceedsContext,   // prompt + max_tokens > the context limit
+  kExceedsContext,  // prompt + max_tokens > the context limit
   kTokenOutOfVocab,
-  kNeverFits,        // the request could not fit the pools even if it ran alone
-  kBadSampling,      // temperature < 0, top_p outside (0, 1], top_k < 0
+  kNeverFits,    // the request could not fit the pools even if it ran alone
+  kBadSampling,  // temperature < 0, top_p outside (0, 1], top_k < 0
 };
 inline constexpr int kRejectReasonCount = 7;
 const char* reject_reason_name(RejectReason reason);
@@ -122,13 +122,13 @@ struct Metrics {
 };
 
 struct EngineConfig {
-  int32_t page_size = 16;        // tokens per page, both families
-  int32_t pages_global = 256;    // usable pages (the padding page comes on top)
+  int32_t page_size = 16;      // tokens per page, both families
+  int32_t pages_global = 256;  // usable pages (the padding page comes on top)
   int32_t pages_local = 256;
-  int32_t max_running = 64;      // requests admitted at once
-  int32_t max_step_tokens = 512; // rows per step (decode + prefill chunks)
-  int32_t max_context = 0;       // 0: the model's max_position_embeddings
-  int32_t max_step_failures = 4; // consecutive failed steps a request survives, then Failed
+  int32_t max_running = 64;       // requests admitted at once
+  int32_t max_step_tokens = 512;  // rows per step (decode + prefill chunks)
+  int32_t max_context = 0;        // 0: the model's max_position_embeddings
+  int32_t max_step_failures = 4;  // consecutive failed steps a request survives, then Failed
   FaultInjector* faults = nullptr;
 };
 

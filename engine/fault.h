@@ -22,13 +22,20 @@ inline constexpr int kFaultSiteCount = static_cast<int>(FaultSite::kCount);
 
 inline std::string_view fault_site_name(FaultSite site) {
   switch (site) {
-    case FaultSite::kAllocGlobal: return "alloc_global";
-    case FaultSite::kAllocLocal: return "alloc_local";
-    case FaultSite::kUpload: return "upload";
-    case FaultSite::kLaunch: return "launch";
-    case FaultSite::kAfterKvWrite: return "after_kv_write";
-    case FaultSite::kSync: return "sync";
-    case FaultSite::kCount: break;
+    case FaultSite::kAllocGlobal:
+      return "alloc_global";
+    case FaultSite::kAllocLocal:
+      return "alloc_local";
+    case FaultSite::kUpload:
+      return "upload";
+    case FaultSite::kLaunch:
+      return "launch";
+    case FaultSite::kAfterKvWrite:
+      return "after_kv_write";
+    case FaultSite::kSync:
+      return "sync";
+    case FaultSite::kCount:
+      break;
   }
   return "?";
 }

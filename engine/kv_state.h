@@ -10,8 +10,8 @@
 namespace twinstep::engine {
 
 struct KvState {
-  int32_t first_page = 0;      // logical page number (position / page_size) of pages[0]
-  std::vector<PageId> pages;   // held pages, logical order, contiguous from first_page
+  int32_t first_page = 0;     // logical page number (position / page_size) of pages[0]
+  std::vector<PageId> pages;  // held pages, logical order, contiguous from first_page
   int32_t end_page() const { return first_page + static_cast<int32_t>(pages.size()); }
 };
 

@@ -61,6 +61,8 @@ bool mutants_compiled() {
 }
 
 void set_active_mutant(Mutant mutant) { active_slot().store(static_cast<int>(mutant)); }
-Mutant active_mutant() { return static_cast<Mutant>(active_slot().load(std::memory_order_relaxed)); }
+Mutant active_mutant() {
+  return static_cast<Mutant>(active_slot().load(std::memory_order_relaxed));
+}
 
 }  // namespace twinstep::engine

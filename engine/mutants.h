@@ -35,8 +35,7 @@ Mutant active_mutant();
 }  // namespace twinstep::engine
 
 #ifdef TWINSTEP_MUTANTS
-#define TS_MUTANT(name) \
-  (::twinstep::engine::active_mutant() == ::twinstep::engine::Mutant::name)
+#define TS_MUTANT(name) (::twinstep::engine::active_mutant() == ::twinstep::engine::Mutant::name)
 #else
 #define TS_MUTANT(name) false
 #endif

@@ -20,7 +20,8 @@ PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t h
   TS_CHECK(page_size > 0 && capacity >= 0 && kv_heads > 0 && head_dim > 0 && layers >= 0)
       << "page_size=" << page_size << " capacity=" << capacity << " kv_heads=" << kv_heads
       << " head_dim=" << head_dim << " layers=" << layers;
-  layout_ = PoolLayout{family, next_pool_tag(), page_size, kv_heads, head_dim, layers, capacity + 1};
+  layout_ =
+      PoolLayout{family, next_pool_tag(), page_size, kv_heads, head_dim, layers, capacity + 1};
   states_.assign(static_cast<size_t>(capacity) + 1, PageState::kFree);
   states_[0] = PageState::kPadding;
   free_.reserve(capacity);

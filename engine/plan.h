@@ -27,7 +27,7 @@ struct SamplingParams {
 struct PoolLayout {
   Family family = Family::kGlobal;
   PoolTag tag;
-  int32_t page_size = 0;    // tokens per page
+  int32_t page_size = 0;  // tokens per page
   int32_t kv_heads = 0;
   int32_t head_dim = 0;
   int32_t layers = 0;       // layers of this family
@@ -36,15 +36,13 @@ struct PoolLayout {
   int64_t elements_per_page_per_layer() const {
     return int64_t{2} * page_size * kv_heads * head_dim;
   }
-  int64_t elements_total() const {
-    return elements_per_page_per_layer() * pages_total * layers;
-  }
+  int64_t elements_total() const { return elements_per_page_per_layer() * pages_total * layers; }
 };
 
 // One request's span of rows in the step.
 struct PlanSeq {
   RequestId request;
-  int32_t row_begin = 0;      // rows [row_begin, row_begin + row_count) belong to this seq
+  int32_t row_begin = 0;  // rows [row_begin, row_begin + row_count) belong to this seq
   int32_t row_count = 0;
   int32_t kv_len_before = 0;  // frontier before the step == position of the first row
   int32_t logits_index = -1;  // >= 0: the last row produces logits, sampled into that slot
@@ -57,7 +55,7 @@ struct FamilyPlan {
   Family family = Family::kGlobal;
   PoolTag pool;
   // Pool-local page indices, for each seq in logical order starting at its first held page.
-  std::vector<uint32_t> page_indices;  // [sum of seq page counts]
+  std::vector<uint32_t> page_indices;   // [sum of seq page counts]
   std::vector<int32_t> seq_page_begin;  // [seqs + 1] offsets into page_indices
   // Logical page number (position / page_size) of each seq's first listed page. 0 for the
   // global family; for the local family, pages wholly behind the window have been released.

@@ -60,12 +60,13 @@ Scheduler::Scheduler(const ModelConfig& model, const EngineConfig& config, Devic
 
 std::optional<Terminal> Scheduler::validate(const Request& request) const {
   if (request.prompt.empty()) {
-    return rejection(RejectReason::kEmptyPrompt, "prompt is empty (expected at least one token id)");
+    return rejection(RejectReason::kEmptyPrompt,
+                     "prompt is empty (expected at least one token id)");
   }
   if (request.max_tokens <= 0) {
-    return rejection(RejectReason::kZeroMaxTokens,
-                     "max_tokens is " + std::to_string(request.max_tokens) +
-                         " (expected at least 1)");
+    return rejection(
+        RejectReason::kZeroMaxTokens,
+        "max_tokens is " + std::to_string(request.max_tokens) + " (expected at least 1)");
   }
   const int32_t vocab = model_.vocab_size;
   for (size_t i = 0; i < request.prompt.size(); ++i) {
@@ -95,17 +96,16 @@ std::optional<Terminal> Scheduler::validate(const Request& request) const {
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   if (total > max_context_) {
     return rejection(RejectReason::kExceedsContext,
-                     "prompt (" + std::to_string(request.prompt.size()) + " tokens) + max_tokens (" +
-                         std::to_string(request.max_tokens) + ") = " + std::to_string(total) +
-                         " exceeds the context limit of " + std::to_string(max_context_) +
-                         " tokens");
+                     "prompt (" + std::to_string(request.prompt.size()) +
+                         " tokens) + max_tokens (" + std::to_string(request.max_tokens) +
+                         ") = " + std::to_string(total) + " exceeds the context limit of " +
+                         std::to_string(max_context_) + " tokens");
   }
   // Never fits: even alone, with prefill chunks shrunk to one token. The global family holds
   // the whole context; the local family at most the window plus one page.
   const int32_t p = config_.page_size;
   const int32_t total_pages = ceil_div(static_cast<int32_t>(total), p);
-  const int32_t local_pages =
-      std::min(total_pages, ceil_div(model_.sliding_window, p) + 1);
+  const int32_t local_pages = std::min(total_pages, ceil_div(model_.sliding_window, p) + 1);
   if (total_pages > pool(Family::kGlobal).capacity() ||
       local_pages > pool(Family::kLocal).capacity()) {
     return rejection(RejectReason::kNeverFits,
@@ -215,7 +215,10 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
          static_cast<int32_t>(running_.size()) < config_.max_running) {
     RequestState& r = requests_.at(waiting_.front());
     const int32_t rows = rows_that_fit(r, std::min(r.pending(), budget));
-    Scheduled s{.id = r.id, .rows = rows, .kv_len_before = r.frontier, .newly_admitted = true,
+    Scheduled s{.id = r.id,
+                .rows = rows,
+                .kv_len_before = r.frontier,
+                .newly_admitted = true,
                 .phase_before = r.phase};
     bool capacity_refusal = false;
     if (rows == 0 || !reserve_both(r, rows, &s, &capacity_refusal)) {
@@ -263,7 +266,8 @@ StepPlan Scheduler::build_plan(const std::vector<Scheduled>& scheduled) const {
       fp.seq_page_begin.push_back(begin);
       fp.seq_first_page.push_back(kv.first_page);
       for (const PageId page : kv.pages) fp.page_indices.push_back(page.index);
-      for (const PageId page : s.reserved[static_cast<int>(f)]) fp.page_indices.push_back(page.index);
+      for (const PageId page : s.reserved[static_cast<int>(f)])
+        fp.page_indices.push_back(page.index);
       const int32_t listed = static_cast<int32_t>(fp.page_indices.size()) - begin;
       for (int32_t i = 0; i < s.rows; ++i) {
         const int32_t pos = r.frontier + i;
@@ -277,7 +281,8 @@ StepPlan Scheduler::build_plan(const std::vector<Scheduled>& scheduled) const {
     plan.seqs.push_back(seq);
   }
   for (const Family f : kFamilies) {
-    plan.family(f).seq_page_begin.push_back(static_cast<int32_t>(plan.family(f).page_indices.size()));
+    plan.family(f).seq_page_begin.push_back(
+        static_cast<int32_t>(plan.family(f).page_indices.size()));
   }
   for (const PlanSeq& seq : plan.seqs) plan.num_logits += seq.logits_index >= 0 ? 1 : 0;
   return plan;
@@ -380,7 +385,7 @@ void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& re
     }
     release_window_pages(r);
     r.phase = r.pending() == 1 && r.frontier >= r.prompt_len ? RequestPhase::kDecode
-                                                              : RequestPhase::kPrefill;
+                                                             : RequestPhase::kPrefill;
     emit(out, std::move(update));
   }
 }
@@ -523,11 +528,13 @@ std::vector<std::string> Scheduler::check_invariants() const {
       const auto state = pl.state(PageId{pl.tag(), i});
       held += state == PagePool::PageState::kHeld ? 1 : 0;
       const bool should_be_held = owners[i] > 0;
-      if (owners[i] > 1) fail(id.str() + "page " + std::to_string(i) + " held by " +
-                              std::to_string(owners[i]) + " requests");
+      if (owners[i] > 1)
+        fail(id.str() + "page " + std::to_string(i) + " held by " + std::to_string(owners[i]) +
+             " requests");
       if (should_be_held != (state == PagePool::PageState::kHeld)) {
-        fail(id.str() + "page " + std::to_string(i) + (should_be_held ? " owned by a request but not held"
-                                                                      : " held but owned by no request"));
+        fail(id.str() + "page " + std::to_string(i) +
+             (should_be_held ? " owned by a request but not held"
+                             : " held but owned by no request"));
       }
     }
     if (held != pl.held_count()) fail(id.str() + "held counter disagrees with page states");
@@ -544,9 +551,9 @@ std::vector<std::string> Scheduler::check_invariants() const {
       const KvState& kv = r.kv_of(f);
       if (kv.first_page != span.begin || kv.end_page() != span.end) {
         fail(who.str() + family_name(f) + " holds logical pages [" + std::to_string(kv.first_page) +
-             ", " + std::to_string(kv.end_page()) + ") but frontier " +
-             std::to_string(r.frontier) + " accounts for [" + std::to_string(span.begin) + ", " +
-             std::to_string(span.end) + ")");
+             ", " + std::to_string(kv.end_page()) + ") but frontier " + std::to_string(r.frontier) +
+             " accounts for [" + std::to_string(span.begin) + ", " + std::to_string(span.end) +
+             ")");
       }
     }
     const int32_t local_bound = ceil_div(w - 1, p) + 1;

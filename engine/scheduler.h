@@ -28,11 +28,11 @@ struct RequestState {
   std::shared_ptr<std::atomic<bool>> abort_flag;
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int32_t prompt_len = 0;
-  int32_t frontier = 0;         // tokens whose K/V are written, both families
-  KvState kv[kFamilyCount];     // indexed by Family
+  int32_t frontier = 0;      // tokens whose K/V are written, both families
+  KvState kv[kFamilyCount];  // indexed by Family
   RequestPhase phase = RequestPhase::kWaiting;
   int32_t consecutive_failures = 0;
-  uint64_t admitted_seq = 0;    // admission order, for preemption victims
+  uint64_t admitted_seq = 0;  // admission order, for preemption victims
 
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - frontier; }
@@ -62,8 +62,8 @@ class Scheduler {
   // Takes a validated-or-not request from the inbox at the start of a step.
   void enqueue(RequestId id, Request request, std::shared_ptr<std::atomic<bool>> flag,
                StepOutputs* out);
-  StepOutputs step(std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>>
-                       arrivals);
+  StepOutputs step(
+      std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>> arrivals);
   std::optional<Terminal> validate(const Request& request) const;
   std::vector<std::string> check_invariants() const;
   Metrics metrics() const;

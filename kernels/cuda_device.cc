@@ -99,7 +99,8 @@ int32_t sample_logits(std::span<const float> logits, const engine::SamplingParam
   std::iota(order.begin(), order.end(), 0);
   auto by_logit = [&](int32_t a, int32_t b) { return key[a] != key[b] ? key[a] > key[b] : a < b; };
   auto order_prefix = [&](int32_t from, int32_t to) {
-    if (to < vocab) std::nth_element(order.begin() + from, order.begin() + to, order.end(), by_logit);
+    if (to < vocab)
+      std::nth_element(order.begin() + from, order.begin() + to, order.end(), by_logit);
     std::sort(order.begin() + from, order.begin() + to, by_logit);
   };
   const int32_t cap = s.top_k > 0 ? std::min(vocab, s.top_k) : vocab;

@@ -4,9 +4,9 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <numeric>
@@ -116,8 +116,8 @@ TEST(Sampling, ReportsTheCostAtA262kVocabulary) {
     for (int i = 0; i < 8; ++i) checksum += sample_logits(logits, s, i);
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    std::printf("sample_logits %-11s vocab 262144: %.2f ms per row (checksum %lld)\n", name,
-                ms / 8, static_cast<long long>(checksum));
+    std::printf("sample_logits %-11s vocab 262144: %.2f ms per row (checksum %lld)\n", name, ms / 8,
+                static_cast<long long>(checksum));
     EXPECT_GE(checksum, 0);
   }
 }

@@ -38,7 +38,8 @@ inline rc::Gen<Scenario> gen_scenario() {
     s.model = tiny_model(window, vocab);
     s.config.page_size = page;
     const int32_t one_request_pages = (80 + page - 1) / page;
-    s.config.pages_global = *rc::gen::inRange(std::max(1, one_request_pages / 2), 3 * one_request_pages + 2);
+    s.config.pages_global =
+        *rc::gen::inRange(std::max(1, one_request_pages / 2), 3 * one_request_pages + 2);
     const int32_t local_need = (window + page - 1) / page + 1;
     s.config.pages_local = *rc::gen::inRange(std::max(1, local_need - 1), 4 * local_need + 2);
     s.config.max_running = *rc::gen::inRange(1, 9);

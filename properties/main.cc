@@ -10,9 +10,8 @@
 
 int main(int argc, char** argv) {
   if (std::getenv("RC_PARAMS") == nullptr) setenv("RC_PARAMS", "max_success=1000", 1);
-  twinstep::set_check_handler([](const std::string& message) {
-    throw std::logic_error("TS_CHECK: " + message);
-  });
+  twinstep::set_check_handler(
+      [](const std::string& message) { throw std::logic_error("TS_CHECK: " + message); });
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -71,7 +71,6 @@ RC_GTEST_PROP(Properties, AdmissionIsAtomicAcrossPools, ()) {
   assert_clean(h);
 }
 
-
 // A fault at any device site leaves all request state unchanged, and the retry yields exactly
 // the tokens of a run that never faulted.
 RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
@@ -81,7 +80,7 @@ RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
       *rc::gen::inRange(1, 7), gen_request(s.model.vocab_size));
   const int32_t fault_step = *rc::gen::inRange(0, 25);
   const FaultSite site = *rc::gen::element(FaultSite::kUpload, FaultSite::kLaunch,
-                                                FaultSite::kAfterKvWrite, FaultSite::kSync);
+                                           FaultSite::kAfterKvWrite, FaultSite::kSync);
 
   auto run = [&](bool with_fault) {
     sim::Harness h(s.model, s.config, s.fault_seed);
@@ -126,9 +125,9 @@ RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
 // step), waiting, mid chunked prefill, decode, and preempted.
 RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   Scenario s = *gen_scenario();
-  const RequestPhase phase = *rc::gen::element(RequestPhase::kQueued, RequestPhase::kWaiting,
-                                               RequestPhase::kPrefill, RequestPhase::kDecode,
-                                               RequestPhase::kPreempted);
+  const RequestPhase phase =
+      *rc::gen::element(RequestPhase::kQueued, RequestPhase::kWaiting, RequestPhase::kPrefill,
+                        RequestPhase::kDecode, RequestPhase::kPreempted);
   const int32_t vocab = s.model.vocab_size;
   if (phase == RequestPhase::kWaiting) s.config.max_running = 1;
   if (phase == RequestPhase::kPrefill) s.config.max_step_tokens = *rc::gen::inRange(1, 8);
@@ -179,8 +178,7 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   RC_ASSERT(h.phase_of(target) == RequestPhase::kDone);
   RC_ASSERT(h.records().at(target).terminal->kind == engine::TerminalKind::kAborted);
   for (const Family f : engine::kFamilies) {
-    RC_ASSERT(h.engine().scheduler().pool(f).held_count() ==
-              pages_held_by_requests(h.engine(), f));
+    RC_ASSERT(h.engine().scheduler().pool(f).held_count() == pages_held_by_requests(h.engine(), f));
   }
   const bool others_moved =
       out.device_ran || std::any_of(out.updates.begin(), out.updates.end(),

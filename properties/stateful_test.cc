@@ -30,16 +30,15 @@ struct Submit : Command {
   void apply(Model& m) const override { m.submitted += 1; }
   void run(const Model&, sim::Harness& h) const override { h.submit(request); }
   void show(std::ostream& os) const override {
-    os << "Submit(prompt=" << request.prompt.size() << ", max_tokens=" << request.max_tokens
-       << ")";
+    os << "Submit(prompt=" << request.prompt.size() << ", max_tokens=" << request.max_tokens << ")";
   }
 };
 
 enum class AbortTarget { kLive, kFinished, kUnknown };
 
 struct Abort : Command {
-  AbortTarget target = *rc::gen::element(AbortTarget::kLive, AbortTarget::kFinished,
-                                         AbortTarget::kUnknown);
+  AbortTarget target =
+      *rc::gen::element(AbortTarget::kLive, AbortTarget::kFinished, AbortTarget::kUnknown);
   uint32_t pick = *rc::gen::arbitrary<uint32_t>();
   explicit Abort(const Model&) {}
   void checkPreconditions(const Model& m) const override {
@@ -59,7 +58,9 @@ struct Abort : Command {
     }
     assert_clean(h);
   }
-  void show(std::ostream& os) const override { os << "Abort(" << int(target) << ", " << pick << ")"; }
+  void show(std::ostream& os) const override {
+    os << "Abort(" << int(target) << ", " << pick << ")";
+  }
 };
 
 struct Step : Command {

@@ -19,8 +19,8 @@ std::optional<std::string> Harness::creation_error(const engine::ModelConfig& mo
   return std::nullopt;
 }
 
-Harness::Harness(const engine::ModelConfig& model, engine::EngineConfig config,
-                 uint64_t fault_seed, CostModel cost)
+Harness::Harness(const engine::ModelConfig& model, engine::EngineConfig config, uint64_t fault_seed,
+                 CostModel cost)
     : model_(model), faults_(fault_seed), device_(model, &faults_, cost) {
   config.faults = &faults_;
   auto engine = engine::Engine::create(model, config, device_);
@@ -74,7 +74,8 @@ void Harness::check_update(const engine::RequestUpdate& update) {
   RequestRecord& rec = it->second;
   if (rec.terminal) {
     std::ostringstream os;
-    os << update.id << " got an update after its terminal " << terminal_kind_name(rec.terminal->kind);
+    os << update.id << " got an update after its terminal "
+       << terminal_kind_name(rec.terminal->kind);
     violate("ledger", os.str());
     return;
   }
@@ -83,10 +84,9 @@ void Harness::check_update(const engine::RequestUpdate& update) {
   for (const int32_t token : update.new_tokens) {
     std::vector<int32_t> all = rec.request.prompt;
     all.insert(all.end(), rec.output.begin(), rec.output.end());
-    const int32_t expected =
-        oracle_next_token(all, static_cast<int32_t>(all.size()) - 1, model_.sliding_window,
-                          rec.request.sampling, static_cast<int32_t>(rec.output.size()),
-                          model_.vocab_size);
+    const int32_t expected = oracle_next_token(
+        all, static_cast<int32_t>(all.size()) - 1, model_.sliding_window, rec.request.sampling,
+        static_cast<int32_t>(rec.output.size()), model_.vocab_size);
     if (token != expected) {
       std::ostringstream os;
       os << update.id << " output[" << rec.output.size() << "] = " << token << ", oracle says "
@@ -130,14 +130,16 @@ const engine::StepOutputs& Harness::step() {
   absorb(static_cast<uint64_t>(last_.rows));
   for (const engine::RequestUpdate& update : last_.updates) {
     absorb(update.id.value);
-    absorb(static_cast<uint64_t>(update.scheduled_tokens) << 32 | static_cast<uint32_t>(update.kv_len));
+    absorb(static_cast<uint64_t>(update.scheduled_tokens) << 32 |
+           static_cast<uint32_t>(update.kv_len));
     for (const int32_t t : update.new_tokens) absorb(static_cast<uint64_t>(t) + 0x70);
     if (update.preempted) absorb(0x9e);
     if (update.terminal) absorb(0x7e00 + static_cast<uint64_t>(update.terminal->kind));
     check_update(update);
   }
   const engine::Metrics m = engine_->metrics();
-  absorb(static_cast<uint64_t>(m.global.pages_used) << 32 | static_cast<uint32_t>(m.local.pages_used));
+  absorb(static_cast<uint64_t>(m.global.pages_used) << 32 |
+         static_cast<uint32_t>(m.local.pages_used));
   for (std::string& v : engine_->check_invariants()) violate("state", std::move(v));
   return last_;
 }

@@ -19,8 +19,8 @@ namespace {
 constexpr uint64_t kPoison = 0xdeadbeefcafef00dULL;
 
 uint64_t absorb(uint64_t h, int32_t token, int32_t position) {
-  const uint64_t word = (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) |
-                        static_cast<uint32_t>(position);
+  const uint64_t word =
+      (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) | static_cast<uint32_t>(position);
   return mix64(h ^ word) + 0x632be59bd9b4e019ULL;
 }
 
@@ -30,7 +30,8 @@ int32_t finish_token(uint64_t global_hash, uint64_t local_hash,
                      int32_t vocab_size) {
   uint64_t h = mix64(global_hash * 3 + local_hash);
   if (!sampling.greedy()) {
-    uint64_t draw = sampling.seed ^ (static_cast<uint64_t>(output_index) + 1) * 0x9e3779b97f4a7c15ULL;
+    uint64_t draw =
+        sampling.seed ^ (static_cast<uint64_t>(output_index) + 1) * 0x9e3779b97f4a7c15ULL;
     draw ^= static_cast<uint64_t>(std::bit_cast<uint32_t>(sampling.temperature)) << 1;
     draw ^= static_cast<uint64_t>(sampling.top_k) << 33;
     draw ^= static_cast<uint64_t>(std::bit_cast<uint32_t>(sampling.top_p)) << 7;
@@ -150,9 +151,8 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
   auto fault = [&](FaultSite site) {
     const bool launched = site == FaultSite::kAfterKvWrite || site == FaultSite::kSync;
     now_ns_ += cost_.base_ns + (launched ? cost_.per_row_ns * plan.num_rows() : 0);
-    return engine::unexpected(DeviceError{DeviceErrorCode::kFault,
-                                          "injected fault at " + std::string(fault_site_name(site)),
-                                          site});
+    return engine::unexpected(DeviceError{
+        DeviceErrorCode::kFault, "injected fault at " + std::string(fault_site_name(site)), site});
   };
   if (fire(FaultSite::kUpload)) return fault(FaultSite::kUpload);
   if (fire(FaultSite::kLaunch)) return fault(FaultSite::kLaunch);
@@ -172,8 +172,8 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     if (seq.logits_index < 0) continue;
     const int32_t position = seq.kv_len_before + seq.row_count - 1;
     const uint64_t gh = read_family(plan, Family::kGlobal, s, 0, position, &reads);
-    const uint64_t lh = read_family(plan, Family::kLocal, s,
-                                    std::max(0, position - plan.sliding_window + 1), position, &reads);
+    const uint64_t lh = read_family(
+        plan, Family::kLocal, s, std::max(0, position - plan.sliding_window + 1), position, &reads);
     out.sampled[seq.logits_index] =
         finish_token(gh, lh, seq.sampling, seq.output_index, model_.vocab_size);
   }

@@ -57,8 +57,8 @@ class SimDevice final : public engine::Device {
   };
   std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
   bool fire(engine::FaultSite site);
-  uint64_t read_family(const engine::StepPlan& plan, engine::Family f, int32_t seq,
-                       int32_t from, int32_t to, int64_t* reads) const;
+  uint64_t read_family(const engine::StepPlan& plan, engine::Family f, int32_t seq, int32_t from,
+                       int32_t to, int64_t* reads) const;
 
   engine::ModelConfig model_;
   engine::FaultInjector* faults_;
