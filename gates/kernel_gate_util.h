@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gates/gpu_required.h"
 #include "kernels/ops.h"
 #include "sim/rng.h"
 
@@ -39,11 +40,7 @@ using kernels::bf16;
 class GpuGate : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    ASSERT_EQ(err, cudaSuccess) << "no usable CUDA device: " << cudaGetErrorString(err)
-                                << " (a gpu gate fails without a GPU; it never skips)";
-    ASSERT_GT(count, 0) << "no CUDA device (a gpu gate fails without a GPU)";
+    ASSERT_NO_FATAL_FAILURE(gates::require_gpu());
     CUDA_OK(cudaStreamCreate(&stream_));
   }
   void TearDown() override {

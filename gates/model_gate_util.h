@@ -21,6 +21,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
+#include "gates/gpu_required.h"
 #include "kernels/cuda_device.h"
 #include "kernels/oracle_forward.h"
 
@@ -108,13 +109,7 @@ inline HfRefs load_refs(const fs::path& root, const std::string& geometry) {
 // No GPU is a failure, never a skip.
 class ModelGate : public ::testing::Test {
  protected:
-  void SetUp() override {
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    ASSERT_EQ(err, cudaSuccess) << "no usable CUDA device: " << cudaGetErrorString(err)
-                                << " (a gpu gate fails without a GPU; it never skips)";
-    ASSERT_GT(count, 0) << "no CUDA device (a gpu gate fails without a GPU)";
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(gates::require_gpu()); }
   // HF fixtures for `geometry`; a failure to make or read them fails the gate.
   HfRefs refs(const std::string& geometry) {
     fs::path root;
