@@ -32,6 +32,13 @@ struct Placement {
   int64_t bytes = 0;
 };
 
+ForwardPhaseObserver* g_phase_observer = nullptr;
+
+// One pointer test when no observer is installed (the default).
+inline void mark(ForwardPhase phase, cudaStream_t stream) {
+  if (g_phase_observer != nullptr) g_phase_observer->mark(phase, stream);
+}
+
 Placement place(const engine::ModelConfig& c) {
   Placement p;
   auto put = [&](const std::string& name, int64_t elements) {
@@ -76,6 +83,8 @@ Placement place(const engine::ModelConfig& c) {
 }
 
 }  // namespace
+
+void set_forward_phase_observer(ForwardPhaseObserver* observer) { g_phase_observer = observer; }
 
 Rope DeviceModel::rope(Family family) const {
   const engine::FamilyGeometry& g = config_.family(family);
@@ -232,14 +241,20 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t n = int64_t{rows} * H;
   // x = x + post_attention_layernorm(o_proj(attn))
+  mark(ForwardPhase::kOGemm, stream);
   if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, c.num_q_heads * L.head_dim); !s.ok()) return s;
+  mark(ForwardPhase::kNorms, stream);
   if (auto s = rms_norm(b.o, L.post_attn_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
   if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
   // x = x + post_feedforward_layernorm(down(gelu_tanh(gate(h)) * up(h))), h = pre_ff_norm(x)
   if (auto s = rms_norm(b.x, L.pre_ff_norm, b.h, rows, H, eps, stream); !s.ok()) return s;
+  mark(ForwardPhase::kGateUpGemm, stream);
   if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
+  mark(ForwardPhase::kGeluMul, stream);
   if (auto s = gelu_tanh_mul(b.gu, b.gu + I, 2 * I, b.act, rows, I, stream); !s.ok()) return s;
+  mark(ForwardPhase::kDownGemm, stream);
   if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) return s;
+  mark(ForwardPhase::kNorms, stream);
   if (auto s = rms_norm(b.o, L.post_ff_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
   if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
   // x = x * layer_scalar
@@ -251,6 +266,7 @@ KernelStatus lm_head(const DeviceModel& model, Blas& blas, const ModelForward::B
                      cudaStream_t stream) {
   const engine::ModelConfig& c = model.config();
   if (num_logits == 0) return Ok{};
+  mark(ForwardPhase::kLmHead, stream);
   // A plain row gather (scale 1) of the logits rows; the row count plays the vocabulary, so a
   // bad row index traps.
   if (auto s = embed_gather(logit_rows, b.x, b.xl, num_logits, c.hidden_size, rows, 1.0f, stream);
@@ -281,6 +297,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   if (!reserved) return unexpected(reserved.error());
   const Buffers b = reserved.value();
   const float eps = static_cast<float>(c.rms_norm_eps);
+  mark(ForwardPhase::kEmbed, stream);
   TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
                       embed_scale_bf16(c.hidden_size), stream));
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -289,8 +306,11 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     const Rope rope = model_.rope(L.family);
     const int32_t q_out = c.num_q_heads * L.head_dim;
     const int32_t kv_out = L.kv_heads * L.head_dim;
+    mark(ForwardPhase::kNorms, stream);
     TS_TRY(rms_norm(b.x, L.input_norm, b.h, R, c.hidden_size, eps, stream));
+    mark(ForwardPhase::kQkvGemm, stream);
     TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
+    mark(ForwardPhase::kRopeKvWrite, stream);
     TS_TRY(qk_norm_rope(b.qkv, L.qkv_cols, L.q_norm, step.rows.positions, R, c.num_q_heads,
                         L.head_dim, eps, rope, stream));
     const bf16* k_raw = b.qkv + q_out;
@@ -298,6 +318,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     TS_TRY(kv_write(k_raw, L.qkv_cols, v_raw, L.qkv_cols, L.k_norm, eps, rope, step.pools[f],
                     L.family_index, step.rows, step.paging[f], stream));
     const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
+    mark(ForwardPhase::kAttention, stream);
     if (step.decode_only) {
       TS_TRY(attention_decode(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
                               L.family_index, step.rows, step.paging[f], window, 1.0f, stream));
@@ -308,6 +329,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     TS_TRY(finish_layer(model_, L, blas_, b, R, stream));
   }
   TS_TRY(lm_head(model_, blas_, b, step.logit_rows, step.num_logits, R, stream));
+  mark(ForwardPhase::kEnd, stream);
   return static_cast<const float*>(b.logits);
 }
 

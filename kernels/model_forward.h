@@ -111,6 +111,34 @@ class ModelForward {
   Buffers buffers_;
 };
 
+// Benchmarks only (gates/engine_throughput_bench.cc): an observer of the forward's phase
+// boundaries. While one is installed, ModelForward::run, finish_layer and lm_head call
+// mark(phase, stream) just before the launches of each phase, so an observer that records a
+// CUDA event per mark can time the phases on the GPU. None is installed by default; then each
+// boundary costs one pointer test. Install or remove it only while no forward runs.
+enum class ForwardPhase : uint8_t {
+  kEmbed,        // the token embedding gather
+  kNorms,        // rms norms, residual adds and the layer scalar
+  kQkvGemm,      // the fused q|k|v projection
+  kRopeKvWrite,  // q norm + rope, then k/v norm + rope + the paged KV write
+  kAttention,    // paged attention (prefill or decode launcher)
+  kOGemm,        // o_proj
+  kGateUpGemm,   // the fused gate|up projection
+  kGeluMul,      // gelu_tanh(gate) * up
+  kDownGemm,     // down_proj
+  kLmHead,       // logits rows gather, final norm, LM head GEMM, softcap
+  kEnd,          // the forward's last launch has been queued
+};
+inline constexpr int kForwardPhaseCount = 11;
+static_assert(static_cast<int>(ForwardPhase::kEnd) + 1 == kForwardPhaseCount);
+class ForwardPhaseObserver {
+ public:
+  virtual ~ForwardPhaseObserver() = default;
+  virtual void mark(ForwardPhase phase, cudaStream_t stream) = 0;
+};
+// nullptr removes the observer. Process-wide: the bench runs one device on one thread.
+void set_forward_phase_observer(ForwardPhaseObserver* observer);
+
 // Shared by the paged forward and the oracle: the layer's MLP half and the residual updates
 // after attention produced `b.attn` for `rows` rows.
 KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& layer, Blas& blas,

@@ -1,0 +1,489 @@
+// gates/engine_throughput_bench.cc: serving throughput of the real CUDA engine (not a test).
+// Builds the gemma4-12b geometry with seeded random weights on the device and drives
+// engine::Engine::step (scheduler, plan upload, forward, greedy sampling) through:
+//   1. prefill: 16 x 2048-token prompts, max_tokens 1, max_step_tokens 8192;
+//   2. decode at batch 128, 64, 16, 1 over ~1024-token contexts (128 prompts prefilled once;
+//      the batch is cut by aborting requests), median step time over 20 steps after warm-up;
+//   3. a per-phase GPU breakdown (CUDA events at the forward's phase boundaries, through
+//      kernels::set_forward_phase_observer) of one prefill step and one decode step at 64.
+// Every case also prints its roofline floor: max(bytes / measured copy bandwidth,
+// FLOPs / kPeakFlops) and measured / floor. Exits non-zero on any CUDA or engine error.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "kernels/cuda_device.h"
+#include "kernels/model_forward.h"
+
+namespace {
+
+using namespace twinstep;
+
+// Dense bf16 tensor throughput assumed for the compute floor (the runner notes' figure for
+// this H200); the bandwidth floor uses the copy bandwidth measured in this process.
+constexpr double kPeakFlops = 790e12;
+constexpr int kPageSize = 16;
+constexpr int kDecodeMaxBatch = 128;
+constexpr int kDecodePrompt = 1024;
+constexpr int kDecodeWarmup = 5;
+constexpr int kDecodeTimed = 20;
+constexpr int kPrefillRequests = 16;
+constexpr int kPrefillPrompt = 2048;
+constexpr int kMaxStepTokens = 8192;
+
+[[noreturn]] void die(const char* format, ...) {
+  std::va_list args;
+  va_start(args, format);
+  std::fputs("engine_throughput_bench: error: ", stderr);
+  std::vfprintf(stderr, format, args);
+  std::fputc('\n', stderr);
+  va_end(args);
+  std::exit(1);
+}
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) die("%s: %s", what, cudaGetErrorString(err));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Device-to-device copy of 512 MiB, bytes read + written per copy; median of 11 after 3.
+double measure_copy_bandwidth(cudaStream_t stream) {
+  constexpr size_t kBytes = size_t{512} << 20;
+  void* a = nullptr;
+  void* b = nullptr;
+  check_cuda(cudaMalloc(&a, kBytes), "cudaMalloc(copy src)");
+  check_cuda(cudaMalloc(&b, kBytes), "cudaMalloc(copy dst)");
+  check_cuda(cudaMemsetAsync(a, 1, kBytes, stream), "cudaMemsetAsync(copy src)");
+  cudaEvent_t e0, e1;
+  check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
+  std::vector<double> ms;
+  for (int i = 0; i < 14; ++i) {
+    check_cuda(cudaEventRecord(e0, stream), "cudaEventRecord");
+    check_cuda(cudaMemcpyAsync(b, a, kBytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    check_cuda(cudaEventRecord(e1, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(e1), "cudaEventSynchronize(copy)");
+    float t = 0;
+    check_cuda(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  check_cuda(cudaFree(a), "cudaFree(copy src)");
+  check_cuda(cudaFree(b), "cudaFree(copy dst)");
+  return 2.0 * kBytes / (median(ms) * 1e-3);
+}
+
+// What one step must at least move and compute, from the geometry and the step's rows.
+struct Cost {
+  double flops = 0;
+  double bytes = 0;
+  Cost& operator+=(const Cost& o) {
+    flops += o.flops;
+    bytes += o.bytes;
+    return *this;
+  }
+};
+
+class CostModel {
+ public:
+  CostModel(const engine::ModelConfig& c, const kernels::DeviceModel& m, double bandwidth)
+      : c_(c), weight_bytes_(static_cast<double>(m.arena_bytes())), bandwidth_(bandwidth) {
+    const double H = c.hidden_size;
+    const double I = c.intermediate_size;
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const kernels::DeviceModel::Layer& L = m.layer(l);
+      linear_params_ += L.qkv_cols * H + H * c.num_q_heads * L.head_dim + 3.0 * H * I;
+    }
+    lm_head_params_ = static_cast<double>(c.vocab_size) * H;
+  }
+  double linear_params() const { return linear_params_; }
+  double weight_bytes() const { return weight_bytes_; }
+
+  // `rows` rows at positions [end - rows, end) of one sequence; `logits` if it samples.
+  // Weights are not included (once per step: step_cost adds them).
+  Cost seq_cost(int64_t end, int64_t rows, bool logits) const {
+    Cost cost;
+    cost.flops = 2.0 * linear_params_ * rows + (logits ? 2.0 * lm_head_params_ : 0.0);
+    for (int32_t l = 0; l < c_.num_layers; ++l) {
+      const engine::Family f = c_.layer_types[l];
+      const engine::FamilyGeometry& g = c_.family(f);
+      const int64_t window = f == engine::Family::kLocal ? c_.sliding_window : 0;
+      // Keys seen by the row at position p: p + 1, capped by the window.
+      double keys = 0;
+      for (int64_t p = end - rows; p < end; ++p) {
+        keys += window > 0 ? std::min<int64_t>(p + 1, window) : p + 1;
+      }
+      // QK^T and PV: 2 FLOPs per multiply-add, head_dim each, per query head.
+      cost.flops += 4.0 * c_.num_q_heads * g.head_dim * keys;
+      // K and V (bf16) of the keys visible to the last row read once, the new rows written.
+      const int64_t visible = window > 0 ? std::min<int64_t>(end, window) : end;
+      const double per_token = 2.0 * 2.0 * g.kv_heads * g.head_dim;
+      cost.bytes += per_token * (visible + rows);
+    }
+    return cost;
+  }
+
+  Cost step_cost(const engine::StepOutputs& step) const {
+    Cost cost;
+    cost.bytes = weight_bytes_;
+    for (const engine::RequestUpdate& u : step.updates) {
+      if (u.scheduled_tokens <= 0) continue;
+      cost += seq_cost(u.kv_len, u.scheduled_tokens, !u.new_tokens.empty());
+    }
+    return cost;
+  }
+
+  double floor_ms(const Cost& cost) const {
+    return 1e3 * std::max(cost.bytes / bandwidth_, cost.flops / kPeakFlops);
+  }
+  double memory_ms(const Cost& cost) const { return 1e3 * cost.bytes / bandwidth_; }
+  double compute_ms(const Cost& cost) const { return 1e3 * cost.flops / kPeakFlops; }
+
+ private:
+  const engine::ModelConfig& c_;
+  double weight_bytes_ = 0;
+  double bandwidth_ = 0;
+  double linear_params_ = 0;
+  double lm_head_params_ = 0;
+};
+
+// Records a CUDA event at every phase boundary of the forward; after the step's sync, the time
+// between consecutive events goes to the phase the earlier one opened.
+class PhaseTimer final : public kernels::ForwardPhaseObserver {
+ public:
+  explicit PhaseTimer(int capacity) : events_(capacity), phases_(capacity) {
+    for (cudaEvent_t& e : events_) check_cuda(cudaEventCreate(&e), "cudaEventCreate(phase)");
+  }
+  ~PhaseTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  void mark(kernels::ForwardPhase phase, cudaStream_t stream) override {
+    if (count_ >= events_.size()) {
+      overflow_ = true;
+      return;
+    }
+    if (error_ == cudaSuccess) error_ = cudaEventRecord(events_[count_], stream);
+    phases_[count_++] = phase;
+  }
+  // Per-phase milliseconds of the marks since the last reset; the stream must be synchronised.
+  std::vector<double> phase_ms(double* total_ms) const {
+    if (overflow_) die("phase timer: more than %zu marks in one step", events_.size());
+    check_cuda(error_, "cudaEventRecord(phase)");
+    if (count_ < 2) die("phase timer: %zu marks (the forward did not run?)", count_);
+    std::vector<double> ms(kernels::kForwardPhaseCount, 0.0);
+    for (size_t i = 0; i + 1 < count_; ++i) {
+      float t = 0;
+      check_cuda(cudaEventElapsedTime(&t, events_[i], events_[i + 1]), "cudaEventElapsedTime");
+      ms[static_cast<int>(phases_[i])] += t;
+    }
+    float total = 0;
+    check_cuda(cudaEventElapsedTime(&total, events_[0], events_[count_ - 1]),
+               "cudaEventElapsedTime(total)");
+    *total_ms = total;
+    return ms;
+  }
+  void reset() {
+    count_ = 0;
+    overflow_ = false;
+    error_ = cudaSuccess;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<kernels::ForwardPhase> phases_;
+  size_t count_ = 0;
+  bool overflow_ = false;
+  cudaError_t error_ = cudaSuccess;
+};
+
+const char* phase_name(int phase) {
+  static const char* const kNames[kernels::kForwardPhaseCount] = {
+      "embed",     "norms+residual", "qkv gemm",     "q/k norm+rope+kv write",
+      "attention", "o_proj gemm",    "gate_up gemm", "gelu*up",
+      "down gemm", "lm head",        "end"};
+  return kNames[phase];
+}
+
+struct Timed {
+  engine::StepOutputs out;
+  double ms = 0;
+};
+
+// One engine step, wall-clock timed (the CUDA device synchronises its stream before step()
+// returns). A failed step, a rejected or failed request or a preemption ends the program:
+// every figure assumes the requests ran undisturbed.
+Timed step(engine::Engine& e) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Timed t;
+  t.out = e.step();
+  t.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (t.out.failed) {
+    die("step %llu failed: %s", static_cast<unsigned long long>(t.out.step_index),
+        t.out.error.c_str());
+  }
+  for (const engine::RequestUpdate& u : t.out.updates) {
+    if (u.preempted) {
+      die("request %llu preempted (pools too small)", static_cast<unsigned long long>(u.id.value));
+    }
+    if (u.terminal && (u.terminal->kind == engine::TerminalKind::kRejected ||
+                       u.terminal->kind == engine::TerminalKind::kFailed)) {
+      die("request %llu %s: %s", static_cast<unsigned long long>(u.id.value),
+          engine::terminal_kind_name(u.terminal->kind), u.terminal->message.c_str());
+    }
+  }
+  return t;
+}
+
+engine::RequestControl submit(engine::Engine& e, std::mt19937_64& rng, int prompt_len,
+                              int max_tokens) {
+  const int32_t vocab = e.model().vocab_size;
+  std::uniform_int_distribution<int32_t> token(3, vocab - 1);
+  engine::Request r;
+  r.prompt.reserve(prompt_len);
+  r.prompt.push_back(e.model().bos_token_id);
+  while (static_cast<int>(r.prompt.size()) < prompt_len) r.prompt.push_back(token(rng));
+  r.max_tokens = max_tokens;  // no stop ids: random weights must not end a request early
+  if (auto why = e.validate(r)) die("request refused: %s", why->message.c_str());
+  return e.submit(std::move(r));
+}
+
+void drain(engine::Engine& e) {
+  for (int i = 0; !e.idle(); ++i) {
+    if (i > 10000) die("engine did not drain");
+    step(e);
+  }
+}
+
+struct Row {
+  std::string name;
+  double rows_per_step = 0;
+  double ms_per_step = 0;
+  double tokens_per_s = 0;
+  double floor_mem_ms = 0;
+  double floor_compute_ms = 0;
+  double floor_ms = 0;
+};
+
+void print_breakdown(const char* title, const std::vector<double>& ms, double forward_ms,
+                     double step_ms, double unobserved_ms) {
+  std::printf("\n-- phase breakdown: %s --\n", title);
+  std::printf("  %-26s %10s %7s\n", "phase", "ms", "%");
+  for (int p = 0; p < kernels::kForwardPhaseCount; ++p) {
+    if (p == static_cast<int>(kernels::ForwardPhase::kEnd)) continue;
+    std::printf("  %-26s %10.3f %6.1f%%\n", phase_name(p), ms[p], 100.0 * ms[p] / forward_ms);
+  }
+  std::printf("  %-26s %10.3f\n", "forward (GPU, events)", forward_ms);
+  std::printf("  %-26s %10.3f  (upload, argmax, sync, scheduler: step wall - forward)\n",
+              "outside the forward", step_ms - forward_ms);
+  std::printf("  %-26s %10.3f  (same step unobserved: %.3f ms)\n", "step wall, observed", step_ms,
+              unobserved_ms);
+}
+
+}  // namespace
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
+  auto preset = engine::ModelConfig::preset("gemma4-12b");
+  if (!preset) die("preset gemma4-12b: %s", preset.error().message.c_str());
+  const engine::ModelConfig& config = preset.value();
+
+  int ordinal = 0;
+  check_cuda(cudaGetDevice(&ordinal), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+  std::printf("device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30));
+
+  kernels::CudaDeviceOptions dopt;
+  dopt.device_ordinal = ordinal;
+  dopt.random_seed = 12;
+  const auto tw = std::chrono::steady_clock::now();
+  auto made = kernels::CudaDevice::create(config, nullptr, dopt);
+  if (!made) die("cuda device: %s", made.error().message.c_str());
+  kernels::CudaDevice& device = *made.value();
+  std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
+
+  const double bandwidth = measure_copy_bandwidth(device.stream());
+  std::printf(
+      "copy bandwidth (D2D 512 MiB, read+write): %.0f GB/s; compute floor at %.0f TFLOP/s\n",
+      bandwidth / 1e9, kPeakFlops / 1e12);
+  const CostModel cost(config, device.model(), bandwidth);
+  std::printf(
+      "linear params %.3fe9 (+ LM head %.3fe9 per logits row); weights read per step %.2f GB\n",
+      cost.linear_params() / 1e9, double(config.vocab_size) * config.hidden_size / 1e9,
+      cost.weight_bytes() / 1e9);
+
+  // Pools hold every decode request's whole context in both families (no preemption).
+  const int max_tokens = 192;
+  const int pages_per_request = (kDecodePrompt + max_tokens + kPageSize - 1) / kPageSize + 1;
+  engine::EngineConfig ec;
+  ec.page_size = kPageSize;
+  ec.pages_global = kDecodeMaxBatch * pages_per_request;
+  ec.pages_local = kDecodeMaxBatch * pages_per_request;
+  ec.max_running = kDecodeMaxBatch;
+  ec.max_step_tokens = kMaxStepTokens;
+  auto created = engine::Engine::create(config, ec, device);
+  if (!created) die("engine: %s", created.error().message.c_str());
+  engine::Engine& e = *created.value();
+  size_t free_b = 0, total_b = 0;
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  std::printf("pools: %d pages/family of %d tokens; GPU memory free after bind %.1f GiB\n",
+              ec.pages_global, kPageSize, free_b / double(1 << 30));
+
+  std::mt19937_64 rng(7);
+  std::vector<Row> table;
+  PhaseTimer timer(2048);
+
+  // ---- 1. prefill -------------------------------------------------------------------------
+  {
+    // Warm-up: one full step (activation buffers grow, cuBLAS picks its kernels).
+    for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
+    drain(e);
+    for (int i = 0; i < kPrefillRequests; ++i) submit(e, rng, kPrefillPrompt, 1);
+    std::vector<double> ms;
+    Cost total_cost;
+    int64_t rows = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!e.idle()) {
+      Timed t = step(e);
+      if (t.out.rows == 0) continue;
+      ms.push_back(t.ms);
+      rows += t.out.rows;
+      total_cost += cost.step_cost(t.out);
+    }
+    const double wall =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (rows != int64_t{kPrefillRequests} * kPrefillPrompt) {
+      die("prefill computed %lld rows, expected %d", static_cast<long long>(rows),
+          kPrefillRequests * kPrefillPrompt);
+    }
+    const int steps = static_cast<int>(ms.size());
+    std::printf("\n== prefill: %d x %d-token prompts, max_tokens 1, max_step_tokens %d ==\n",
+                kPrefillRequests, kPrefillPrompt, kMaxStepTokens);
+    std::printf("  %d steps, %.1f ms total, %.1f ms/step (median %.1f), %.0f prompt tokens/s\n",
+                steps, wall, wall / steps, median(ms), rows / (wall * 1e-3));
+    std::printf("  floor: %.1f ms (memory %.1f, compute %.1f); measured/floor %.2f\n",
+                cost.floor_ms(total_cost), cost.memory_ms(total_cost), cost.compute_ms(total_cost),
+                wall / cost.floor_ms(total_cost));
+    table.push_back({"prefill 16x2048", double(rows) / steps, wall / steps, rows / (wall * 1e-3),
+                     cost.memory_ms(total_cost) / steps, cost.compute_ms(total_cost) / steps,
+                     cost.floor_ms(total_cost) / steps});
+
+    // Breakdown: one more full 8192-row step, observed.
+    for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
+    timer.reset();
+    kernels::set_forward_phase_observer(&timer);
+    Timed t = step(e);
+    kernels::set_forward_phase_observer(nullptr);
+    double forward_ms = 0;
+    const std::vector<double> phases = timer.phase_ms(&forward_ms);
+    char title[128];
+    std::snprintf(title, sizeof title, "prefill step, %d rows (%d x %d)", t.out.rows,
+                  kMaxStepTokens / kPrefillPrompt, kPrefillPrompt);
+    print_breakdown(title, phases, forward_ms, t.ms, median(ms));
+    drain(e);
+  }
+
+  // ---- 2. decode --------------------------------------------------------------------------
+  {
+    std::vector<engine::RequestControl> controls;
+    for (int i = 0; i < kDecodeMaxBatch; ++i) {
+      controls.push_back(submit(e, rng, kDecodePrompt, max_tokens));
+    }
+    // Prefill every context (mixed with the decode of the early ones) until a step is pure
+    // decode of the whole batch.
+    const auto t0 = std::chrono::steady_clock::now();
+    int setup_steps = 0;
+    for (;;) {
+      Timed t = step(e);
+      ++setup_steps;
+      if (setup_steps > 200) die("decode setup did not reach a pure decode step");
+      const bool pure_decode =
+          t.out.rows == kDecodeMaxBatch &&
+          std::all_of(t.out.updates.begin(), t.out.updates.end(),
+                      [](const engine::RequestUpdate& u) { return u.scheduled_tokens == 1; });
+      if (pure_decode) break;
+    }
+    std::printf("\n== decode setup: %d x %d-token prompts prefilled in %d steps, %.2f s ==\n",
+                kDecodeMaxBatch, kDecodePrompt, setup_steps,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    int live = kDecodeMaxBatch;
+    for (const int batch : {128, 64, 16, 1}) {
+      for (int i = batch; i < live; ++i) controls[i].abort();
+      live = batch;
+      for (int i = 0; i < kDecodeWarmup; ++i) step(e);
+      std::vector<double> ms;
+      Cost total_cost;
+      int64_t context = 0;
+      for (int i = 0; i < kDecodeTimed; ++i) {
+        Timed t = step(e);
+        if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
+        ms.push_back(t.ms);
+        total_cost += cost.step_cost(t.out);
+        for (const auto& u : t.out.updates) context += u.kv_len;
+      }
+      const double med = median(ms);
+      const Cost per_step{total_cost.flops / kDecodeTimed, total_cost.bytes / kDecodeTimed};
+      std::printf("\n== decode batch %d: mean context %.0f tokens ==\n", batch,
+                  double(context) / (kDecodeTimed * batch));
+      std::printf("  median %.3f ms/step (min %.3f, max %.3f over %d), %.0f generated tokens/s\n",
+                  med, *std::min_element(ms.begin(), ms.end()),
+                  *std::max_element(ms.begin(), ms.end()), kDecodeTimed, batch / (med * 1e-3));
+      std::printf("  bytes/step %.2f GB (weights %.2f + KV %.2f), FLOPs/step %.2f T\n",
+                  per_step.bytes / 1e9, cost.weight_bytes() / 1e9,
+                  (per_step.bytes - cost.weight_bytes()) / 1e9, per_step.flops / 1e12);
+      std::printf("  floor: %.3f ms (memory %.3f, compute %.3f); measured/floor %.2f\n",
+                  cost.floor_ms(per_step), cost.memory_ms(per_step), cost.compute_ms(per_step),
+                  med / cost.floor_ms(per_step));
+      table.push_back({"decode b=" + std::to_string(batch), double(batch), med,
+                       batch / (med * 1e-3), cost.memory_ms(per_step), cost.compute_ms(per_step),
+                       cost.floor_ms(per_step)});
+      if (batch == 64) {
+        timer.reset();
+        kernels::set_forward_phase_observer(&timer);
+        Timed t = step(e);
+        kernels::set_forward_phase_observer(nullptr);
+        double forward_ms = 0;
+        const std::vector<double> phases = timer.phase_ms(&forward_ms);
+        print_breakdown("decode step, batch 64", phases, forward_ms, t.ms, med);
+      }
+    }
+    for (auto& c : controls) c.abort();
+    drain(e);
+  }
+
+  const std::vector<std::string> broken = e.check_invariants();
+  if (!broken.empty()) die("engine invariants after the run: %s", broken.front().c_str());
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(end)");
+
+  std::printf("\n== summary (gemma4-12b geometry, random bf16 weights, %s) ==\n", prop.name);
+  std::printf("copy bandwidth %.0f GB/s, compute peak assumed %.0f TFLOP/s\n", bandwidth / 1e9,
+              kPeakFlops / 1e12);
+  std::printf("| %-16s | %9s | %10s | %11s | %12s | %12s | %8s |\n", "case", "rows/step", "ms/step",
+              "tokens/s", "floor mem ms", "floor fl ms", "meas/flr");
+  for (const Row& r : table) {
+    std::printf("| %-16s | %9.0f | %10.3f | %11.0f | %12.3f | %12.3f | %8.2f |\n", r.name.c_str(),
+                r.rows_per_step, r.ms_per_step, r.tokens_per_s, r.floor_mem_ms, r.floor_compute_ms,
+                r.ms_per_step / r.floor_ms);
+  }
+  return 0;
+}
