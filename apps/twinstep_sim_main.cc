@@ -364,7 +364,7 @@ class Progress {
 
 void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
                    const std::vector<CoverageMark>& marks, double wall_s) {
-  auto kind = [&](engine::TerminalKind k) { return t.terminals[static_cast<int>(k)]; };
+  auto kind = [&](engine::TerminalKind k) { return t.engine.terminals[static_cast<int>(k)]; };
   using engine::TerminalKind;
   const double sim_s = static_cast<double>(t.sim_ns) * 1e-9;
   std::printf("\n== campaign summary: %" PRId64 " seeds, %" PRId64 " ok, %" PRId64 " violated ==\n",
@@ -376,11 +376,11 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
               kind(TerminalKind::kStop), kind(TerminalKind::kLength), kind(TerminalKind::kAborted),
               kind(TerminalKind::kRejected), kind(TerminalKind::kFailed));
   std::printf("  %-16s %" PRIu64 " generated, %" PRIu64 " prompt rows computed\n", "tokens",
-              t.tokens, t.prompt_tokens_computed);
+              t.engine.tokens_generated, t.engine.prompt_tokens_computed);
   std::printf("  %-16s %" PRIu64 " (%" PRIu64 " failed by faults), %" PRIu64 " preemptions\n",
-              "steps", t.steps, t.steps_failed, t.preemptions);
+              "steps", t.engine.steps, t.engine.steps_failed, t.engine.preemptions);
   std::printf("  %-16s %.3f s simulated, %.0f tokens/s simulated throughput\n", "time", sim_s,
-              sim_s > 0 ? static_cast<double>(t.tokens) / sim_s : 0.0);
+              sim_s > 0 ? static_cast<double>(t.engine.tokens_generated) / sim_s : 0.0);
   std::printf("  %-16s p50 %s   p90 %s   p99 %s   (%zu requests)\n", "TTFT",
               ms(percentile(t.ttft_ns, 50)).c_str(), ms(percentile(t.ttft_ns, 90)).c_str(),
               ms(percentile(t.ttft_ns, 99)).c_str(), t.ttft_ns.size());
@@ -420,8 +420,8 @@ nlohmann::json report_seed(const SeedResult& r, const std::string& program, cons
   if (r.ok()) {
     std::printf("seed %-6" PRIu64 " ok    steps %6" PRIu64 "  req %4" PRIu64
                 "  sim %9.3f ms  trace-hash: %s\n",
-                r.seed, r.stats.steps, r.stats.requests, static_cast<double>(r.stats.sim_ns) * 1e-6,
-                hex(r.trace_hash).c_str());
+                r.seed, r.stats.engine.steps, r.stats.requests,
+                static_cast<double>(r.stats.sim_ns) * 1e-6, hex(r.trace_hash).c_str());
   } else {
     const FirstViolation& v = *r.violation;
     const std::string replay = replay_line(program, opt, r.seed);
@@ -432,7 +432,7 @@ nlohmann::json report_seed(const SeedResult& r, const std::string& program, cons
                 r.config.describe().c_str(), replay.c_str());
     std::printf("seed %-6" PRIu64 " FAIL  steps %6" PRIu64 "  req %4" PRIu64
                 "  invariant %s at step %" PRIu64 "  trace-hash: %s\n",
-                r.seed, r.stats.steps, r.stats.requests, v.invariant.c_str(), v.step,
+                r.seed, r.stats.engine.steps, r.stats.requests, v.invariant.c_str(), v.step,
                 hex(r.trace_hash).c_str());
     record["violation"] = {{"invariant", v.invariant},
                            {"step", v.step},

@@ -61,6 +61,22 @@ const char* request_phase_name(RequestPhase phase) {
   return "?";
 }
 
+Counters& Counters::operator+=(const Counters& o) {
+  submitted += o.submitted;
+  for (int i = 0; i < 5; ++i) terminals[i] += o.terminals[i];
+  for (int i = 0; i < kRejectReasonCount; ++i) rejections[i] += o.rejections[i];
+  tokens_generated += o.tokens_generated;
+  prompt_tokens_computed += o.prompt_tokens_computed;
+  steps += o.steps;
+  steps_failed += o.steps_failed;
+  preemptions += o.preemptions;
+  window_pages_released += o.window_pages_released;
+  chunked_prefills += o.chunked_prefills;
+  admission_waits += o.admission_waits;
+  for (int i = 0; i < kRequestPhaseCount; ++i) aborts_by_phase[i] += o.aborts_by_phase[i];
+  return *this;
+}
+
 struct Engine::Inbox {
   std::mutex mutex;
   uint64_t next_id = 1;

@@ -109,6 +109,9 @@ struct Counters {
   uint64_t chunked_prefills = 0;  // prefill steps that did not finish the prompt
   uint64_t admission_waits = 0;   // steps where the queue head waited on a full pool
   uint64_t aborts_by_phase[kRequestPhaseCount] = {};
+
+  // Field-wise sum, for totals over several engines (campaign seeds).
+  Counters& operator+=(const Counters& other);
 };
 
 // The load feed. Pull-only; a consistent snapshot taken at the end of the last step.

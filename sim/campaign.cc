@@ -573,17 +573,10 @@ void collect_stats(Harness& h, RunStats* s) {
   const engine::Counters& k = m.counters;
   s->seeds = 1;
   s->requests = h.records().size();
-  std::copy(std::begin(k.terminals), std::end(k.terminals), s->terminals);
-  std::copy(std::begin(k.rejections), std::end(k.rejections), s->rejections);
-  std::copy(std::begin(k.aborts_by_phase), std::end(k.aborts_by_phase), s->aborts_by_phase);
-  s->tokens = k.tokens_generated;
-  s->prompt_tokens_computed = k.prompt_tokens_computed;
-  s->steps = h.steps();
-  s->steps_failed = k.steps_failed;
-  s->preemptions = k.preemptions;
-  s->window_pages_released = k.window_pages_released;
-  s->chunked_prefills = k.chunked_prefills;
-  s->admission_waits = k.admission_waits;
+  s->engine = k;
+  // The harness also counts a step that a TS_CHECK cut short, which the engine's end-of-step
+  // metrics snapshot never saw.
+  s->engine.steps = h.steps();
   s->sim_ns = h.device().now_ns();
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
     s->faults_fired[i] = h.faults().fired(static_cast<FaultSite>(i));
@@ -653,17 +646,7 @@ SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress, std::F
 void RunStats::add(const RunStats& o) {
   seeds += o.seeds;
   requests += o.requests;
-  for (int i = 0; i < 5; ++i) terminals[i] += o.terminals[i];
-  for (int i = 0; i < engine::kRejectReasonCount; ++i) rejections[i] += o.rejections[i];
-  for (int i = 0; i < engine::kRequestPhaseCount; ++i) aborts_by_phase[i] += o.aborts_by_phase[i];
-  tokens += o.tokens;
-  prompt_tokens_computed += o.prompt_tokens_computed;
-  steps += o.steps;
-  steps_failed += o.steps_failed;
-  preemptions += o.preemptions;
-  window_pages_released += o.window_pages_released;
-  chunked_prefills += o.chunked_prefills;
-  admission_waits += o.admission_waits;
+  engine += o.engine;
   sim_ns += o.sim_ns;
   for (int i = 0; i < engine::kFaultSiteCount; ++i) faults_fired[i] += o.faults_fired[i];
   for (int i = 0; i < engine::kFamilyCount; ++i) {
@@ -682,23 +665,24 @@ std::vector<CoverageMark> coverage_marks(const RunStats& t) {
         {"fault fired: " + std::string(engine::fault_site_name(static_cast<FaultSite>(i))),
          t.faults_fired[i]});
   }
-  marks.push_back({"window page released", t.window_pages_released});
-  marks.push_back({"chunked prefill", t.chunked_prefills});
+  marks.push_back({"window page released", t.engine.window_pages_released});
+  marks.push_back({"chunked prefill", t.engine.chunked_prefills});
   for (int i = 1; i < engine::kRejectReasonCount; ++i) {
     marks.push_back({std::string("rejected: ") + reject_reason_name(static_cast<RejectReason>(i)),
-                     t.rejections[i]});
+                     t.engine.rejections[i]});
   }
   for (const RequestPhase p :
        {RequestPhase::kQueued, RequestPhase::kWaiting, RequestPhase::kPrefill,
         RequestPhase::kDecode, RequestPhase::kPreempted}) {
     marks.push_back({std::string("aborted while ") + request_phase_name(p),
-                     t.aborts_by_phase[static_cast<int>(p)]});
+                     t.engine.aborts_by_phase[static_cast<int>(p)]});
   }
-  marks.push_back({"admission waited on a full pool", t.admission_waits});
-  marks.push_back({"preemption", t.preemptions});
-  marks.push_back({"finished on a stop id", t.terminals[static_cast<int>(TerminalKind::kStop)]});
+  marks.push_back({"admission waited on a full pool", t.engine.admission_waits});
+  marks.push_back({"preemption", t.engine.preemptions});
+  marks.push_back(
+      {"finished on a stop id", t.engine.terminals[static_cast<int>(TerminalKind::kStop)]});
   marks.push_back({"failed after repeated device faults",
-                   t.terminals[static_cast<int>(TerminalKind::kFailed)]});
+                   t.engine.terminals[static_cast<int>(TerminalKind::kFailed)]});
   return marks;
 }
 
@@ -713,15 +697,15 @@ int64_t percentile(std::vector<int64_t> values, double p) {
 nlohmann::json stats_to_json(const RunStats& s) {
   nlohmann::json terminals = nlohmann::json::object();
   for (int i = 0; i < 5; ++i) {
-    terminals[terminal_kind_name(static_cast<TerminalKind>(i))] = s.terminals[i];
+    terminals[terminal_kind_name(static_cast<TerminalKind>(i))] = s.engine.terminals[i];
   }
   nlohmann::json rejections = nlohmann::json::object();
   for (int i = 1; i < engine::kRejectReasonCount; ++i) {
-    rejections[reject_reason_name(static_cast<RejectReason>(i))] = s.rejections[i];
+    rejections[reject_reason_name(static_cast<RejectReason>(i))] = s.engine.rejections[i];
   }
   nlohmann::json aborts = nlohmann::json::object();
   for (int i = 0; i < engine::kRequestPhaseCount; ++i) {
-    aborts[request_phase_name(static_cast<RequestPhase>(i))] = s.aborts_by_phase[i];
+    aborts[request_phase_name(static_cast<RequestPhase>(i))] = s.engine.aborts_by_phase[i];
   }
   nlohmann::json faults = nlohmann::json::object();
   for (int i = 0; i < engine::kFaultSiteCount; ++i) {
@@ -738,16 +722,17 @@ nlohmann::json stats_to_json(const RunStats& s) {
           {"terminals", terminals},
           {"rejections", rejections},
           {"aborts_by_phase", aborts},
-          {"tokens", s.tokens},
-          {"prompt_tokens_computed", s.prompt_tokens_computed},
-          {"steps", s.steps},
-          {"steps_failed", s.steps_failed},
-          {"preemptions", s.preemptions},
-          {"window_pages_released", s.window_pages_released},
-          {"chunked_prefills", s.chunked_prefills},
-          {"admission_waits", s.admission_waits},
+          {"tokens", s.engine.tokens_generated},
+          {"prompt_tokens_computed", s.engine.prompt_tokens_computed},
+          {"steps", s.engine.steps},
+          {"steps_failed", s.engine.steps_failed},
+          {"preemptions", s.engine.preemptions},
+          {"window_pages_released", s.engine.window_pages_released},
+          {"chunked_prefills", s.engine.chunked_prefills},
+          {"admission_waits", s.engine.admission_waits},
           {"sim_ns", s.sim_ns},
-          {"sim_tokens_per_s", sim_s > 0 ? static_cast<double>(s.tokens) / sim_s : 0.0},
+          {"sim_tokens_per_s",
+           sim_s > 0 ? static_cast<double>(s.engine.tokens_generated) / sim_s : 0.0},
           {"ttft_ns", pct(s.ttft_ns)},
           {"tpot_ns", pct(s.tpot_ns)},
           {"peak_pages", {{"global", s.peak_pages[0]}, {"local", s.peak_pages[1]}}},

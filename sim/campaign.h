@@ -73,17 +73,7 @@ struct FirstViolation {
 // Per-seed (and, summed, per-campaign) statistics.
 struct RunStats {
   uint64_t requests = 0;
-  uint64_t terminals[5] = {};  // by engine::TerminalKind
-  uint64_t rejections[engine::kRejectReasonCount] = {};
-  uint64_t aborts_by_phase[engine::kRequestPhaseCount] = {};
-  uint64_t tokens = 0;
-  uint64_t prompt_tokens_computed = 0;
-  uint64_t steps = 0;
-  uint64_t steps_failed = 0;
-  uint64_t preemptions = 0;
-  uint64_t window_pages_released = 0;
-  uint64_t chunked_prefills = 0;
-  uint64_t admission_waits = 0;
+  engine::Counters engine;  // the engine's own counters (terminals, tokens, steps, ...)
   int64_t sim_ns = 0;
   uint64_t faults_fired[engine::kFaultSiteCount] = {};
   uint64_t seeds = 0;

@@ -27,8 +27,8 @@ TEST(Campaign, SameSeedSameHashDifferentSeedDifferentHash) {
   const SeedResult a = run(5), b = run(5), c = run(6);
   ASSERT_TRUE(a.ok()) << describe(a);
   EXPECT_EQ(a.trace_hash, b.trace_hash);
-  EXPECT_EQ(a.stats.steps, b.stats.steps);
-  EXPECT_EQ(a.stats.tokens, b.stats.tokens);
+  EXPECT_EQ(a.stats.engine.steps, b.stats.engine.steps);
+  EXPECT_EQ(a.stats.engine.tokens_generated, b.stats.engine.tokens_generated);
   EXPECT_NE(a.trace_hash, c.trace_hash);
 }
 
@@ -39,13 +39,13 @@ TEST(Campaign, FirstSeedsPassAndDoWork) {
     ASSERT_TRUE(r.ok()) << describe(r);
     totals.add(r.stats);
   }
-  EXPECT_GT(totals.tokens, 1000u);
-  EXPECT_GT(totals.steps_failed, 0u);
-  EXPECT_GT(totals.terminals[static_cast<int>(engine::TerminalKind::kAborted)], 0u);
+  EXPECT_GT(totals.engine.tokens_generated, 1000u);
+  EXPECT_GT(totals.engine.steps_failed, 0u);
+  EXPECT_GT(totals.engine.terminals[static_cast<int>(engine::TerminalKind::kAborted)], 0u);
   // Every request that emitted a token has a TTFT; stopped or finished ones all did.
   EXPECT_GE(totals.ttft_ns.size(),
-            totals.terminals[static_cast<int>(engine::TerminalKind::kStop)] +
-                totals.terminals[static_cast<int>(engine::TerminalKind::kLength)]);
+            totals.engine.terminals[static_cast<int>(engine::TerminalKind::kStop)] +
+                totals.engine.terminals[static_cast<int>(engine::TerminalKind::kLength)]);
   EXPECT_LE(totals.ttft_ns.size(), totals.requests);
 }
 
