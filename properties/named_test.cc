@@ -50,21 +50,32 @@ RC_GTEST_PROP(Properties, AdmissionIsAtomicAcrossPools, ()) {
   const engine::RequestId target = h.submit(*gen_request(s.model.vocab_size)).id();
   const FaultSite site = *rc::gen::element(FaultSite::kAllocGlobal, FaultSite::kAllocLocal);
   h.faults().force_once_for(site, target);
+  // The refusal stays armed until the target next asks `site` for pages (its admission, or a
+  // later growth if admission needed none there); check right after the step where it fired.
   const uint64_t fired_before = h.faults().fired(site);
-  const int32_t held_before[2] = {pages_of(h.engine(), target, Family::kGlobal),
-                                  pages_of(h.engine(), target, Family::kLocal)};
-  h.step();
-  assert_clean(h);
-  RC_CLASSIFY(h.faults().fired(site) > fired_before, "refusal fired");
-  if (h.faults().fired(site) > fired_before) {
+  bool fired = false;
+  for (int32_t i = 0; i < 200 && !fired && h.phase_of(target) != RequestPhase::kDone; ++i) {
+    const int32_t held_before[2] = {pages_of(h.engine(), target, Family::kGlobal),
+                                    pages_of(h.engine(), target, Family::kLocal)};
+    const engine::StepOutputs& out = h.step();
+    assert_clean(h);
+    fired = h.faults().fired(site) > fired_before;
+    if (!fired) continue;
+    // A refused request is not scheduled; only a preemption (another request starving for
+    // pages, the target the youngest) may still take its pages in that step.
+    const bool preempted = std::any_of(out.updates.begin(), out.updates.end(), [&](const auto& u) {
+      return u.id == target && u.preempted;
+    });
     for (const Family f : engine::kFamilies) {
-      RC_ASSERT(pages_of(h.engine(), target, f) == held_before[static_cast<int>(f)]);
+      if (!preempted)
+        RC_ASSERT(pages_of(h.engine(), target, f) == held_before[static_cast<int>(f)]);
       const engine::PagePool& pool = h.engine().scheduler().pool(f);
       RC_ASSERT(pool.reserved_count() == 0);
       RC_ASSERT(pool.held_count() == pages_held_by_requests(h.engine(), f));
       RC_ASSERT(pool.free_count() + pool.held_count() == pool.capacity());
     }
   }
+  RC_CLASSIFY(fired, "refusal fired");
   h.faults().clear();
   RC_ASSERT(h.drain(100'000));
   h.check_baseline();
@@ -78,7 +89,7 @@ RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
   s.config.max_step_failures = 1000;  // no request may fail out of this property
   const auto requests = *rc::gen::container<std::vector<engine::Request>>(
       *rc::gen::inRange(1, 7), gen_request(s.model.vocab_size));
-  const int32_t fault_step = *rc::gen::inRange(0, 25);
+  const int32_t fault_step = *rc::gen::inRange(0, 12);
   const FaultSite site = *rc::gen::element(FaultSite::kUpload, FaultSite::kLaunch,
                                            FaultSite::kAfterKvWrite, FaultSite::kSync);
 
@@ -91,6 +102,7 @@ RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
       h.faults().force_once(site);
       const engine::StepOutputs& out = h.step();
       assert_clean(h);
+      RC_CLASSIFY(out.device_ran, "the fault hit a step that ran the device");
       if (out.device_ran) {
         RC_ASSERT(out.failed);
         EngineSnapshot after = snapshot(h.engine());
