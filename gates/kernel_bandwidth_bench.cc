@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "gates/bench_util.h"
 #include "kernels/ops.h"
 #include "sim/rng.h"
 
@@ -18,46 +19,12 @@ namespace {
 
 using twinstep::kernels::bf16;
 
-#define BENCH_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-
-#define BENCH_OK(expr)                                                            \
-  do {                                                                            \
-    auto s_ = (expr);                                                             \
-    if (!s_.ok()) {                                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.error().message.c_str()); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
 constexpr int kWarmup = 3;
 constexpr int kRepeats = 21;
 
 template <class F>
 double median_ms(cudaStream_t stream, F&& launch) {
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < kWarmup; ++i) launch();
-  std::vector<float> ms(kRepeats);
-  for (int i = 0; i < kRepeats; ++i) {
-    BENCH_CUDA(cudaEventRecord(start, stream));
-    launch();
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    BENCH_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
-  }
-  BENCH_CUDA(cudaGetLastError());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[kRepeats / 2];
+  return twinstep::gates::median_ms(stream, kWarmup, kRepeats, launch);
 }
 
 // Random bf16 in [-1, 1) filled on the host (never zeros: zeros can run faster).

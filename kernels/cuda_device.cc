@@ -288,12 +288,23 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
                              {plan.positions.data(), R * 4},
                              {plan.row_seq.data(), R * 4},
                              {logit_rows.data(), int64_t{plan.num_logits} * 4}};
+  // The tensor-core prefill's query tiles, per family (its GQA group); decode-only steps run
+  // the decode launcher and need none.
+  std::vector<PrefillTile> tiles[engine::kFamilyCount];
+  for (Family f : engine::kFamilies) {
+    const int i = static_cast<int>(f);
+    if (S != R) tiles[i] = plan_prefill_tiles(plan.row_seq, prefill_group(f));
+  }
   for (Family f : engine::kFamilies) {
     const engine::FamilyPlan& fp = plan.family(f);
     parts.push_back({fp.page_indices.data(), static_cast<int64_t>(fp.page_indices.size()) * 4});
     parts.push_back({fp.seq_page_begin.data(), static_cast<int64_t>(fp.seq_page_begin.size()) * 4});
     parts.push_back({fp.seq_first_page.data(), static_cast<int64_t>(fp.seq_first_page.size()) * 4});
     parts.push_back({fp.row_slot.data(), static_cast<int64_t>(fp.row_slot.size()) * 8});
+  }
+  for (Family f : engine::kFamilies) {
+    const auto& t = tiles[static_cast<int>(f)];
+    parts.push_back({t.data(), static_cast<int64_t>(t.size() * sizeof(PrefillTile))});
   }
   int64_t total = 0;
   for (Part& p : parts) {
@@ -348,6 +359,8 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
     const engine::PoolLayout& layout = layouts_[i];
     v.pools[i] = KvPoolView{pools_[i],        layout.layers,   layout.pages_total,
                             layout.page_size, layout.kv_heads, layout.head_dim};
+    v.prefill_tiles[i] = PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(12 + i)),
+                                          static_cast<int32_t>(tiles[i].size()), prefill_group(f)};
   }
   return v;
 }

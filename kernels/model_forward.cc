@@ -323,8 +323,9 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
       TS_TRY(attention_decode(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
                               L.family_index, step.rows, step.paging[f], window, 1.0f, stream));
     } else {
-      TS_TRY(attention_prefill(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
-                               L.family_index, step.rows, step.paging[f], window, 1.0f, stream));
+      TS_TRY(attention_prefill_tc(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
+                                  L.family_index, step.rows, step.paging[f], step.prefill_tiles[f],
+                                  window, 1.0f, stream));
     }
     TS_TRY(finish_layer(model_, L, blas_, b, R, stream));
   }

@@ -11,6 +11,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "kernels/attention_prefill_tc.h"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels {
@@ -69,7 +70,9 @@ struct StepViews {
   RowsView rows;                            // positions, row_seq
   PagingView paging[engine::kFamilyCount];  // by Family
   KvPoolView pools[engine::kFamilyCount];   // by Family
-  const int32_t* logit_rows = nullptr;      // [num_logits] row index of each logits slot
+  // Query tiles of the tensor-core prefill attention, by Family (unused by decode-only steps).
+  PrefillTilesView prefill_tiles[engine::kFamilyCount];
+  const int32_t* logit_rows = nullptr;  // [num_logits] row index of each logits slot
   int32_t num_logits = 0;
   int32_t sliding_window = 0;
   bool decode_only = false;  // every seq has one row: the decode attention launcher

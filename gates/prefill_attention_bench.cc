@@ -1,0 +1,156 @@
+// gates/prefill_attention_bench.cc: a benchmark program (not a test): paged prefill attention
+// on the 12B shapes (16 query heads; local: head_dim 256 over 8 KV heads, window 1024; global:
+// head_dim 512 over 1 KV head, no window), an 8192-row step as 4 x 2048 and as 1 x 8192 fresh
+// prompts, page size 16 over shuffled pages. Achieved TFLOP/s counts the FLOPs a causal /
+// windowed kernel must do (4 x head_dim per visible (row, head, key): QK^T and P.V) against the
+// dense bf16 GEMM rate (cuBLAS 8192^3) measured in the same process; the CUDA-core reference
+// and the tensor-core kernel on the same data. Method and figures: perf/NOTES.md.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#include "gates/bench_util.h"
+#include "kernels/attention_prefill_tc.h"
+#include "kernels/ops.h"
+#include "sim/rng.h"
+
+namespace {
+
+using namespace twinstep;
+using kernels::bf16;
+
+template <class T>
+T* to_device(const std::vector<T>& host) {
+  T* d = nullptr;
+  BENCH_CUDA(cudaMalloc(&d, host.size() * sizeof(T)));
+  BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<bf16> random_bf16(sim::Rng& rng, size_t n, float scale) {
+  std::vector<bf16> v(n);
+  for (auto& x : v) x = __float2bfloat16(static_cast<float>(rng.unit() * 2.0 - 1.0) * scale);
+  return v;
+}
+
+double gemm_tflops(cudaStream_t stream) {
+  const int32_t n = 8192;
+  sim::Rng rng(1);
+  bf16* a = to_device(random_bf16(rng, size_t(n) * n, 1.0f));
+  bf16* b = to_device(random_bf16(rng, size_t(n) * n, 1.0f));
+  bf16* c = nullptr;
+  BENCH_CUDA(cudaMalloc(&c, size_t(n) * n * sizeof(bf16)));
+  auto blas = kernels::Blas::create(stream);
+  if (!blas.ok()) std::exit(1);
+  const double ms =
+      gates::median_ms(stream, 3, 10, [&] { BENCH_OK(blas->gemm(a, b, c, n, n, n)); });
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return 2.0 * n * n * double(n) / (ms * 1e-3) / 1e12;
+}
+
+struct AttnShape {
+  const char* name;
+  int32_t head_dim, kv_heads, window;
+};
+
+struct CaseTimes {
+  double ref_ms, tc_ms, flops;
+};
+
+CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream_t stream) {
+  const int32_t q_heads = 16, page = 16, group = q_heads / f.kv_heads;
+  const int32_t rows = seqs * seq_len, pages_per_seq = (seq_len + page - 1) / page;
+  const int32_t pages_total = 1 + seqs * pages_per_seq;
+  sim::Rng rng(11 + f.head_dim + f.window);
+  std::vector<uint32_t> order(pages_total - 1);
+  std::iota(order.begin(), order.end(), 1u);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+  std::vector<int32_t> positions, row_seq, seq_page_begin{0}, seq_first_page(seqs, 0);
+  double flops = 0.0;
+  for (int32_t s = 0; s < seqs; ++s) {
+    for (int32_t p = 0; p < seq_len; ++p) {
+      positions.push_back(p);
+      row_seq.push_back(s);
+      const int32_t keys = f.window > 0 ? std::min(p + 1, f.window) : p + 1;
+      flops += 4.0 * f.head_dim * keys * q_heads;
+    }
+    seq_page_begin.push_back((s + 1) * pages_per_seq);
+  }
+  const int64_t pool_elems = int64_t{pages_total} * 2 * page * f.kv_heads * f.head_dim;
+  bf16* pool = to_device(random_bf16(rng, pool_elems, 1.0f));
+  bf16* q = to_device(random_bf16(rng, size_t(rows) * q_heads * f.head_dim, 0.5f));
+  bf16* out = nullptr;
+  BENCH_CUDA(cudaMalloc(&out, size_t(rows) * q_heads * f.head_dim * sizeof(bf16)));
+  int32_t* d_pos = to_device(positions);
+  int32_t* d_seq = to_device(row_seq);
+  uint32_t* d_pages = to_device(order);
+  int32_t* d_begin = to_device(seq_page_begin);
+  int32_t* d_first = to_device(seq_first_page);
+  const auto tiles = kernels::plan_prefill_tiles(row_seq, group);
+  kernels::PrefillTile* d_tiles = to_device(tiles);
+  const kernels::KvPoolView pv{pool, 1, pages_total, page, f.kv_heads, f.head_dim};
+  const kernels::RowsView rv{d_pos, d_seq, rows};
+  const kernels::PagingView gv{d_pages, d_begin, d_first, nullptr, pages_total - 1, seqs};
+  const kernels::PrefillTilesView tv{d_tiles, static_cast<int32_t>(tiles.size()), group};
+  const int64_t stride = int64_t{q_heads} * f.head_dim;
+  CaseTimes r{};
+  r.flops = flops;
+  r.ref_ms = gates::median_ms(stream, 1, 3, [&] {
+    BENCH_OK(
+        kernels::attention_prefill(q, stride, out, q_heads, pv, 0, rv, gv, f.window, 1.0f, stream));
+  });
+  r.tc_ms = gates::median_ms(stream, 3, 15, [&] {
+    BENCH_OK(kernels::attention_prefill_tc(q, stride, out, q_heads, pv, 0, rv, gv, tv, f.window,
+                                           1.0f, stream));
+  });
+  for (void* p :
+       {static_cast<void*>(pool), static_cast<void*>(q), static_cast<void*>(out),
+        static_cast<void*>(d_pos), static_cast<void*>(d_seq), static_cast<void*>(d_pages),
+        static_cast<void*>(d_begin), static_cast<void*>(d_first), static_cast<void*>(d_tiles)}) {
+    cudaFree(p);
+  }
+  return r;
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  const double peak = gemm_tflops(stream);
+  std::printf("device: %s, %d SMs; cuBLAS bf16 GEMM 8192^3: %.0f TFLOP/s (the peak below)\n",
+              prop.name, prop.multiProcessorCount, peak);
+  const AttnShape families[] = {{"local hd256 8kv w1024", 256, 8, 1024},
+                                {"local hd256 8kv causal", 256, 8, 0},
+                                {"global hd512 1kv causal", 512, 1, 0}};
+  std::printf(
+      "| family | step | GFLOP | reference ms | TFLOP/s | tensor-core ms | TFLOP/s | %% of "
+      "peak | speedup |\n|---|---|---|---|---|---|---|---|---|\n");
+  double step_ms[2][2] = {};  // [shape][local, global] for the 12B step estimate
+  for (int shape = 0; shape < 2; ++shape) {
+    const int32_t seqs = shape == 0 ? 4 : 1, len = shape == 0 ? 2048 : 8192;
+    for (int fi = 0; fi < 3; ++fi) {
+      const AttnShape& f = families[fi];
+      const CaseTimes r = run_case(f, seqs, len, stream);
+      const double ref_tf = r.flops / (r.ref_ms * 1e-3) / 1e12;
+      const double tc_tf = r.flops / (r.tc_ms * 1e-3) / 1e12;
+      std::printf("| %s | %d x %d | %.0f | %.2f | %.1f | %.3f | %.1f | %.1f | %.1fx |\n", f.name,
+                  seqs, len, r.flops / 1e9, r.ref_ms, ref_tf, r.tc_ms, tc_tf, 100.0 * tc_tf / peak,
+                  r.ref_ms / r.tc_ms);
+      if (fi == 0) step_ms[shape][0] = r.tc_ms;
+      if (fi == 2) step_ms[shape][1] = r.tc_ms;
+    }
+  }
+  for (int shape = 0; shape < 2; ++shape) {
+    std::printf("12B attention per 8192-row step (%s: 40 local + 8 global layers): %.1f ms\n",
+                shape == 0 ? "4 x 2048" : "1 x 8192",
+                40 * step_ms[shape][0] + 8 * step_ms[shape][1]);
+  }
+  return 0;
+}

@@ -1,0 +1,240 @@
+// gates/prefill_tc_gates.cc: the tensor-core prefill attention (kernels/attention_prefill_tc.h)
+// against the CUDA-core reference attention_prefill and an fp64 host computation, on mixed
+// steps (prefill chunks continuing a prompt, fresh prompts, decode rows), shuffled page tables
+// whose unlisted pages (the padding page, spares) hold NaN sentinels, released local pages,
+// every head dim, windows below and above a tile, GQA ratios 1, 2, 8, 16.
+//
+// Tolerance: not a constant. Per case the gate measures the bf16 noise floor (the fp64 result
+// rounded to bf16 against itself) and the reference kernel's own error; the tensor-core kernel
+// also rounds the softmax weights P to bf16 before P.V: one more rounding of the same size as
+// the output's. So its error may exceed the reference's by at most that one rounding: in
+// quadrature over the whole output, linearly on its worst (row, head). (First H200 run: the
+// reference sits at the rounding floor, the tensor-core kernel 3-8% above it over the whole
+// output, 25-35% above it on the worst row.)
+#include <cstdio>
+
+#include "gates/kernel_gate_util.h"
+#include "kernels/attention_prefill_tc.h"
+
+namespace twinstep::gates {
+namespace {
+
+using kernels::PrefillTile;
+
+class PrefillTcGates : public GpuGate {};
+
+struct TcCase {
+  const char* name;
+  int32_t head_dim, q_heads, kv_heads, window, page_size;
+  std::vector<SeqSpec> seqs;  // the first is the filler of the row-offset differential
+};
+
+struct Errors {
+  double whole = 0.0;      // ||out - ref|| / ||ref|| over every (row, head)
+  double worst_row = 0.0;  // the same, worst (row, head)
+};
+
+std::vector<PrefillTile> tiles_of(const PagedScenario& sc, int32_t row_offset, int32_t group) {
+  std::vector<int32_t> seqs(sc.row_seq.begin() + row_offset, sc.row_seq.end());
+  return kernels::plan_prefill_tiles(seqs, group);
+}
+
+// fp64 attention of (row r, head h) of the scenario; scale 1.0.
+std::vector<double> reference_head(const PagedScenario& sc, const std::vector<float>& qf,
+                                   const std::vector<float>& pf, int32_t layer, int32_t r,
+                                   int32_t h, int32_t q_heads) {
+  const int32_t hd = sc.head_dim, group = q_heads / sc.kv_heads;
+  const int32_t s = sc.row_seq[r], p = sc.positions[r];
+  const float* qv = &qf[(size_t(r) * q_heads + h) * hd];
+  std::vector<double> scores;
+  double mx = -INFINITY;
+  for (int32_t j = sc.first_key(p); j <= p; ++j) {
+    const float* kv = &pf[sc.elem(layer, s, j, 0, h / group)];
+    double dot = 0.0;
+    for (int32_t d = 0; d < hd; ++d) dot += static_cast<double>(qv[d]) * kv[d];
+    scores.push_back(dot);
+    mx = std::max(mx, dot);
+  }
+  double sum = 0.0;
+  for (double& x : scores) sum += (x = std::exp(x - mx));
+  std::vector<double> o(hd, 0.0);
+  for (int32_t j = sc.first_key(p), i = 0; j <= p; ++j, ++i) {
+    const float* vv = &pf[sc.elem(layer, s, j, 1, h / group)];
+    for (int32_t d = 0; d < hd; ++d) o[d] += scores[i] / sum * vv[d];
+  }
+  return o;
+}
+
+// Errors of `out` (rows 1.. of the scenario, the filler excluded) against the fp64 result.
+Errors errors_of(const std::vector<std::vector<double>>& ref, const std::vector<bf16>& out,
+                 int32_t hd) {
+  Errors e;
+  std::vector<double> all_ref;
+  std::vector<float> all_out;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    std::vector<float> got(hd);
+    for (int32_t d = 0; d < hd; ++d) got[d] = to_f(out[i * hd + d]);
+    e.worst_row = std::max(e.worst_row, rel_error(got, ref[i]));
+    all_ref.insert(all_ref.end(), ref[i].begin(), ref[i].end());
+    all_out.insert(all_out.end(), got.begin(), got.end());
+  }
+  e.whole = rel_error(all_out, all_ref);
+  return e;
+}
+
+Errors rounding_floor(const std::vector<std::vector<double>>& ref, int32_t hd) {
+  std::vector<bf16> rounded;
+  for (const auto& v : ref)
+    for (double x : v) rounded.push_back(to_bf(static_cast<float>(x)));
+  return errors_of(ref, rounded, hd);
+}
+
+void run_tc_case(const TcCase& tc, cudaStream_t stream) {
+  SCOPED_TRACE(tc.name);
+  sim::Rng rng(0x7c + tc.head_dim * 7 + tc.window * 3 + tc.q_heads);
+  const int32_t hd = tc.head_dim, layers = 2, layer = 1;
+  const int32_t group = tc.q_heads / tc.kv_heads;
+  const PagedScenario a =
+      make_scenario(rng, tc.seqs, tc.page_size, tc.kv_heads, hd, layers, tc.window, 3);
+  const PagedScenario b = drop_first_seq(a);
+  std::vector<bf16> pool(a.pool_elems(), sentinel_bf16());
+  for (int32_t l = 0; l < layers; ++l) {
+    for (uint32_t pg : a.page_indices) {
+      const int64_t base = l * a.layer_elems() + int64_t{pg} * 2 * tc.page_size * a.token_elems();
+      const auto vals = random_bf16(rng, size_t(2) * tc.page_size * a.token_elems(), -2.0f, 2.0f);
+      std::copy(vals.begin(), vals.end(), pool.begin() + base);
+    }
+  }
+  const int64_t q_stride = int64_t{tc.q_heads} * hd;
+  const auto q = random_bf16(rng, size_t(a.rows()) * q_stride, -0.5f, 0.5f);
+  DeviceBuffer<bf16> d_pool(pool), d_q(q);
+  const std::vector<bf16> sentinel(size_t(a.rows() + 1) * q_stride, sentinel_bf16());
+  DeviceBuffer<bf16> out_ref(sentinel), out_off(sentinel), out_alone(sentinel), out_again(sentinel);
+  DevicePlan pa(a), pb(b);
+  DeviceBuffer<PrefillTile> tiles_off(tiles_of(a, 1, group)), tiles_alone(tiles_of(b, 0, group));
+  const kernels::PrefillTilesView tv_off{tiles_off.get(), static_cast<int32_t>(tiles_off.size()),
+                                         group};
+  const kernels::PrefillTilesView tv_alone{tiles_alone.get(),
+                                           static_cast<int32_t>(tiles_alone.size()), group};
+  const kernels::KvPoolView pool_a = pool_view(a, d_pool.get()),
+                            pool_b = pool_view(b, d_pool.get());
+  KERNEL_OK(kernels::attention_prefill(d_q.get() + q_stride, q_stride, out_ref.get() + q_stride,
+                                       tc.q_heads, pool_a, layer, pa.rows_view(1),
+                                       pa.paging_view(1), tc.window, 1.0f, stream));
+  KERNEL_OK(kernels::attention_prefill_tc(d_q.get() + q_stride, q_stride, out_off.get() + q_stride,
+                                          tc.q_heads, pool_a, layer, pa.rows_view(1),
+                                          pa.paging_view(1), tv_off, tc.window, 1.0f, stream));
+  KERNEL_OK(kernels::attention_prefill_tc(d_q.get() + q_stride, q_stride, out_alone.get(),
+                                          tc.q_heads, pool_b, layer, pb.rows_view(),
+                                          pb.paging_view(), tv_alone, tc.window, 1.0f, stream));
+  KERNEL_OK(kernels::attention_prefill_tc(d_q.get() + q_stride, q_stride, out_again.get(),
+                                          tc.q_heads, pool_b, layer, pb.rows_view(),
+                                          pb.paging_view(), tv_alone, tc.window, 1.0f, stream));
+  const auto ref_k = out_ref.download(), off = out_off.download();
+  const auto alone = out_alone.download(), again = out_again.download();
+  const size_t body = size_t(a.rows() - 1) * q_stride;
+  EXPECT_EQ(count_not_sentinel(off, 0, q_stride), 0u) << "filler row written";
+  EXPECT_EQ(bitwise_diffs(off, q_stride, alone, 0, body), 0u) << "row offset changed the result";
+  EXPECT_EQ(bitwise_diffs(alone, 0, again, 0, body), 0u) << "two runs differ";
+  EXPECT_EQ(count_not_sentinel(alone, body, q_stride), 0u) << "wrote past the rows";
+  EXPECT_EQ(bitwise_diffs(d_pool.download(), 0, pool, 0, pool.size()), 0u) << "pool modified";
+
+  const auto qf = to_float(q), pf = to_float(pool);
+  std::vector<std::vector<double>> ref;
+  for (int32_t r = 1; r < a.rows(); ++r) {
+    for (int32_t h = 0; h < tc.q_heads; ++h) {
+      ref.push_back(reference_head(a, qf, pf, layer, r, h, tc.q_heads));
+    }
+  }
+  const std::vector<bf16> got_tc(off.begin() + q_stride, off.begin() + q_stride + body);
+  const std::vector<bf16> got_ref(ref_k.begin() + q_stride, ref_k.begin() + q_stride + body);
+  const Errors e_tc = errors_of(ref, got_tc, hd), e_ref = errors_of(ref, got_ref, hd);
+  const Errors e_round = rounding_floor(ref, hd);
+  std::printf(
+      "[gate] %-52s rows %4d tiles %4zu | rel err whole: tc %.2e ref %.2e bf16 %.2e | worst "
+      "(row,head): tc %.2e ref %.2e bf16 %.2e\n",
+      tc.name, a.rows() - 1, tiles_off.size(), e_tc.whole, e_ref.whole, e_round.whole,
+      e_tc.worst_row, e_ref.worst_row, e_round.worst_row);
+  // Over the whole output the extra rounding is independent of the others: errors add in
+  // quadrature. On one (row, head) they may align: they add linearly.
+  EXPECT_LE(e_tc.whole, std::hypot(e_ref.whole, e_round.whole));
+  EXPECT_LE(e_tc.worst_row, e_ref.worst_row + e_round.worst_row);
+}
+
+// Seqs: {kv_len_before, rows}. Each case mixes a chunk that continues a prompt, a fresh prompt
+// longer than a tile, and decode rows (one row, long context).
+const TcCase kCases[] = {
+    {"12B global: hd 512, GQA 16 (16q/1kv), page 16",
+     512,
+     16,
+     1,
+     0,
+     16,
+     {{9, 1}, {0, 150}, {37, 70}, {300, 1}, {3, 1}}},
+    {"12B local: hd 256, GQA 2 (16q/8kv), window 100, page 16",
+     256,
+     16,
+     8,
+     100,
+     16,
+     {{9, 1}, {0, 200}, {250, 90}, {700, 1}, {5, 1}}},
+    {"hd 256, GQA 8 (16q/2kv), window 7 (< a key tile), page 7",
+     256,
+     16,
+     2,
+     7,
+     7,
+     {{9, 1}, {0, 70}, {40, 33}, {90, 1}}},
+    {"hd 128, GQA 1 (4q/4kv), window 24, page 4",
+     128,
+     4,
+     4,
+     24,
+     4,
+     {{2, 1}, {0, 130}, {61, 40}, {200, 1}, {0, 1}}},
+    {"hd 128, GQA 16 (32q/2kv), no window, page 16",
+     128,
+     32,
+     2,
+     0,
+     16,
+     {{9, 1}, {0, 100}, {129, 17}, {64, 1}}},
+    {"hd 64, GQA 2 (4q/2kv), no window, page 1",
+     64,
+     4,
+     2,
+     0,
+     1,
+     {{5, 1}, {0, 160}, {33, 65}, {400, 1}}},
+    {"hd 512, GQA 8 (8q/1kv), window 200 (> the step), page 32",
+     512,
+     8,
+     1,
+     200,
+     32,
+     {{9, 1}, {0, 260}, {500, 40}, {1000, 1}}},
+};
+
+TEST_F(PrefillTcGates, MatchesReferenceAndFp64) {
+  for (const TcCase& tc : kCases) run_tc_case(tc, stream_);
+}
+
+// A tile list that does not match the launcher's group is refused before any launch.
+TEST_F(PrefillTcGates, RefusesTilesOfAnotherGroup) {
+  sim::Rng rng(3);
+  const PagedScenario sc = make_scenario(rng, {{0, 4}}, 16, 2, 128, 1, 0, 1);
+  DeviceBuffer<bf16> d_pool(random_bf16(rng, sc.pool_elems()));
+  DeviceBuffer<bf16> d_q(size_t(4) * 8 * 128), d_out(size_t(4) * 8 * 128);
+  DevicePlan plan(sc);
+  DeviceBuffer<PrefillTile> tiles(tiles_of(sc, 0, 2));
+  const kernels::PrefillTilesView wrong{tiles.get(), static_cast<int32_t>(tiles.size()), 2};
+  auto st = kernels::attention_prefill_tc(d_q.get(), 8 * 128, d_out.get(), 8,
+                                          pool_view(sc, d_pool.get()), 0, plan.rows_view(),
+                                          plan.paging_view(), wrong, 0, 1.0f, stream_);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("group 2, expected q_heads / kv_heads = 4"), std::string::npos)
+      << st.error().message;
+}
+
+}  // namespace
+}  // namespace twinstep::gates

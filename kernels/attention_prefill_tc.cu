@@ -1,0 +1,458 @@
+// kernels/attention_prefill_tc.cu: the tensor-core paged prefill attention of
+// attention_prefill_tc.h. One block per (query tile, KV head); 4 warps of 16 (row, head) pairs
+// each. head_dim 512 keeps a 16 x 512 fp32 accumulator per warp out of reach of the register
+// file (256 registers a thread), so there the output dimension is split over two warpgroups:
+// warps w and w + 4 own the same 16 pairs, each computes the full scores (QK^T over 512) and
+// half of the output (P.V over 256 dims). That doubles the QK^T work of the global layers but
+// needs no exchange of P between warps; measured in perf/NOTES.md.
+#include <climits>
+
+#include "engine/check.h"
+#include "kernels/attention_args.h"
+#include "kernels/attention_prefill_tc.h"
+#include "kernels/common.cuh"
+
+namespace twinstep::kernels {
+
+std::vector<PrefillTile> plan_prefill_tiles(std::span<const int32_t> row_seq, int32_t group) {
+  TS_CHECK(group > 0) << "group " << group;
+  std::vector<PrefillTile> tiles;
+  const int32_t rows = static_cast<int32_t>(row_seq.size());
+  for (int32_t begin = 0; begin < rows;) {
+    int32_t end = begin + 1;
+    while (end < rows && row_seq[end] == row_seq[begin]) ++end;
+    const int64_t pairs = int64_t{end - begin} * group;
+    for (int64_t m = 0; m < pairs; m += kPrefillTileM) {
+      tiles.push_back({begin, end - begin, static_cast<int32_t>(m), row_seq[begin]});
+    }
+    begin = end;
+  }
+  return tiles;
+}
+
+namespace {
+
+using namespace detail;
+
+constexpr int kWarpsM = kPrefillTileM / 16;  // warps along the tile's pairs, 16 pairs each
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct TcArgs {
+  const bf16* q;  // [rows, q_heads, HD], row stride q_row_stride
+  int64_t q_row_stride;
+  bf16* out;  // [rows, q_heads, HD]
+  int32_t q_heads;
+  int32_t group;           // q_heads / kv_heads
+  const bf16* layer_base;  // pool.data at this layer: [pages_total][2][page_size][kv_heads][HD]
+  int32_t pages_total;
+  int32_t page_size;
+  int32_t kv_heads;
+  const int32_t* positions;  // [rows]
+  const int32_t* row_seq;    // [rows]
+  int32_t rows;
+  const uint32_t* page_indices;   // [pages_listed]
+  const int32_t* seq_page_begin;  // [seqs + 1]
+  const int32_t* seq_first_page;  // [seqs]
+  int32_t pages_listed;
+  int32_t seqs;
+  const PrefillTile* tiles;  // [tile_count]
+  int32_t tile_count;
+  int32_t window;    // <= 0: no window
+  float scale_log2;  // scale * log2(e): scores go through exp2
+};
+
+// ---- PTX wrappers -------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; src_bytes 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// d += a . b, m16n8k16, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Shared-memory tiles are [rows][HD] bf16 in 16-byte chunks; chunk c of row r sits at chunk
+// c ^ (r % 8), so the 8 rows an ldmatrix reads at one chunk hit 8 different bank groups.
+template <int HD>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * HD + ((chunk ^ (row & 7)) << 3);
+}
+
+// ---- the kernel ---------------------------------------------------------------------------
+
+template <int HD, int BN, int DSPLIT>
+struct TcShape {
+  static constexpr int kThreads = kWarpsM * DSPLIT * kWarp;
+  static constexpr int kChunks = HD / 8;      // 16-byte chunks per K/V/Q row
+  static constexpr int kDimsW = HD / DSPLIT;  // output dims per warp
+  static constexpr int kSmemBytes =
+      (kPrefillTileM * HD + 4 * BN * HD) * 2 + 2 * BN * 8;  // Q, K[2], V[2], key offsets[2]
+  static_assert(HD % 64 == 0 && BN % 16 == 0 && kDimsW % 16 == 0, "tile shape");
+};
+
+// Per thread: the two pairs it holds in the mma accumulator layout (rows lane/4 and lane/4 + 8
+// of its warp's 16), their positions and first keys; (-1, 0) for a pair past the run.
+struct PairRows {
+  int32_t row[2];
+  int32_t head[2];
+  int32_t pos[2];
+  int32_t lo[2];
+};
+
+__device__ __forceinline__ PairRows pair_rows(const TcArgs& a, const PrefillTile& t,
+                                              int32_t kv_head, int first_pair) {
+  PairRows pr;
+  const int32_t pairs = t.run_rows * a.group;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int32_t m = t.m_begin + first_pair + 8 * i;
+    if (m < pairs) {
+      pr.row[i] = t.row_begin + m / a.group;
+      pr.head[i] = kv_head * a.group + m % a.group;
+      TS_DEVICE_REQUIRE(pr.row[i] < a.rows && a.row_seq[pr.row[i]] == t.seq);
+      pr.pos[i] = a.positions[pr.row[i]];
+      TS_DEVICE_REQUIRE(pr.pos[i] >= 0);
+      pr.lo[i] = a.window > 0 ? max(0, pr.pos[i] - a.window + 1) : 0;
+    } else {
+      pr.row[i] = -1;
+      pr.head[i] = 0;
+      pr.pos[i] = -1;  // attends nothing: lo 0 > pos
+      pr.lo[i] = 0;
+    }
+  }
+  return pr;
+}
+
+// Element offsets (K record, this KV head) of keys j0 .. j0 + BN - 1 into off_s; -1 for keys
+// outside [klo, khi), which are zero-filled instead of read (their pages may not be listed).
+template <int HD, int BN, int DSPLIT>
+__device__ __forceinline__ void key_offsets(const TcArgs& a, int32_t pb, int32_t page_count,
+                                            int32_t first_page, int32_t kv_head, int32_t klo,
+                                            int32_t khi, int32_t j0, int64_t* off_s) {
+  for (int t = threadIdx.x; t < BN; t += TcShape<HD, BN, DSPLIT>::kThreads) {
+    const int32_t j = j0 + t;
+    int64_t off = -1;
+    if (j >= klo && j < khi) {
+      const int32_t idx = j / a.page_size - first_page;
+      TS_DEVICE_REQUIRE(idx >= 0 && idx < page_count);
+      const uint32_t page = a.page_indices[pb + idx];
+      TS_DEVICE_REQUIRE(page >= 1u && page < static_cast<uint32_t>(a.pages_total));
+      off = (static_cast<int64_t>(page) * 2 * a.page_size + j % a.page_size) *
+                (static_cast<int64_t>(a.kv_heads) * HD) +
+            static_cast<int64_t>(kv_head) * HD;
+    }
+    off_s[t] = off;
+  }
+}
+
+template <int HD, int BN, int DSPLIT>
+__device__ __forceinline__ void load_kv(const TcArgs& a, const int64_t* off_s, bf16* k_s,
+                                        bf16* v_s) {
+  using S = TcShape<HD, BN, DSPLIT>;
+  const int64_t v_off = static_cast<int64_t>(a.page_size) * a.kv_heads * HD;
+  for (int c = threadIdx.x; c < BN * S::kChunks; c += S::kThreads) {
+    const int key = c / S::kChunks, chunk = c % S::kChunks;
+    const int64_t off = off_s[key];
+    const bf16* src = off >= 0 ? a.layer_base + off + chunk * 8 : a.layer_base;
+    const int bytes = off >= 0 ? 16 : 0;
+    cp_async16(k_s + swz<HD>(key, chunk), src, bytes);
+    cp_async16(v_s + swz<HD>(key, chunk), off >= 0 ? src + v_off : src, bytes);
+  }
+}
+
+template <int HD, int BN, int DSPLIT>
+__device__ __forceinline__ void load_q(const TcArgs& a, const PrefillTile& t, int32_t kv_head,
+                                       bf16* q_s) {
+  using S = TcShape<HD, BN, DSPLIT>;
+  const int32_t pairs = t.run_rows * a.group;
+  for (int c = threadIdx.x; c < kPrefillTileM * S::kChunks; c += S::kThreads) {
+    const int r = c / S::kChunks, chunk = c % S::kChunks;
+    const int32_t m = t.m_begin + r;
+    const bf16* src = a.q;
+    if (m < pairs) {
+      const int64_t row = t.row_begin + m / a.group;
+      const int64_t head = kv_head * a.group + m % a.group;
+      src = a.q + row * a.q_row_stride + head * HD + chunk * 8;
+    }
+    cp_async16(q_s + swz<HD>(r, chunk), src, m < pairs ? 16 : 0);
+  }
+}
+
+// S = Q K^T for the warp's 16 pairs and the BN keys of the stage.
+template <int HD, int BN>
+__device__ __forceinline__ void scores(const bf16* q_s, const bf16* k_s, int wm,
+                                       float (&s)[BN / 8][4]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    uint32_t qa[4];
+    ldmatrix_x4(qa, q_s + swz<HD>(wm * 16 + lane % 16, kk * 2 + lane / 16));
+#pragma unroll
+    for (int n2 = 0; n2 < BN / 16; ++n2) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, k_s + swz<HD>(n2 * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
+      mma_bf16(s[2 * n2], qa, kb[0], kb[1]);
+      mma_bf16(s[2 * n2 + 1], qa, kb[2], kb[3]);
+    }
+  }
+}
+
+// Masks S to each pair's [lo, pos], folds it into the running (max, sum) of the pair and
+// rescales the accumulator; leaves exp2 weights in s.
+template <int BN, int NO>
+__device__ __forceinline__ void online_softmax(const TcArgs& a, const PairRows& pr, int32_t j0,
+                                               float (&s)[BN / 8][4], float (&m_run)[2],
+                                               float (&l_run)[2], float (&o)[NO][4]) {
+  const int lane = threadIdx.x % kWarp;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e / 2;
+      const int32_t j = j0 + n * 8 + (lane % 4) * 2 + e % 2;
+      const bool live = j >= pr.lo[i] && j <= pr.pos[i];
+      s[n][e] = live ? s[n][e] * a.scale_log2 : -INFINITY;
+      mx[i] = fmaxf(mx[i], s[n][e]);
+    }
+  }
+  float corr[2], m_use[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 2));
+    const float m_new = fmaxf(m_run[i], mx[i]);
+    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // nothing attended yet: weights stay 0
+    corr[i] = exp2f(m_run[i] - m_use[i]);          // 0 while m_run is -inf
+    m_run[i] = m_new;
+    l_run[i] *= corr[i];
+  }
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = exp2f(s[n][e] - m_use[e / 2]);
+      l_run[e / 2] += s[n][e];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < NO; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+}
+
+// O += P V over the stage's BN keys, for the warp's kDimsW output dims starting at dim0.
+template <int HD, int BN, int NO>
+__device__ __forceinline__ void accumulate_pv(const bf16* v_s, const float (&p)[BN / 8][4],
+                                              int dim0, float (&o)[NO][4]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    const uint32_t pa[4] = {pack2(p[2 * kk][0], p[2 * kk][1]), pack2(p[2 * kk][2], p[2 * kk][3]),
+                            pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                            pack2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int d2 = 0; d2 < NO / 2; ++d2) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, v_s + swz<HD>(kk * 16 + (lane / 8) % 2 * 8 + lane % 8,
+                                          dim0 / 8 + d2 * 2 + lane / 16));
+      mma_bf16(o[2 * d2], pa, vb[0], vb[1]);
+      mma_bf16(o[2 * d2 + 1], pa, vb[2], vb[3]);
+    }
+  }
+}
+
+// grid (tile_count, kv_heads): block x takes tile tile_count - 1 - x (the causal tiles with the
+// most keys, last in each run, start first).
+template <int HD, int BN, int DSPLIT>
+__global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
+    attention_prefill_tc_kernel(TcArgs a) {
+  using S = TcShape<HD, BN, DSPLIT>;
+  constexpr int NO = S::kDimsW / 8;  // n-blocks of 8 output dims per warp
+  extern __shared__ __align__(128) uint8_t smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem);
+  bf16* k_s = q_s + kPrefillTileM * HD;                            // [2][BN][HD]
+  bf16* v_s = k_s + 2 * BN * HD;                                   // [2][BN][HD]
+  int64_t* off_s = reinterpret_cast<int64_t*>(v_s + 2 * BN * HD);  // [2][BN]
+  __shared__ int32_t range_s[2];                                   // min lo, max pos + 1
+
+  const PrefillTile t = a.tiles[a.tile_count - 1 - blockIdx.x];
+  const int32_t kv_head = blockIdx.y;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int wm = warp % kWarpsM, wd = warp / kWarpsM;
+  TS_DEVICE_REQUIRE(t.seq >= 0 && t.seq < a.seqs && t.run_rows > 0);
+  const int32_t pb = a.seq_page_begin[t.seq];
+  const int32_t pe = a.seq_page_begin[t.seq + 1];
+  TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= a.pages_listed);
+  const int32_t first_page = a.seq_first_page[t.seq];
+
+  const PairRows pr = pair_rows(a, t, kv_head, wm * 16 + lane / 4);
+  if (threadIdx.x == 0) {
+    range_s[0] = INT_MAX;
+    range_s[1] = 0;
+  }
+  __syncthreads();
+  for (int i = 0; i < 2; ++i) {
+    if (pr.row[i] >= 0) {
+      atomicMin(&range_s[0], pr.lo[i]);
+      atomicMax(&range_s[1], pr.pos[i] + 1);
+    }
+  }
+  __syncthreads();
+  const int32_t klo = range_s[0], khi = range_s[1];
+  const int32_t j_start = (klo / BN) * BN;
+  const int32_t n_tiles = (khi - j_start + BN - 1) / BN;  // >= 1: every tile has a live pair
+
+  key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi, j_start, off_s);
+  key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi, j_start + BN,
+                              off_s + BN);
+  __syncthreads();
+  load_q<HD, BN, DSPLIT>(a, t, kv_head, q_s);
+  load_kv<HD, BN, DSPLIT>(a, off_s, k_s, v_s);
+  cp_async_commit();
+  __syncthreads();  // off_s[0] is rewritten below
+
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int32_t i = 0; i < n_tiles; ++i) {
+    const int st = i & 1;
+    if (i + 1 < n_tiles) {
+      load_kv<HD, BN, DSPLIT>(a, off_s + (st ^ 1) * BN, k_s + (st ^ 1) * BN * HD,
+                              v_s + (st ^ 1) * BN * HD);
+    }
+    cp_async_commit();  // possibly empty: keeps one group per iteration
+    if (i + 2 < n_tiles) {
+      key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi,
+                                  j_start + (i + 2) * BN, off_s + st * BN);
+    }
+    cp_async_wait<1>();
+    __syncthreads();
+    float s[BN / 8][4];
+    scores<HD, BN>(q_s, k_s + st * BN * HD, wm, s);
+    online_softmax<BN, NO>(a, pr, j_start + i * BN, s, m_run, l_run, o);
+    accumulate_pv<HD, BN, NO>(v_s + st * BN * HD, s, wd * S::kDimsW, o);
+    __syncthreads();  // stage st is reloaded next iteration
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pr.row[i] < 0) continue;
+    const float inv = 1.0f / l_run[i];  // >= 1: a pair always attends its own key
+    bf16* dst = a.out + (static_cast<int64_t>(pr.row[i]) * a.q_heads + pr.head[i]) * HD +
+                wd * S::kDimsW + (lane % 4) * 2;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    }
+  }
+}
+
+template <int HD, int BN, int DSPLIT>
+KernelStatus launch_tc(const TcArgs& a, cudaStream_t stream) {
+  using S = TcShape<HD, BN, DSPLIT>;
+  auto* kernel = attention_prefill_tc_kernel<HD, BN, DSPLIT>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
+  if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(attention_prefill_tc)");
+  dim3 grid(a.tile_count, a.kv_heads);
+  kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
+  return launch_status("attention_prefill_tc_kernel");
+}
+
+}  // namespace
+
+KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
+                                  const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                                  const PagingView& paging, const PrefillTilesView& tiles,
+                                  int32_t window, float scale, cudaStream_t stream) {
+  if (auto checked = check_attention_args("attention_prefill_tc", q, q_row_stride, out, q_heads,
+                                          pool, layer, rows, paging, scale);
+      !checked.ok()) {
+    return checked;
+  }
+  if (tiles.group != q_heads / pool.kv_heads) {
+    return bad_argument(
+        "attention_prefill_tc: tiles planned for group " + std::to_string(tiles.group) +
+        ", expected q_heads / kv_heads = " + std::to_string(q_heads / pool.kv_heads));
+  }
+  if (tiles.count < 0 || (tiles.count > 0 && tiles.tiles == nullptr) ||
+      (rows.rows > 0 && tiles.count == 0)) {
+    return bad_argument("attention_prefill_tc: " + std::to_string(tiles.count) + " tiles for " +
+                        std::to_string(rows.rows) +
+                        " rows (expected plan_prefill_tiles of the rows, on the device)");
+  }
+  if (rows.rows == 0) return Ok{};
+  const TcArgs a{q,
+                 q_row_stride,
+                 out,
+                 q_heads,
+                 tiles.group,
+                 pool.data + pool_layer_elems(pool) * layer,
+                 pool.pages_total,
+                 pool.page_size,
+                 pool.kv_heads,
+                 rows.positions,
+                 rows.row_seq,
+                 rows.rows,
+                 paging.page_indices,
+                 paging.seq_page_begin,
+                 paging.seq_first_page,
+                 paging.pages_listed,
+                 paging.seqs,
+                 tiles.tiles,
+                 tiles.count,
+                 window,
+                 scale * kLog2e};
+  switch (pool.head_dim) {
+    case 64:
+      return launch_tc<64, 64, 1>(a, stream);
+    case 128:
+      return launch_tc<128, 64, 1>(a, stream);
+    case 256:
+      return launch_tc<256, 32, 1>(a, stream);
+    case 512:
+      return launch_tc<512, 32, 2>(a, stream);
+    default:
+      TS_UNREACHABLE() << "head_dim " << pool.head_dim << " passed check_attention_args";
+  }
+  return Ok{};
+}
+
+}  // namespace twinstep::kernels

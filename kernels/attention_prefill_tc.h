@@ -1,0 +1,52 @@
+// kernels/attention_prefill_tc.h: paged prefill attention on the tensor cores (FlashAttention-2
+// style, mma.sync m16n8k16 bf16 with fp32 accumulation and an fp32 online softmax), and the
+// host plan of its query tiles. The CUDA-core attention_prefill (ops.h) stays the reference
+// this kernel is gated against (gates/prefill_tc_gates.cc).
+//
+// Work split: a block owns one query tile and one KV head. A tile is up to kPrefillTileM
+// (row, group head) pairs of ONE run of consecutive rows of one seq: pair m of a run is row
+// row_begin + m / group, query head kv_head * group + m % group. So all the query heads that
+// share a KV head (GQA) read each K/V tile from one shared-memory copy, and so do the rows of
+// the tile. Key tiles are staged in shared memory with cp.async (two stages), read through the
+// plan's page tables; key tiles wholly outside [min lo, max position] of the tile's rows (causal
+// and sliding window) are never loaded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+inline constexpr int32_t kPrefillTileM = 64;  // (row, group head) pairs per tile: 4 warps x 16
+
+struct PrefillTile {
+  int32_t row_begin;  // first row of the run (consecutive rows of one seq)
+  int32_t run_rows;   // rows in the run
+  int32_t m_begin;    // first pair of this tile within the run: m = (row - row_begin) * group + g
+  int32_t seq;        // row_seq of every row of the run
+};
+static_assert(sizeof(PrefillTile) == 16, "uploaded as is");
+
+// The tiles of one family (group = q_heads / that family's kv_heads). Runs are maximal spans of
+// equal row_seq, so any plan works, not only one whose seqs' rows are contiguous.
+std::vector<PrefillTile> plan_prefill_tiles(std::span<const int32_t> row_seq, int32_t group);
+
+struct PrefillTilesView {
+  const PrefillTile* tiles = nullptr;  // [count] device copy of plan_prefill_tiles
+  int32_t count = 0;
+  int32_t group = 0;  // the group the tiles were planned for: must be q_heads / pool.kv_heads
+};
+
+// Same contract as attention_prefill (ops.h): same arguments, same traps (row_seq outside
+// [0, seqs), negative position, unlisted key page, page outside [1, pages_total)), plus a trap
+// on a tile whose rows do not all belong to its seq. `tiles` must cover every row exactly once
+// (plan_prefill_tiles over this step's row_seq with this family's group).
+KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
+                                  const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                                  const PagingView& paging, const PrefillTilesView& tiles,
+                                  int32_t window, float scale, cudaStream_t stream);
+
+}  // namespace twinstep::kernels
