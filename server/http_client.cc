@@ -256,8 +256,8 @@ Response request(uint16_t port, const std::string& method, const std::string& ta
   return response;
 }
 
-std::string raw_exchange(uint16_t port, const std::string& bytes,
-                         std::chrono::milliseconds timeout) {
+std::string raw_exchange(uint16_t port, const std::string& bytes, std::chrono::milliseconds timeout,
+                         bool half_close) {
   net::io_context ioc;
   tcp::socket socket(ioc);
   std::string received;
@@ -271,7 +271,9 @@ std::string raw_exchange(uint16_t port, const std::string& bytes,
   socket.async_connect(loopback(port), [&](beast::error_code ec) {
     if (ec) return;
     net::async_write(socket, net::buffer(bytes), [&](beast::error_code ec, size_t) {
-      if (!ec) read();
+      if (ec) return;
+      if (half_close) socket.shutdown(tcp::socket::shutdown_send, ec);
+      read();
     });
   });
   ioc.run_for(timeout);

@@ -29,9 +29,11 @@ Response request(uint16_t port, const std::string& method, const std::string& ta
                  std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 // Sends `bytes` as they are and returns every byte the server sends until it closes the
-// connection (or the deadline passes). For malformed requests and pipelining.
+// connection (or the deadline passes). For malformed requests and pipelining. With
+// `half_close`, the client shuts its sending side down (SHUT_WR) once the bytes are out.
 std::string raw_exchange(uint16_t port, const std::string& bytes,
-                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                         bool half_close = false);
 
 // One POST /v1/completions, streamed or not.
 struct CompletionSpec {

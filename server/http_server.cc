@@ -1,9 +1,16 @@
-// Beast/Asio sessions, routing, SSE streaming and graceful shutdown; see http_server.h.
+// Beast/Asio sessions, SSE streaming, backpressure and graceful shutdown; see http_server.h.
+// What a request means is decided in router.cc; this file owns the sockets.
 //
 // A session runs on its own strand. While a completion is in flight the session keeps a read
 // pending on the socket: it both parses a pipelined next request and notices the client going
-// away (EOF or reset), which aborts every engine request of the exchange. Responses are bytes
-// queued in order on an outbox, so a full response and a stream of SSE chunks share one path.
+// away (a reset), which aborts every engine request of the exchange. An EOF after a complete
+// request is a half-close: the answer is still sent. Responses are bytes queued in order on
+// an outbox, so a full response and a stream of SSE chunks share one path, and that path is
+// bounded (ServerOptions::max_queued_bytes, write_timeout).
+//
+// Every handler runs inside guarded(): an exception (a bug, or std::bad_alloc) closes that one
+// connection and aborts its requests; it never reaches Asio, whose run() would rethrow it and
+// end the process.
 #include "server/http_server.h"
 
 #include <atomic>
@@ -11,16 +18,19 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <csignal>
+#include <cstdio>
 #include <deque>
+#include <iostream>
 #include <mutex>
-#include <sstream>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "server/openai_api.h"
+#include "server/router.h"
+#include "server/utf8.h"
 
 namespace twinstep::server {
 namespace {
@@ -31,9 +41,16 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using nlohmann::json;
 
-constexpr size_t kHeaderLimitBytes = 16 * 1024;
 // How long a closing connection waits for the client to read our last bytes and hang up.
 constexpr std::chrono::seconds kLingerTimeout{2};
+// How often a client that sent EOF during a completion is probed (Session::probe).
+constexpr std::chrono::milliseconds kProbeInterval{250};
+// Accept failing for want of descriptors (EMFILE/ENFILE) or memory is retried after a pause
+// that doubles from the first to the last value; a successful accept resets it.
+constexpr std::chrono::milliseconds kAcceptBackoffFirst{25};
+constexpr std::chrono::milliseconds kAcceptBackoffMax{1000};
+// How often shutdown looks whether every connection has closed.
+constexpr std::chrono::milliseconds kShutdownPoll{20};
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -41,13 +58,20 @@ int64_t unix_seconds() {
       .count();
 }
 
-std::string chunk(std::string_view data) {
-  char size[20];
-  std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-  std::string out = size;
-  out += data;
-  out += "\r\n";
-  return out;
+// 64 random bits as hex: ids of this process differ from those of any earlier one.
+std::string process_nonce() {
+  std::random_device device;
+  uint64_t bits = (uint64_t{device()} << 32) ^ device();
+  bits ^= static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(bits));
+  return text;
+}
+
+bool out_of_resources(const beast::error_code& ec) {
+  return ec == net::error::no_descriptors || ec == net::error::no_buffer_space ||
+         ec == net::error::no_memory ||
+         ec == beast::errc::make_error_code(beast::errc::too_many_files_open_in_system);
 }
 
 }  // namespace
@@ -60,43 +84,64 @@ struct Server::Impl {
         options(std::move(opts)),
         loop(engine_ref, options.loop),
         acceptor(net::make_strand(ioc)),
+        accept_backoff(acceptor.get_executor()),
+        shutdown_timer(ioc),
         signals(ioc),
         work(net::make_work_guard(ioc)) {
-    limits.vocab_size = engine.model().vocab_size;
-    limits.max_context = engine.max_context();
-    limits.model_id = options.model_id;
-    limits.eos_token_ids = engine.model().eos_token_ids;
+    route.limits.vocab_size = engine.model().vocab_size;
+    route.limits.max_context = engine.max_context();
+    route.limits.model_id = options.model_id;
+    route.limits.eos_token_ids = engine.model().eos_token_ids;
+    route.api_key = options.api_key;
+    route.started_unix = unix_seconds();
   }
 
   void accept();
+  void on_accept_error(const beast::error_code& ec);
+  void refuse(tcp::socket socket);
   void begin_shutdown();
   void on_drained(const DrainReport& report);
+  void close_stragglers(std::vector<std::weak_ptr<Session>> open,
+                        std::chrono::steady_clock::time_point deadline);
   void count_response(int status) {
     std::lock_guard lock(mutex);
     ++counters.responses[http_status_slot(status)];
   }
-  void count_disconnect_aborts(uint64_t n) {
+  void count(uint64_t HttpCounters::*field, uint64_t n = 1) {
     std::lock_guard lock(mutex);
-    counters.disconnect_aborts += n;
+    counters.*field += n;
   }
   bool shutting_down() const { return shutdown_started.load(std::memory_order_acquire); }
+  HttpCounters snapshot() const {
+    std::lock_guard lock(mutex);
+    HttpCounters out = counters;
+    out.connections_open = sessions_open.load(std::memory_order_relaxed);
+    return out;
+  }
+  std::string next_id(const char* prefix) {
+    return std::string(prefix) + nonce + "-" + std::to_string(next_serial.fetch_add(1));
+  }
 
   engine::Engine& engine;
   const ServerOptions options;
-  ApiLimits limits;
+  RouteContext route;
   EngineLoop loop;
   net::io_context ioc;
   tcp::acceptor acceptor;
+  net::steady_timer accept_backoff;  // on the acceptor's strand
+  std::chrono::milliseconds accept_pause{0};
+  net::steady_timer shutdown_timer;
   net::signal_set signals;
   // Keeps the io threads alive until the drain report has been handled, even when no
   // connection is open at shutdown.
   net::executor_work_guard<net::io_context::executor_type> work;
   std::vector<std::thread> threads;
   std::atomic<uint16_t> port{0};
-  int64_t started_unix = unix_seconds();
-  std::atomic<uint64_t> next_completion{1};
+  const std::string nonce = process_nonce();
+  std::atomic<uint64_t> next_serial{1};
   std::atomic<uint64_t> next_seed{0x7457'0000'0000'0001};
   std::atomic<bool> shutdown_started{false};
+  std::atomic<int64_t> sessions_open{0};  // Session objects alive (each owns one socket)
   bool started = false;
   bool waited = false;
 
@@ -113,7 +158,11 @@ namespace {
 struct Choice {
   engine::RequestControl control;
   int64_t prompt_tokens = 0;
-  std::vector<int32_t> tokens;
+  int64_t generated = 0;          // tokens the engine produced, a final stop id included
+  std::vector<int32_t> tokens;    // what the client gets: a final stop id is left out
+  std::vector<int32_t> stop_ids;  // to leave the final one out of text and token_ids
+  size_t sent = 0;                // tokens already streamed
+  bool end_sent = false;          // the finishing event is queued
   std::optional<engine::Terminal> terminal;
 };
 
@@ -122,7 +171,7 @@ struct Exchange {
   std::string id;
   int64_t created = 0;
   bool stream = false;
-  bool chunked = true;  // HTTP/1.1 streams are chunked; HTTP/1.0 ones end with the connection
+  bool http11 = true;  // HTTP/1.1 streams are chunked; HTTP/1.0 ones end with the connection
   bool include_usage = false;
   std::vector<Choice> choices;
   std::unordered_map<uint64_t, size_t> by_request;  // RequestId value -> choice
@@ -137,28 +186,76 @@ class Session : public std::enable_shared_from_this<Session> {
       : stream_(std::move(socket)),
         linger_(stream_.get_executor()),
         idle_(stream_.get_executor()),
-        server_(server) {}
+        write_timer_(stream_.get_executor()),
+        probe_(stream_.get_executor()),
+        server_(server) {
+    server_.sessions_open.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~Session() { server_.sessions_open.fetch_sub(1, std::memory_order_relaxed); }
 
   void start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      self->read_next();
-      self->arm_idle();
+    on_strand([this] {
+      read_next();
+      arm_idle();
     });
   }
   // Server shutdown, after the engine drained: finish what is queued, then close.
   void close_when_idle() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
-      self->close_after_flush_ = true;
-      self->flush();
+    on_strand([this] {
+      close_after_flush_ = true;
+      flush();
+    });
+  }
+  // Server shutdown, once its timeout passed: close whatever state the connection is in.
+  void force_close() {
+    on_strand([this] {
+      if (!closed_) return peer_gone();
+      finish_close();
     });
   }
 
  private:
   using Request = http::request<http::string_body>;
 
+  // --- exception containment -----------------------------------------------------------------
+  template <class F>
+  void guarded(F&& f) noexcept {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      internal_failure(e.what());
+    } catch (...) {
+      internal_failure("an exception that is not a std::exception");
+    }
+  }
+  void internal_failure(const char* what) noexcept {
+    try {
+      std::cerr << "twinstep-serve: internal error on a connection, closing it: "
+                << utf8_sanitize(what) << std::endl;
+      server_.count(&HttpCounters::internal_errors);
+      peer_gone();
+    } catch (...) {
+      beast::error_code ec;
+      stream_.socket().close(ec);
+    }
+  }
+  // Runs `f` on the session's strand, guarded, with the session kept alive.
+  template <class F>
+  void on_strand(F f) {
+    net::dispatch(stream_.get_executor(),
+                  [self = shared_from_this(), f = std::move(f)]() mutable { self->guarded(f); });
+  }
+  // A completion handler that keeps the session alive and runs `f` guarded.
+  template <class F>
+  auto handler(F f) {
+    return [self = shared_from_this(), f = std::move(f)](auto&&... args) mutable {
+      self->guarded([&] { f(args...); });
+    };
+  }
+
   // --- reading -------------------------------------------------------------------------------
   void read_next() {
-    if (closed_ || reading_) return;
+    if (closed_ || reading_ || half_closed_) return;
     if (close_after_flush_) {
       // No further request will be served, but a completion in flight still needs to learn
       // that its client hung up.
@@ -169,9 +266,8 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(server_.options.max_body_bytes);
     parser_->header_limit(kHeaderLimitBytes);
     reading_ = true;
-    http::async_read_header(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+    http::async_read_header(stream_, buffer_, *parser_,
+                            handler([this](beast::error_code ec, size_t) { on_header(ec); }));
   }
 
   void on_header(beast::error_code ec) {
@@ -181,35 +277,38 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto& header = parser_->get();
     if (beast::iequals(header[http::field::expect], "100-continue") && !exchange_ &&
         outbox_.empty() && !writing_) {
-      outbox_.push_back("HTTP/1.1 100 Continue\r\n\r\n");
+      queue("HTTP/1.1 100 Continue\r\n\r\n");
       flush();
     }
     if (parser_->is_done()) return on_request();
     reading_ = true;
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->reading_ = false;
-                       if (self->closed_) return self->finish_close_on_error(ec);
-                       if (ec) return self->on_read_error(ec);
-                       self->on_request();
-                     });
+    http::async_read(stream_, buffer_, *parser_, handler([this](beast::error_code ec, size_t) {
+                       reading_ = false;
+                       if (closed_) return finish_close_on_error(ec);
+                       if (ec) return on_read_error(ec);
+                       on_request();
+                     }));
   }
 
   // Reads and throws away bytes: while lingering before a close, or while a completion runs
   // on a connection that will not serve another request.
   void discard_read() {
     if (reading_) return;
+    if (half_closed_) {  // nothing more will arrive
+      if (closed_) finish_close();
+      return;
+    }
     reading_ = true;
     stream_.socket().async_read_some(net::buffer(scratch_),
-                                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                                       self->reading_ = false;
-                                       if (self->closed_) {
-                                         if (ec) return self->finish_close();
-                                         return self->discard_read();
+                                     handler([this](beast::error_code ec, size_t) {
+                                       reading_ = false;
+                                       if (closed_) {
+                                         if (ec) return finish_close();
+                                         return discard_read();
                                        }
-                                       if (ec) return self->peer_gone();
-                                       if (self->exchange_) self->discard_read();
-                                     });
+                                       if (ec) return on_read_error(ec);
+                                       if (exchange_) discard_read();
+                                     }));
   }
 
   void on_request() {
@@ -224,8 +323,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_read_error(beast::error_code ec) {
-    if (ec == http::error::end_of_stream || ec == net::error::eof ||
-        ec == net::error::connection_reset || ec == net::error::operation_aborted ||
+    if (ec == http::error::end_of_stream || ec == net::error::eof) return on_eof();
+    if (ec == net::error::connection_reset || ec == net::error::operation_aborted ||
         ec == net::error::broken_pipe) {
       return peer_gone();
     }
@@ -242,68 +341,86 @@ class Session : public std::enable_shared_from_this<Session> {
       error = {400, "invalid_request_error", "", "malformed HTTP request: " + ec.message()};
     }
     // The stream is out of sync with the protocol: answer, then close.
-    std::string response = simple_response(error.status, "application/json", error_body(error),
-                                           /*keep_alive=*/false);
     close_after_flush_ = true;
+    request_id_ = server_.next_id("req-");
+    head_ = false;
+    std::string body = error_body(error);
+    std::string response = head_for(error.status, "application/json", body.size()) + body;
     if (exchange_) {
       deferred_ = std::move(response);  // after the stream in progress
       discard_read();
     } else {
-      outbox_.push_back(std::move(response));
+      queue(std::move(response));
       flush();
     }
+  }
+
+  // The client sent EOF: a half-close (shutdown(SHUT_WR)) after its request, or a full close
+  // that we cannot tell apart until a write meets its reset. Either way no request follows;
+  // what is owed is still sent, and probes find out which it was (see probe()).
+  void on_eof() {
+    half_closed_ = true;
+    close_after_flush_ = true;
+    probe();
+    flush();
+  }
+
+  // While a completion runs for a client that sent EOF: a few bytes that any client must
+  // accept (an SSE comment in a stream, "102 Processing" before an HTTP/1.1 response), now
+  // and every kProbeInterval. A client that closed completely answers one with a reset, which
+  // fails the next write, so its requests are aborted instead of computed for nobody. An
+  // HTTP/1.0 client gets no probe (1xx is not for it): its answer is computed and sent.
+  void probe() {
+    if (closed_ || !exchange_ || (!exchange_->stream && !exchange_->http11)) return;
+    if (!writing_ && outbox_.empty()) {  // else the write in progress probes already
+      if (exchange_->stream) {
+        std::string comment = ": probe\n\n";
+        queue(exchange_->http11 ? http_chunk(comment) : comment);
+      } else {
+        queue("HTTP/1.1 102 Processing\r\n\r\n");
+      }
+      flush();
+    }
+    probe_.expires_after(kProbeInterval);
+    probe_.async_wait(handler([this](beast::error_code ec) {
+      if (!ec) probe();
+    }));
   }
 
   // --- routing -------------------------------------------------------------------------------
   void handle(Request request) {
     if (!request.keep_alive() || server_.shutting_down()) close_after_flush_ = true;
-    std::string_view target(request.target().data(), request.target().size());
-    std::string_view path = target.substr(0, target.find('?'));
-    http::verb method = request.method();
-    auto only = [&](http::verb allowed) {
-      if (method == allowed) return true;
-      send_error({405, "invalid_request_error", "",
-                  "method " + std::string(request.method_string()) + " is not allowed on " +
-                      std::string(path) + "; expected " + std::string(http::to_string(allowed))},
-                 std::string(http::to_string(allowed)));
-      return false;
+    const auto text = [&](auto field) {
+      auto value = request[field];
+      return std::string_view(value.data(), value.size());
     };
-    if (path == "/v1/completions") {
-      if (only(http::verb::post)) completion(request);
-    } else if (path == "/v1/models") {
-      if (only(http::verb::get)) {
-        send(200, "application/json",
-             models_json(server_.options.model_id, server_.started_unix, server_.limits.max_context)
-                 .dump());
-      }
-    } else if (path == "/health") {
-      if (only(http::verb::get)) {
+    std::string_view client_id = usable_request_id(text("x-request-id"));
+    request_id_ = client_id.empty() ? server_.next_id("req-") : std::string(client_id);
+    head_ = false;
+    Routed routed =
+        route({std::string_view(request.method_string().data(), request.method_string().size()),
+               std::string_view(request.target().data(), request.target().size()),
+               text(http::field::authorization), request.body()},
+              server_.route);
+    head_ = routed.head;
+    switch (routed.kind) {
+      case RouteKind::kRespond:
+        return send(routed.status, routed.content_type, routed.body, routed.allow);
+      case RouteKind::kHealth: {
         bool down = server_.shutting_down();
-        send(down ? 503 : 200, "application/json",
-             json{{"status", down ? "shutting_down" : "ok"}}.dump());
+        return send(down ? 503 : 200, "application/json",
+                    json{{"status", down ? "shutting_down" : "ok"}}.dump());
       }
-    } else if (path == "/metrics") {
-      if (only(http::verb::get)) {
-        HttpCounters counters;
-        {
-          std::lock_guard lock(server_.mutex);
-          counters = server_.counters;
-        }
-        send(200, "text/plain; version=0.0.4; charset=utf-8",
-             render_prometheus(server_.loop.metrics(), server_.loop.latency(), counters));
-      }
-    } else {
-      send_error({404, "not_found_error", "",
-                  "unknown route " + std::string(request.method_string()) + " " +
-                      std::string(path) +
-                      "; known: POST /v1/completions, GET /v1/models, GET /health, GET /metrics"});
+      case RouteKind::kMetrics:
+        return send(
+            200, "text/plain; version=0.0.4; charset=utf-8",
+            render_prometheus(server_.loop.metrics(), server_.loop.latency(), server_.snapshot()));
+      case RouteKind::kCompletion:
+        return completion(*routed.completion, request.version() >= 11);
     }
   }
 
-  void completion(const Request& request) {
-    Result<CompletionRequest, ApiError> parsed = parse_completion(request.body(), server_.limits);
-    if (!parsed.ok()) return send_error(parsed.error());
-    CompletionRequest& body = parsed.value();
+  void completion(CompletionRequest& body, bool http11) {
     for (size_t i = 0; i < body.prompts.size(); ++i) {
       if (std::optional<engine::Terminal> why = server_.loop.validate(body.prompts[i])) {
         return send_error(error_from_rejection(*why, i));
@@ -313,37 +430,37 @@ class Session : public std::enable_shared_from_this<Session> {
       return send_error({503, "server_shutting_down", "", "the server is shutting down"});
     }
     auto exchange = std::make_unique<Exchange>();
-    exchange->id = "cmpl-" + std::to_string(server_.next_completion.fetch_add(1));
+    exchange->id = server_.next_id("cmpl-");
     exchange->created = unix_seconds();
     exchange->stream = body.stream;
-    exchange->chunked = request.version() >= 11;
+    exchange->http11 = http11;
     exchange->include_usage = body.include_usage;
     exchange->choices.resize(body.prompts.size());
     exchange_ = std::move(exchange);
     if (exchange_->stream) {
-      if (!exchange_->chunked) close_after_flush_ = true;  // HTTP/1.0: the close ends the stream
+      if (!http11) close_after_flush_ = true;  // HTTP/1.0: the close ends the stream
       server_.count_response(200);
-      outbox_.push_back(stream_header());
-      flush();
+      queue(stream_header());
     }
     for (size_t i = 0; i < body.prompts.size(); ++i) submit(i, std::move(body.prompts[i]), body);
+    pump();
   }
 
   void submit(size_t index, engine::Request request, const CompletionRequest& body) {
     if (!body.seed_given) request.sampling.seed = server_.next_seed.fetch_add(1);
     Choice& choice = exchange_->choices[index];
     choice.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+    choice.stop_ids = request.stop_ids;
     std::optional<engine::RequestControl> control = server_.loop.submit(
         std::move(request), [self = shared_from_this()](engine::RequestUpdate update) {
-          net::post(self->stream_.get_executor(), [self, update = std::move(update)]() mutable {
-            self->on_update(std::move(update));
-          });
+          self->on_strand(
+              [self, update = std::move(update)]() mutable { self->on_update(std::move(update)); });
         });
     if (!control) {
-      // The loop began draining between our check and the submit: this choice ends aborted.
+      // The drain began between our check and the submit: this choice ends aborted.
       choice.terminal =
           engine::Terminal{engine::TerminalKind::kAborted, {}, "the server is shutting down"};
-      if (++exchange_->finished == exchange_->choices.size()) finish_exchange();
+      ++exchange_->finished;
       return;
     }
     choice.control = *control;
@@ -355,41 +472,55 @@ class Session : public std::enable_shared_from_this<Session> {
     TS_CHECK(exchange_ != nullptr) << "update for " << update.id << " without an exchange";
     auto it = exchange_->by_request.find(update.id.value);
     TS_CHECK(it != exchange_->by_request.end()) << "update for a foreign request " << update.id;
-    size_t index = it->second;
-    Choice& choice = exchange_->choices[index];
+    Choice& choice = exchange_->choices[it->second];
     TS_CHECK(!choice.terminal) << update.id << " got an update after its terminal";
-    bool live = exchange_->stream && !closed_;
-    if (!update.new_tokens.empty()) {
-      if (live) {
-        json piece = json::array({choice_json(index, update.new_tokens,
-                                              /*leading_space=*/!choice.tokens.empty(), nullptr)});
-        send_event(completion_object(exchange_->id, exchange_->created, server_.options.model_id,
-                                     std::move(piece))
-                       .dump());
-      }
-      choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
+    choice.generated += static_cast<int64_t>(update.new_tokens.size());
+    choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
+    if (update.terminal) {
+      // As OpenAI does with stop sequences: the stop id that ended the choice is not output.
+      bool by_stop_id = update.terminal->kind == engine::TerminalKind::kStop &&
+                        choice.tokens.size() > choice.sent &&
+                        std::find(choice.stop_ids.begin(), choice.stop_ids.end(),
+                                  choice.tokens.back()) != choice.stop_ids.end();
+      if (by_stop_id) choice.tokens.pop_back();
+      choice.terminal = std::move(update.terminal);
+      ++exchange_->finished;
     }
-    if (!update.terminal) return flush();
-    choice.terminal = std::move(update.terminal);
-    if (live) send_choice_end(index);
-    if (++exchange_->finished == exchange_->choices.size()) finish_exchange();
+    pump();
+  }
+
+  // Streams what the choices have that is not sent yet, while the connection is under its
+  // queued-bytes bound, and ends the exchange once everything is out.
+  void pump() {
+    Exchange& ex = *exchange_;
+    bool all_sent = true;
+    for (size_t i = 0; i < ex.choices.size(); ++i) {
+      if (ex.stream && !closed_ && !congested()) stream_pending(i);
+      all_sent = all_sent && ex.choices[i].end_sent;
+    }
+    if (ex.finished == ex.choices.size() && (closed_ || !ex.stream || all_sent)) finish_exchange();
     flush();
   }
 
-  void send_choice_end(size_t index) {
-    const Choice& choice = exchange_->choices[index];
-    const char* reason = finish_reason(choice.terminal->kind);
-    if (reason) {
-      json object = completion_object(exchange_->id, exchange_->created, server_.options.model_id,
-                                      json::array({choice_json(index, {}, false, reason)}));
-      object["usage"] =
-          usage_json({choice.prompt_tokens, static_cast<int64_t>(choice.tokens.size())});
-      send_event(object.dump());
+  void stream_pending(size_t index) {
+    Choice& choice = exchange_->choices[index];
+    if (choice.sent < choice.tokens.size()) {
+      std::vector<int32_t> piece(choice.tokens.begin() + static_cast<ptrdiff_t>(choice.sent),
+                                 choice.tokens.end());
+      send_event(
+          completion_object(exchange_->id, exchange_->created, server_.route.limits.model_id,
+                            json::array({choice_json(index, piece, choice.sent > 0, nullptr)})));
+      choice.sent = choice.tokens.size();
+    }
+    if (!choice.terminal || choice.end_sent) return;
+    choice.end_sent = true;
+    if (const char* reason = finish_reason(choice.terminal->kind)) {
+      send_event(completion_object(exchange_->id, exchange_->created, server_.route.limits.model_id,
+                                   json::array({choice_json(index, {}, false, reason)})));
     } else {
-      ApiError error = choice_error(index);
-      json body = json::parse(error_body(error));
+      json body = json::parse(error_body(choice_error(index)));
       body["error"]["index"] = index;
-      send_event(body.dump());
+      send_event(body);
     }
   }
 
@@ -417,40 +548,44 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ex.stream) {
         if (ex.include_usage) {
           json object =
-              completion_object(ex.id, ex.created, server_.options.model_id, json::array());
+              completion_object(ex.id, ex.created, server_.route.limits.model_id, json::array());
           object["usage"] = usage_json(total_usage());
-          send_event(object.dump());
+          send_event(object);
         }
-        send_event("[DONE]");
-        if (ex.chunked) outbox_.push_back("0\r\n\r\n");
+        queue_event("[DONE]");
+        if (ex.http11) queue("0\r\n\r\n");
       } else {
         send_full_response();
       }
     }
     exchange_.reset();
+    probe_.cancel();
     if (deferred_) {
-      outbox_.push_back(std::move(*deferred_));
+      queue(std::move(*deferred_));
       deferred_.reset();
-    } else if (pipelined_ && !closed_) {
-      Request next = std::move(*pipelined_);
-      pipelined_.reset();
-      // Posted, not called: finish_exchange runs inside on_update, and the next exchange
-      // must not start while this one's frame is still on the stack.
-      net::post(stream_.get_executor(),
-                [self = shared_from_this(), next = std::move(next)]() mutable {
-                  if (self->closed_) return;  // the client left meanwhile: serve nothing
-                  self->handle(std::move(next));
-                  self->read_next();
-                  self->flush();
-                });
+    } else if (pipelined_ && !closed_ && !congested()) {
+      serve_pipelined();
     }
+  }
+
+  // Posted, not called: finish_exchange runs inside on_update, and the next exchange must not
+  // start while this one's frame is still on the stack.
+  void serve_pipelined() {
+    auto next = std::make_shared<Request>(std::move(*pipelined_));
+    pipelined_.reset();
+    net::post(stream_.get_executor(), handler([this, next] {
+                if (closed_) return;  // the client left meanwhile: serve nothing
+                handle(std::move(*next));
+                read_next();
+                flush();
+              }));
   }
 
   Usage total_usage() const {
     Usage usage;
     for (const Choice& c : exchange_->choices) {
       usage.prompt_tokens += c.prompt_tokens;
-      usage.completion_tokens += static_cast<int64_t>(c.tokens.size());
+      usage.completion_tokens += c.generated;
     }
     return usage;
   }
@@ -464,46 +599,57 @@ class Session : public std::enable_shared_from_this<Session> {
       choices.push_back(choice_json(i, ex.choices[i].tokens, false, reason));
     }
     json object =
-        completion_object(ex.id, ex.created, server_.options.model_id, std::move(choices));
+        completion_object(ex.id, ex.created, server_.route.limits.model_id, std::move(choices));
     object["usage"] = usage_json(total_usage());
-    send(200, "application/json", object.dump());
+    send(200, "application/json", dump(object));
   }
 
   // --- writing -------------------------------------------------------------------------------
-  std::string simple_response(int status, std::string_view content_type, std::string_view body,
-                              bool keep_alive, std::string_view allow = {}) {
+  static std::string dump(const json& document) {
+    return document.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+
+  std::string head_for(int status, std::string_view content_type, size_t length,
+                       std::string_view allow = {}) {
     server_.count_response(status);
-    std::string out = "HTTP/1.1 " + std::to_string(status) + " " +
-                      std::string(http::obsolete_reason(static_cast<http::status>(status))) +
-                      "\r\nServer: twinstep\r\nContent-Type: " + std::string(content_type) +
-                      "\r\nContent-Length: " + std::to_string(body.size()) +
-                      (keep_alive ? "\r\nConnection: keep-alive" : "\r\nConnection: close");
-    if (!allow.empty()) out += "\r\nAllow: " + std::string(allow);
-    out += "\r\n\r\n";
-    out += body;
-    return out;
+    std::string date = http_date(std::chrono::system_clock::now());
+    return response_head(
+        {status, content_type, length, false, !close_after_flush_, allow, request_id_, date});
   }
 
   std::string stream_header() const {
-    return std::string("HTTP/1.1 200 OK\r\nServer: twinstep\r\nContent-Type: text/event-stream") +
-           "\r\nCache-Control: no-cache" +
-           (exchange_->chunked ? "\r\nTransfer-Encoding: chunked" : "") +
-           (close_after_flush_ ? "\r\nConnection: close" : "\r\nConnection: keep-alive") +
-           "\r\n\r\n";
+    std::string date = http_date(std::chrono::system_clock::now());
+    return response_head({200,
+                          "text/event-stream",
+                          std::nullopt,
+                          exchange_->http11,
+                          !close_after_flush_,
+                          {},
+                          request_id_,
+                          date});
   }
 
   void send(int status, std::string_view content_type, std::string_view body,
             std::string_view allow = {}) {
-    outbox_.push_back(simple_response(status, content_type, body, !close_after_flush_, allow));
+    std::string out = head_for(status, content_type, body.size(), allow);
+    if (!head_) out += body;
+    queue(std::move(out));
     flush();
   }
-  void send_error(const ApiError& error, std::string_view allow = {}) {
-    send(error.status, "application/json", error_body(error), allow);
+  void send_error(const ApiError& error) {
+    send(error.status, "application/json", error_body(error));
   }
-  void send_event(std::string_view data) {
+  void send_event(const json& document) { queue_event(dump(document)); }
+  void queue_event(std::string_view data) {
     std::string event = sse_event(data);
-    outbox_.push_back(exchange_->chunked ? chunk(event) : std::move(event));
+    queue(exchange_->http11 ? http_chunk(event) : std::move(event));
   }
+
+  void queue(std::string bytes) {
+    queued_bytes_ += bytes.size();
+    outbox_.push_back(std::move(bytes));
+  }
+  bool congested() const { return queued_bytes_ >= server_.options.max_queued_bytes; }
 
   void flush() {
     if (closed_ || writing_) return;
@@ -519,18 +665,34 @@ class Session : public std::enable_shared_from_this<Session> {
     buffers.reserve(in_flight_.size());
     for (const std::string& piece : in_flight_) buffers.push_back(net::buffer(piece));
     writing_ = true;
-    net::async_write(stream_.socket(), buffers,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       self->writing_ = false;
-                       self->in_flight_.clear();
-                       if (self->closed_) return;
-                       if (ec) return self->peer_gone();
-                       self->flush();
-                     });
+    arm_write_timeout(++write_serial_);
+    net::async_write(stream_.socket(), buffers, handler([this](beast::error_code ec, size_t) {
+                       writing_ = false;
+                       write_timer_.cancel();
+                       for (const std::string& piece : in_flight_) queued_bytes_ -= piece.size();
+                       in_flight_.clear();
+                       if (closed_) return;
+                       if (ec) return peer_gone();
+                       if (exchange_) return pump();
+                       if (pipelined_ && !congested()) serve_pipelined();
+                       flush();
+                     }));
+  }
+
+  // A write that is not done in write_timeout: the client does not read. Closing it aborts
+  // its requests, so a stalled reader cannot hold pages, memory or the shutdown.
+  void arm_write_timeout(uint64_t serial) {
+    write_timer_.expires_after(server_.options.write_timeout);
+    write_timer_.async_wait(handler([this, serial](beast::error_code ec) {
+      if (ec || closed_ || !writing_ || serial != write_serial_) return;
+      server_.count(&HttpCounters::write_timeouts);
+      peer_gone();
+    }));
   }
 
   // --- closing -------------------------------------------------------------------------------
-  // The client went away (EOF, reset, or a failed write): abort what it was waiting for.
+  // The client went away (a reset, a failed or timed-out write), or the connection failed:
+  // abort what it was waiting for.
   void peer_gone() {
     if (closed_) return;
     closed_ = true;
@@ -544,7 +706,7 @@ class Session : public std::enable_shared_from_this<Session> {
         choice.control.abort();
         ++aborted;
       }
-      server_.count_disconnect_aborts(aborted);
+      server_.count(&HttpCounters::disconnect_aborts, aborted);
     }
     finish_close();
   }
@@ -555,11 +717,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void arm_idle() {
     if (closed_) return;
     idle_.expires_after(server_.options.idle_timeout);
-    idle_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (ec || self->closed_) return;
-      if (self->exchange_ || self->pipelined_ || self->writing_ || !self->outbox_.empty()) return;
-      self->linger_close();
-    });
+    idle_.async_wait(handler([this](beast::error_code ec) {
+      if (ec || closed_) return;
+      if (exchange_ || pipelined_ || writing_ || !outbox_.empty()) return;
+      linger_close();
+    }));
   }
 
   // Our last response is written: half-close and let the client hang up first, so unread
@@ -571,9 +733,9 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     if (ec) return finish_close();
     linger_.expires_after(kLingerTimeout);
-    linger_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (!ec) self->finish_close();
-    });
+    linger_.async_wait(handler([this](beast::error_code ec) {
+      if (!ec) finish_close();
+    }));
     discard_read();
   }
 
@@ -585,13 +747,17 @@ class Session : public std::enable_shared_from_this<Session> {
   void finish_close() {
     linger_.cancel();
     idle_.cancel();
+    write_timer_.cancel();
+    probe_.cancel();
     beast::error_code ec;
     stream_.socket().close(ec);
   }
 
   beast::tcp_stream stream_;
   net::steady_timer linger_;
-  net::steady_timer idle_;  // closes a connection that sends no complete request in time
+  net::steady_timer idle_;         // closes a connection that sends no complete request in time
+  net::steady_timer write_timer_;  // closes a connection whose client stopped reading
+  net::steady_timer probe_;        // probes a client that sent EOF (see probe())
   Server::Impl& server_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -600,6 +766,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false;
   bool close_after_flush_ = false;  // serve no further request; close once the outbox is sent
   bool closed_ = false;             // the socket is closing or closed; no more writes
+  bool half_closed_ = false;        // the client sent EOF: nothing more to read
+  bool head_ = false;               // the request being answered is a HEAD
+  std::string request_id_;          // x-request-id of the request being answered
+  uint64_t write_serial_ = 0;       // which write the write timer is for
+  size_t queued_bytes_ = 0;         // bytes in outbox_ and in_flight_
   std::deque<std::string> outbox_;
   std::vector<std::string> in_flight_;
   std::unique_ptr<Exchange> exchange_;
@@ -609,28 +780,72 @@ class Session : public std::enable_shared_from_this<Session> {
 
 void Server::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
-    if (ec) {
-      if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
-      accept();  // a failed accept (e.g. out of descriptors) must not stop the server
-      return;
+    if (ec) return on_accept_error(ec);
+    accept_pause = std::chrono::milliseconds(0);
+    try {
+      // Streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each
+      // event back until the client's (delayed) ACK of the previous one, adding up to ~40 ms.
+      beast::error_code nodelay_ec;
+      socket.set_option(tcp::no_delay(true), nodelay_ec);
+      if (sessions_open.load(std::memory_order_relaxed) >=
+          static_cast<int64_t>(options.max_connections)) {
+        refuse(std::move(socket));
+        return accept();
+      }
+      auto session = std::make_shared<Session>(std::move(socket), *this);
+      {
+        std::lock_guard lock(mutex);
+        // Checked under the lock that on_drained takes: a connection registered after the
+        // drain's sweep would never be told to close and would keep the io threads alive.
+        if (shutting_down()) return;  // the socket closes with the session
+        ++counters.connections_accepted;
+        std::erase_if(sessions, [](const std::weak_ptr<Session>& s) { return s.expired(); });
+        sessions.push_back(session);
+      }
+      session->start();
+    } catch (const std::exception& e) {
+      std::cerr << "twinstep-serve: accepting a connection failed: " << e.what() << std::endl;
     }
-    // Streams are many small writes: without TCP_NODELAY, Nagle's algorithm holds each event
-    // back until the client's (delayed) ACK of the previous one, adding up to ~40 ms.
-    beast::error_code nodelay_ec;
-    socket.set_option(tcp::no_delay(true), nodelay_ec);
-    auto session = std::make_shared<Session>(std::move(socket), *this);
-    {
-      std::lock_guard lock(mutex);
-      // Checked under the lock that on_drained takes: a connection registered after the
-      // drain's sweep would never be told to close and would keep the io threads alive.
-      if (shutting_down()) return;  // the socket closes with the session
-      ++counters.connections_accepted;
-      std::erase_if(sessions, [](const std::weak_ptr<Session>& s) { return s.expired(); });
-      sessions.push_back(session);
-    }
-    session->start();
     accept();
   });
+}
+
+// Out of descriptors or memory, accept fails at once, every time: retrying at once spins a
+// core and starves every connection already open. Pause instead; the pause doubles while the
+// failures last. Other errors (a client that reset before we took it) retry at once.
+void Server::Impl::on_accept_error(const beast::error_code& ec) {
+  if (ec == net::error::operation_aborted || !acceptor.is_open()) return;
+  if (!out_of_resources(ec)) return accept();
+  count(&HttpCounters::accept_backoffs);
+  if (accept_pause.count() == 0) {
+    std::cerr << "twinstep-serve: accept failed (" << ec.message() << "); pausing new connections"
+              << std::endl;
+    accept_pause = kAcceptBackoffFirst;
+  } else {
+    accept_pause = std::min(accept_pause * 2, kAcceptBackoffMax);
+  }
+  accept_backoff.expires_after(accept_pause);
+  accept_backoff.async_wait([this](beast::error_code wait_ec) {
+    if (!wait_ec && acceptor.is_open()) accept();
+  });
+}
+
+// Over max_connections: a 503 written without waiting (it fits the socket's send buffer),
+// then the close. The connections already open are not slowed by it.
+void Server::Impl::refuse(tcp::socket socket) {
+  count(&HttpCounters::connections_refused);
+  count_response(503);
+  std::string body = error_body({503, "server_overloaded", "",
+                                 "too many open connections: the limit is " +
+                                     std::to_string(options.max_connections) + "; retry later"});
+  std::string date = http_date(std::chrono::system_clock::now());
+  std::string bytes =
+      response_head({503, "application/json", body.size(), false, false, {}, {}, date}) + body;
+  beast::error_code ec;
+  socket.non_blocking(true, ec);
+  if (!ec) socket.write_some(net::buffer(bytes), ec);
+  socket.shutdown(tcp::socket::shutdown_both, ec);
+  socket.close(ec);
 }
 
 void Server::Impl::begin_shutdown() {
@@ -638,6 +853,7 @@ void Server::Impl::begin_shutdown() {
   net::post(acceptor.get_executor(), [this] {
     beast::error_code ec;
     acceptor.close(ec);
+    accept_backoff.cancel();
     signals.cancel(ec);
   });
   {
@@ -650,17 +866,35 @@ void Server::Impl::begin_shutdown() {
 }
 
 void Server::Impl::on_drained(const DrainReport& drained) {
-  std::vector<std::shared_ptr<Session>> open;
+  std::vector<std::weak_ptr<Session>> open;
   {
     std::lock_guard lock(mutex);
     report = ShutdownReport{drained, in_flight_at_shutdown};
-    for (auto& weak : sessions) {
-      if (auto session = weak.lock()) open.push_back(std::move(session));
-    }
-    sessions.clear();
+    open.swap(sessions);
   }
-  for (auto& session : open) session->close_when_idle();
+  for (auto& weak : open) {
+    if (auto session = weak.lock()) session->close_when_idle();
+  }
+  close_stragglers(std::move(open), std::chrono::steady_clock::now() + options.shutdown_timeout);
   work.reset();
+}
+
+// Connections that have not closed by the deadline (a client that does not read our last
+// bytes, or does not hang up) are closed by force, so that shutdown ends in a bounded time.
+void Server::Impl::close_stragglers(std::vector<std::weak_ptr<Session>> open,
+                                    std::chrono::steady_clock::time_point deadline) {
+  std::erase_if(open, [](const std::weak_ptr<Session>& s) { return s.expired(); });
+  if (open.empty()) return;
+  if (std::chrono::steady_clock::now() >= deadline) {
+    for (auto& weak : open) {
+      if (auto session = weak.lock()) session->force_close();
+    }
+    return;
+  }
+  shutdown_timer.expires_after(kShutdownPoll);
+  shutdown_timer.async_wait([this, open = std::move(open), deadline](beast::error_code) mutable {
+    close_stragglers(std::move(open), deadline);
+  });
 }
 
 Server::Server(engine::Engine& engine, ServerOptions options)
@@ -677,6 +911,9 @@ Status<std::string> Server::start() {
   Impl& s = *impl_;
   TS_CHECK(!s.started) << "Server::start called twice";
   TS_CHECK(s.options.io_threads >= 1) << "io_threads=" << s.options.io_threads;
+  TS_CHECK(s.options.max_connections >= 1 && s.options.max_queued_bytes >= 1)
+      << "max_connections=" << s.options.max_connections
+      << " max_queued_bytes=" << s.options.max_queued_bytes;
   beast::error_code ec;
   net::ip::address address = net::ip::make_address(s.options.host, ec);
   if (ec)
@@ -694,7 +931,20 @@ Status<std::string> Server::start() {
   s.started = true;
   s.loop.start();
   s.accept();
-  for (int i = 0; i < s.options.io_threads; ++i) s.threads.emplace_back([&s] { s.ioc.run(); });
+  for (int i = 0; i < s.options.io_threads; ++i) {
+    s.threads.emplace_back([&s] {
+      // Handlers contain their exceptions (Session::guarded); this is the last line, so that
+      // one that escaped anyway costs its connection, not the process.
+      for (;;) {
+        try {
+          s.ioc.run();
+          return;
+        } catch (const std::exception& e) {
+          std::cerr << "twinstep-serve: exception escaped a handler: " << e.what() << std::endl;
+        }
+      }
+    });
+  }
   return Ok{};
 }
 
@@ -725,9 +975,6 @@ ShutdownReport Server::wait() {
 
 EngineLoop& Server::loop() { return impl_->loop; }
 
-HttpCounters Server::http_counters() const {
-  std::lock_guard lock(impl_->mutex);
-  return impl_->counters;
-}
+HttpCounters Server::http_counters() const { return impl_->snapshot(); }
 
 }  // namespace twinstep::server

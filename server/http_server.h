@@ -24,6 +24,20 @@ struct ServerOptions {
   // A connection with no request in flight must complete its next one within this, or it is
   // closed (silent or trickling clients cannot hold connections forever).
   std::chrono::milliseconds idle_timeout = std::chrono::seconds(60);
+  // Bytes of responses queued on one connection (our outbox plus the write in flight). Past
+  // it a stream is paused: its tokens accumulate (4 bytes each, bounded by max_tokens) and go
+  // out in one event once the client reads, and no pipelined request is started.
+  size_t max_queued_bytes = size_t{1} << 20;
+  // A write that makes no progress for this long means the client stopped reading: the
+  // connection is closed and its requests are aborted (their pages return).
+  std::chrono::milliseconds write_timeout = std::chrono::seconds(30);
+  // Open connections at most; one more is answered 503 and closed at once.
+  size_t max_connections = 1024;
+  // After SIGTERM and the engine's drain, connections still not closed (a client that does
+  // not read its last bytes) are closed after this.
+  std::chrono::milliseconds shutdown_timeout = std::chrono::seconds(5);
+  // Non-empty: every route except /health needs "Authorization: Bearer <api_key>".
+  std::string api_key;
   std::string model_id = "twinstep-sim";
   EngineLoopOptions loop;
 };

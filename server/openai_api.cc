@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/utf8.h"
+
 namespace twinstep::server {
 namespace {
 
@@ -15,10 +17,10 @@ Unexpected<ApiError> bad(std::string param, std::string message) {
 }
 
 // The offending value, short enough for an error message.
+// The offending value, short enough for an error message, cut between characters. Values are
+// depth-bounded before they get here (json_nesting_depth), so the dump cannot recurse deeply.
 std::string shown(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return text;
+  return utf8_truncate(value.dump(-1, ' ', false, json::error_handler_t::replace), 37);
 }
 
 const char* type_name(const json& value) {
@@ -277,17 +279,50 @@ std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
 
 std::string error_body(const ApiError& error) {
   json body = {{"error",
-                {{"message", error.message},
-                 {"type", error.type},
-                 {"param", error.param.empty() ? json(nullptr) : json(error.param)},
-                 {"code", nullptr}}}};
-  return body.dump();
+                {{"message", utf8_sanitize(error.message)},
+                 {"type", utf8_sanitize(error.type)},
+                 {"param", error.param.empty() ? json(nullptr) : json(utf8_sanitize(error.param))},
+                 {"code", error.code.empty() ? json(nullptr) : json(error.code)}}}};
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+size_t json_nesting_depth(std::string_view text, size_t limit) {
+  size_t depth = 0;
+  size_t deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;  // the escaped character cannot open, close or end anything
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
                                                      const ApiLimits& limits) {
   TS_CHECK(limits.vocab_size > 0 && limits.max_context > 0)
       << "vocab=" << limits.vocab_size << " context=" << limits.max_context;
+  // nlohmann's parser, dump and comparisons recurse per level: a deep enough body would
+  // exhaust the stack before any field is looked at.
+  if (size_t depth = json_nesting_depth(text, kMaxJsonDepth); depth > kMaxJsonDepth) {
+    return bad("", "request body: JSON nested more than " + std::to_string(kMaxJsonDepth) +
+                       " levels deep; the limit is " + std::to_string(kMaxJsonDepth) +
+                       " (a completion request needs 3)");
+  }
   json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) {
     return bad("",
@@ -389,13 +424,16 @@ json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_
           {"finish_reason", reason ? json(reason) : json(nullptr)}};
 }
 
+json model_json(const std::string& model_id, int64_t created, int32_t max_context) {
+  return {{"id", model_id},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "twinstep"},
+          {"max_model_len", max_context}};
+}
+
 json models_json(const std::string& model_id, int64_t created, int32_t max_context) {
-  return {{"object", "list"},
-          {"data", json::array({{{"id", model_id},
-                                 {"object", "model"},
-                                 {"created", created},
-                                 {"owned_by", "twinstep"},
-                                 {"max_model_len", max_context}}})}};
+  return {{"object", "list"}, {"data", json::array({model_json(model_id, created, max_context)})}};
 }
 
 std::string sse_event(std::string_view data) {

@@ -22,8 +22,16 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string param;  // the offending field ("" when none applies)
   std::string message;
+  std::string code;  // OpenAI's error code where it has one ("" = null)
 };
+// The JSON error document. Never throws: text that is not valid UTF-8 is replaced.
 std::string error_body(const ApiError& error);
+
+// Deepest array/object nesting of a JSON text, scanning no further once it passes `limit`
+// (then it returns a value > limit). Strings are skipped; the text need not be valid JSON.
+size_t json_nesting_depth(std::string_view text, size_t limit);
+// Request bodies nested deeper than this are refused before they are parsed.
+inline constexpr size_t kMaxJsonDepth = 64;
 
 // What the parser needs to know about the served model.
 struct ApiLimits {
@@ -74,7 +82,8 @@ nlohmann::json completion_object(const std::string& id, int64_t created, const s
 nlohmann::json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
                            const char* finish_reason);
 
-// GET /v1/models.
+// GET /v1/models/{id}, and GET /v1/models (the list of the one model).
+nlohmann::json model_json(const std::string& model_id, int64_t created, int32_t max_context);
 nlohmann::json models_json(const std::string& model_id, int64_t created, int32_t max_context);
 
 // One server-sent event carrying `data`, framed "data: ...\n\n".

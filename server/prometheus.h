@@ -43,11 +43,17 @@ struct LatencySnapshot {
 };
 
 // HTTP outcomes the server counts itself.
-inline constexpr std::array<int, 9> kHttpStatuses = {200, 400, 404, 405, 413, 431, 500, 503, 0};
+inline constexpr std::array<int, 10> kHttpStatuses = {200, 400, 401, 404, 405,
+                                                      413, 431, 500, 503, 0};
 struct HttpCounters {
   std::array<uint64_t, kHttpStatuses.size()> responses{};  // by kHttpStatuses; 0 = other
   uint64_t connections_accepted = 0;
-  uint64_t disconnect_aborts = 0;  // requests aborted because their client went away
+  uint64_t connections_refused = 0;  // over max_connections: 503 and closed
+  uint64_t accept_backoffs = 0;      // accept failed for want of descriptors or memory
+  uint64_t write_timeouts = 0;       // connections closed because the client did not read
+  uint64_t disconnect_aborts = 0;    // requests aborted because their client went away
+  uint64_t internal_errors = 0;      // exceptions caught in a connection handler
+  int64_t connections_open = 0;
 };
 size_t http_status_slot(int status);
 

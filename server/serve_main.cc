@@ -2,6 +2,7 @@
 // serves until SIGINT/SIGTERM, then aborts in-flight requests and exits 0 once the engine's
 // pools are back at their baseline (1 if they are not: a leak).
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "server/http_server.h"
@@ -19,6 +20,8 @@ int main(int argc, char** argv) {
     std::cout << serve_usage();
     return 0;
   }
+  apply_environment(config, std::getenv("TWINSTEP_API_KEY"));
+  if (auto warning = start_warning(config)) std::cerr << "twinstep-serve: " << *warning << "\n";
   auto backend = make_backend(config);
   if (!backend) {
     std::cerr << "twinstep-serve: " << backend.error() << "\n";

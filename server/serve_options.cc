@@ -1,6 +1,7 @@
 // Flag parsing and backend construction for twinstep-serve; see serve_options.h.
 #include "server/serve_options.h"
 
+#include <boost/asio/ip/address.hpp>
 #include <charconv>
 #include <filesystem>
 #include <functional>
@@ -42,6 +43,12 @@ An OpenAI-compatible completions server (prompts and outputs are token ids).
   --io-threads N           network threads (default 1; the engine has its own thread)
   --max-body-bytes N       larger request bodies get 413 (default 1048576)
   --idle-timeout-s N       close a connection that sends no complete request for N s (60)
+  --max-queued-bytes N     response bytes queued per connection before a stream pauses (1 MiB)
+  --write-timeout-s N      close (and abort) a connection whose client reads nothing for N s (30)
+  --max-connections N      open connections at most; one more gets 503 (1024)
+  --shutdown-timeout-s N   on SIGTERM, close connections still open N s after the drain (5)
+  --api-key KEY            require "Authorization: Bearer KEY" on every route but /health
+                           (default: the environment variable TWINSTEP_API_KEY, if set)
   --page-size N --pages-global N --pages-local N --max-running N --max-step-tokens N
   --max-context N          engine limits (defaults: the engine's; context 0 = the model's)
   --sim-step-us N          sleep N us after each step, to pace the simulated device
@@ -93,6 +100,28 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     config.server.idle_timeout = std::chrono::seconds(seconds);
     return std::nullopt;
   };
+  auto seconds_flag = [&](const char* name, int64_t lo, std::chrono::milliseconds& out) {
+    flags[name] = [name, lo, &out](const std::string& v) -> std::optional<std::string> {
+      int64_t seconds = 0;
+      if (auto e = parse_int<int64_t>(name, v, lo, 86'400, seconds)) return e;
+      out = std::chrono::seconds(seconds);
+      return std::nullopt;
+    };
+  };
+  seconds_flag("--write-timeout-s", 1, config.server.write_timeout);
+  seconds_flag("--shutdown-timeout-s", 0, config.server.shutdown_timeout);
+  flags["--max-queued-bytes"] = [&](const std::string& v) {
+    return parse_int<size_t>("--max-queued-bytes", v, 4096, size_t{1} << 30,
+                             config.server.max_queued_bytes);
+  };
+  flags["--max-connections"] = [&](const std::string& v) {
+    return parse_int<size_t>("--max-connections", v, 1, 1'000'000, config.server.max_connections);
+  };
+  flags["--api-key"] = [&](const std::string& v) -> std::optional<std::string> {
+    if (v.empty()) return "--api-key: expected a non-empty key";
+    config.server.api_key = v;
+    return std::nullopt;
+  };
   flags["--sim-step-us"] = [&](const std::string& v) {
     return parse_int<int64_t>("--sim-step-us", v, 0, 10'000'000, config.server.loop.step_sleep_us);
   };
@@ -137,6 +166,20 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     if (!name.empty()) config.server.model_id = name;
   }
   return config;
+}
+
+void apply_environment(ServeConfig& config, const char* api_key_env) {
+  if (config.server.api_key.empty() && api_key_env != nullptr) config.server.api_key = api_key_env;
+}
+
+std::optional<std::string> start_warning(const ServeConfig& config) {
+  if (!config.server.api_key.empty()) return std::nullopt;
+  boost::system::error_code ec;
+  auto address = boost::asio::ip::make_address(config.server.host, ec);
+  if (!ec && address.is_loopback()) return std::nullopt;
+  return "warning: listening on " + config.server.host +
+         ", which is not a loopback address, without an API key: anyone who can reach it can "
+         "use it (set --api-key or TWINSTEP_API_KEY)";
 }
 
 bool cuda_device_compiled() {

@@ -29,6 +29,12 @@ std::string serve_usage();
 // Every flag takes a value except --help and --random-weights. Unknown flags and bad values are
 // errors that name the flag and what was expected.
 Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>& args);
+// Settings the environment may give: the API key from TWINSTEP_API_KEY (pass getenv's value,
+// or nullptr), used when --api-key did not set one.
+void apply_environment(ServeConfig& config, const char* api_key_env);
+// What to print at start about an unsafe setting (a non-loopback address without an API
+// key), or nullopt.
+std::optional<std::string> start_warning(const ServeConfig& config);
 
 // The model geometry, the device and the engine of a ServeConfig, owned together (the engine
 // refers to the device).

@@ -33,6 +33,45 @@ TEST(ServeOptions, FlagsAndValues) {
   EXPECT_EQ(config->server.idle_timeout, std::chrono::seconds(7));
 }
 
+TEST(ServeOptions, LimitFlags) {
+  auto config =
+      parse_serve_args({"--max-queued-bytes", "65536", "--write-timeout-s", "3",
+                        "--max-connections=10", "--shutdown-timeout-s", "0", "--api-key", "k1"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_EQ(config->server.max_queued_bytes, 65536u);
+  EXPECT_EQ(config->server.write_timeout, std::chrono::seconds(3));
+  EXPECT_EQ(config->server.max_connections, 10u);
+  EXPECT_EQ(config->server.shutdown_timeout, std::chrono::seconds(0));
+  EXPECT_EQ(config->server.api_key, "k1");
+  auto defaults = parse_serve_args({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->server.max_connections, 1024u);
+  EXPECT_EQ(defaults->server.write_timeout, std::chrono::seconds(30));
+  EXPECT_EQ(defaults->server.shutdown_timeout, std::chrono::seconds(5));
+  EXPECT_TRUE(defaults->server.api_key.empty());
+}
+
+TEST(ServeOptions, ApiKeyFromTheEnvironmentAndTheBindWarning) {
+  auto config = parse_serve_args({"--host", "0.0.0.0"});
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(start_warning(*config).has_value());
+  EXPECT_NE(start_warning(*config)->find("without an API key"), std::string::npos);
+  apply_environment(*config, "from-env");
+  EXPECT_EQ(config->server.api_key, "from-env");
+  EXPECT_FALSE(start_warning(*config).has_value());
+  auto flag_wins = parse_serve_args({"--api-key", "from-flag"});
+  ASSERT_TRUE(flag_wins.ok());
+  apply_environment(*flag_wins, "from-env");
+  EXPECT_EQ(flag_wins->server.api_key, "from-flag");
+  apply_environment(*flag_wins, nullptr);
+  EXPECT_EQ(flag_wins->server.api_key, "from-flag");
+  for (const char* host : {"127.0.0.1", "::1"}) {
+    auto local = parse_serve_args({"--host", host});
+    ASSERT_TRUE(local.ok());
+    EXPECT_FALSE(start_warning(*local).has_value()) << host;
+  }
+}
+
 TEST(ServeOptions, BadFlagsNameTheFlag) {
   struct Case {
     std::vector<std::string> args;
@@ -44,6 +83,10 @@ TEST(ServeOptions, BadFlagsNameTheFlag) {
       {{"--port"}, "--port: expected a value"},
       {{"--pages-local", "0"}, "--pages-local: expected an integer"},
       {{"--bogus", "1"}, "unknown argument '--bogus'"},
+      {{"--max-connections", "0"}, "--max-connections: expected an integer in [1, "},
+      {{"--write-timeout-s", "0"}, "--write-timeout-s: expected an integer in [1, "},
+      {{"--max-queued-bytes", "10"}, "--max-queued-bytes: expected an integer in [4096, "},
+      {{"--api-key", ""}, "--api-key: expected a non-empty key"},
       {{"--device", "cuda"}, "--device cuda: expected --model DIR"},
   };
   for (const Case& c : cases) {
