@@ -1,0 +1,39 @@
+// gates/decode_split_trap_gate.cc: the split-KV decode attention must trap (not read another
+// seq's KV) when a key's logical page is not listed for its seq, as the reference does. Alone
+// in its binary: a trap poisons the CUDA context for everything after it.
+#include "gates/kernel_gate_util.h"
+#include "kernels/attention_decode_split.h"
+
+namespace twinstep::gates {
+namespace {
+
+class DecodeSplitTrap : public GpuGate {
+  void TearDown() override {}  // the context is dead after the trap; nothing to sync
+};
+
+TEST_F(DecodeSplitTrap, UnlistedPageTraps) {
+  sim::Rng rng(31);
+  const int32_t hd = 128, q_heads = 2;
+  PagedScenario sc = make_scenario(rng, {{40, 1}}, 16, 1, hd, 1, 0, 4);
+  // Claim the listed pages start at logical page 1: keys 0..15 now have no page.
+  sc.seq_first_page[0] = 1;
+  std::vector<bf16> pool = random_bf16(rng, sc.pool_elems());
+  const auto q = random_bf16(rng, size_t(q_heads) * hd);
+  DeviceBuffer<bf16> d_pool(pool), d_q(q), d_out(size_t(q_heads) * hd);
+  DevicePlan plan(sc);
+  int device = 0, sms = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int32_t splits = kernels::attention_decode_split_count(1, q_heads, 1, hd, sms);
+  const int64_t ws_bytes = kernels::attention_decode_split_workspace_bytes(1, q_heads, hd, splits);
+  DeviceBuffer<uint8_t> ws(static_cast<size_t>(ws_bytes));
+  KERNEL_OK(kernels::attention_decode_split(
+      d_q.get(), q_heads * hd, d_out.get(), q_heads, pool_view(sc, d_pool.get()), 0,
+      plan.rows_view(), plan.paging_view(), 0, 1.0f, ws.get(), ws_bytes, sms, stream_));
+  const cudaError_t err = cudaStreamSynchronize(stream_);
+  EXPECT_TRUE(err == cudaErrorLaunchFailure || err == cudaErrorIllegalInstruction)
+      << "expected the kernel to trap, sync returned " << cudaGetErrorName(err);
+}
+
+}  // namespace
+}  // namespace twinstep::gates

@@ -1,0 +1,663 @@
+// kernels/attention_decode_split.cu: the split-KV decode attention of
+// kernels/attention_decode_split.h: the split kernel (tensor-core scores and P.V over 32-key
+// tiles streamed through a cp.async ring) and the merge kernel of the partial states.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention_decode_split.h"
+#include "kernels/common.cuh"
+
+namespace twinstep::kernels {
+namespace {
+
+using namespace detail;
+
+constexpr int kTileKeys = kDecodeSplitTileKeys;  // 4 key groups of 8 (the score mma's N)
+constexpr int kKeyGroups = kTileKeys / 8;
+constexpr int kHeads = 16;     // query heads per block: the mma M
+constexpr int kScorePad = 40;  // floats per score row (conflict-free float2 accesses)
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shape of the split kernel for one head dim. Warp w scores key group w % 4 over the dim
+// part w / 4 (HD / kDimParts dims; the parts are summed in shared memory), then owns HD /
+// kWarps output dims in P.V. A K or V row of a key is HD / 8 chunks of 16 bytes, stored at
+// chunk (c ^ (row % 8)) so that ldmatrix's 8 rows hit 8 different bank groups.
+template <int HD>
+struct Geometry {
+  // 16 warps for 512 (one block per SM: shared memory), 8 for 256 and 128, 4 for 64.
+  static constexpr int kWarps = HD == 512 ? 16 : HD == 64 ? 4 : 8;
+  static constexpr int kThreads = kWarps * kWarp;
+  static constexpr int kDimParts = kWarps / kKeyGroups;
+  static constexpr int kScoreDims = HD / kDimParts;  // per warp in the score mma
+  static constexpr int kChunks = HD / 8;
+  static constexpr int kStages = HD >= 256 ? 3 : 4;  // tiles in the ring
+  static constexpr int kTileElems = kTileKeys * HD;  // K (or V) of one tile
+  static constexpr int kDimsPerWarp = HD / kWarps;   // P.V: a warp owns these output dims
+  static constexpr int kNTiles = kDimsPerWarp / 8;   // ... as n-tiles of 8
+  static constexpr int kScoreElems = kDimParts * kHeads * kScorePad;
+  static constexpr int kSmemBytes = kStages * 2 * kTileElems * 2  // K/V ring
+                                    + kHeads * HD * 2             // Q of the block's heads
+                                    + kScoreElems * 4;            // partial scores of a tile
+  static constexpr int kMinBlocks = HD == 512 ? 1 : HD == 256 ? 2 : HD == 128 ? 3 : 6;
+  static_assert(kChunks >= 8 && kNTiles % 2 == 0 && kScoreDims % 32 == 0, "shape");
+  static_assert(kTileKeys * kChunks % kThreads == 0 && kHeads * kChunks % kThreads == 0, "load");
+};
+
+// One block per (split, kv head x head block, row); see the header for the split rule.
+struct SplitArgs {
+  const bf16* q;  // [rows, q_heads, HD], row stride q_row_stride
+  int64_t q_row_stride;
+  bf16* out;  // [rows, q_heads, HD] (written here when splits == 1, else by the merge)
+  int32_t q_heads;
+  const bf16* layer_base;  // pool.data at this layer: [pages_total][2][page_size][kv_heads][HD]
+  int32_t pages_total;
+  int32_t page_size;
+  int32_t kv_heads;
+  const int32_t* positions;  // [rows]
+  const int32_t* row_seq;    // [rows]
+  int32_t rows;
+  const uint32_t* page_indices;   // [pages_listed]
+  const int32_t* seq_page_begin;  // [seqs + 1]
+  const int32_t* seq_first_page;  // [seqs]
+  int32_t pages_listed;
+  int32_t seqs;
+  int32_t window;       // <= 0: no window
+  float scale_log2;     // scale * log2(e): scores live in log2 units
+  int32_t group;        // q_heads / kv_heads
+  int32_t head_blocks;  // ceil(group / kHeads)
+  int32_t splits;
+  float* part_acc;  // [rows][q_heads][splits][HD] unnormalised accumulators (splits > 1)
+  float2* part_ml;  // [rows][q_heads][splits] (max in log2 units, sum); sum 0 = empty split
+};
+
+struct SeqPages {
+  int32_t begin;  // into page_indices
+  int32_t count;
+  int32_t first;  // logical page number of page_indices[begin]
+};
+
+struct RowKeys {
+  SeqPages pages;
+  int32_t lo;  // first key position attended
+  int32_t hi;  // one past the last (= position + 1)
+};
+
+// The same checks, in the same order, as the reference kernels (kernels/attention.cu).
+__device__ __forceinline__ RowKeys row_keys(const SplitArgs& a, int32_t row) {
+  const int32_t s = a.row_seq[row];
+  TS_DEVICE_REQUIRE(s >= 0 && s < a.seqs);
+  const int32_t b = a.seq_page_begin[s];
+  const int32_t e = a.seq_page_begin[s + 1];
+  TS_DEVICE_REQUIRE(b >= 0 && b <= e && e <= a.pages_listed);
+  const int32_t p = a.positions[row];
+  TS_DEVICE_REQUIRE(p >= 0);
+  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  return {{b, e - b, a.seq_first_page[s]}, lo, p + 1};
+}
+
+// Element offset of key j's K record (kv head 0) within the layer; V is page_size tokens on.
+__device__ __forceinline__ int64_t key_offset(const SplitArgs& a, const SeqPages& sp, int32_t j,
+                                              int64_t token_elems) {
+  const int32_t idx = j / a.page_size - sp.first;
+  TS_DEVICE_REQUIRE(idx >= 0 && idx < sp.count);
+  const uint32_t page = a.page_indices[sp.begin + idx];
+  TS_DEVICE_REQUIRE(page >= 1u && page < static_cast<uint32_t>(a.pages_total));
+  return (static_cast<int64_t>(page) * 2 * a.page_size + j % a.page_size) * token_elems;
+}
+
+// ---- PTX wrappers -----------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, bypassing L1; valid == false zero-fills and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+// d += a (16x16 row-major bf16) * b (16x8 col-major bf16), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Swizzled element offset of chunk c of row r in a [rows][HD] bf16 tile.
+template <int HD>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * HD + ((c ^ (r & 7)) * 8);
+}
+
+// ---- the split kernel -----------------------------------------------------------------
+
+// Q of the block's heads into q_s [16][HD] (rows past `heads` zero), one cp.async group with
+// the first tile.
+template <int HD>
+__device__ __forceinline__ void load_q(const SplitArgs& a, int32_t row, int32_t head0,
+                                       int32_t heads, bf16* q_s) {
+  using G = Geometry<HD>;
+  const bf16* base = a.q + row * a.q_row_stride + static_cast<int64_t>(head0) * HD;
+#pragma unroll
+  for (int i = 0; i < kHeads * G::kChunks / G::kThreads; ++i) {
+    const int c = threadIdx.x + i * G::kThreads;
+    const int h = c / G::kChunks, part = c % G::kChunks;
+    const bool valid = h < heads;
+    cp_async_16(q_s + swz<HD>(h, part), valid ? base + h * HD + part * 8 : base, valid);
+  }
+}
+
+// Keys t0 .. t0 + 31 (those < ke) of one kv head into the ring stage ks / vs; the rest zero.
+template <int HD>
+__device__ __forceinline__ void load_tile(const SplitArgs& a, const SeqPages& sp, int32_t kv_head,
+                                          int32_t t0, int32_t ke, bf16* ks, bf16* vs) {
+  using G = Geometry<HD>;
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+  const int64_t v_off = static_cast<int64_t>(a.page_size) * token_elems;
+  const bf16* head_base = a.layer_base + static_cast<int64_t>(kv_head) * HD;
+#pragma unroll
+  for (int i = 0; i < kTileKeys * G::kChunks / G::kThreads; ++i) {
+    const int c = threadIdx.x + i * G::kThreads;
+    const int key = c / G::kChunks, part = c % G::kChunks;
+    const int32_t j = t0 + key;
+    const bool valid = j < ke;
+    const bf16* src = valid ? head_base + key_offset(a, sp, j, token_elems) + part * 8 : head_base;
+    cp_async_16(ks + swz<HD>(key, part), src, valid);
+    cp_async_16(vs + swz<HD>(key, part), valid ? src + v_off : src, valid);
+  }
+}
+
+// Warp w scores key group w % 4 (keys 8 (w % 4) .. + 7) for all 16 heads over its dim part
+// w / 4: S = Q . K^T with two accumulator chains (even and odd k-steps), written to its part
+// of s_s [kDimParts][16][kScorePad].
+template <int HD>
+__device__ __forceinline__ void tile_scores(const bf16* q_s, const bf16* ks, float* s_s) {
+  using G = Geometry<HD>;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int group = warp % kKeyGroups, part = warp / kKeyGroups;
+  const int r = lane & 7, mat = lane >> 3;
+  const int q_row = r + 8 * (mat & 1);
+  const int key = group * 8 + r;
+  float even[4] = {0.0f, 0.0f, 0.0f, 0.0f}, odd[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const int c_begin = part * G::kScoreDims / 8;
+#pragma unroll
+  for (int kc = c_begin; kc < c_begin + G::kScoreDims / 8; kc += 4) {  // 32 dims, 2 k-steps
+    uint32_t qa[4], qb[4], kb[4];
+    ldmatrix_x4(qa, q_s + swz<HD>(q_row, kc + (mat >> 1)));
+    ldmatrix_x4(qb, q_s + swz<HD>(q_row, kc + 2 + (mat >> 1)));
+    ldmatrix_x4(kb, ks + swz<HD>(key, kc + mat));
+    mma_bf16(even, qa, kb[0], kb[1]);
+    mma_bf16(odd, qb, kb[2], kb[3]);
+  }
+  const int g = lane >> 2, t = lane & 3;
+  float* s = s_s + part * kHeads * kScorePad;
+  *reinterpret_cast<float2*>(&s[g * kScorePad + group * 8 + 2 * t]) =
+      make_float2(even[0] + odd[0], even[1] + odd[1]);
+  *reinterpret_cast<float2*>(&s[(g + 8) * kScorePad + group * 8 + 2 * t]) =
+      make_float2(even[2] + odd[2], even[3] + odd[3]);
+}
+
+// The tile's scores of rows g and g + 8 (the lane's quad), parts summed in order 0, 1, ...,
+// in log2 units; keys at or past ke are -inf.
+template <int HD>
+__device__ __forceinline__ void read_scores(const float* s_s, int32_t t0, int32_t ke,
+                                            float scale_log2, float (&s)[2][2][4]) {
+  const int lane = threadIdx.x % kWarp, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int kc = 0; kc < 2; ++kc) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = kc * 16 + q * 8 + 2 * t;
+        float2 v = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int p = 0; p < Geometry<HD>::kDimParts; ++p) {
+          const float2 w =
+              *reinterpret_cast<const float2*>(&s_s[(p * kHeads + g + 8 * h) * kScorePad + col]);
+          v.x += w.x;
+          v.y += w.y;
+        }
+        s[kc][h][2 * q] = t0 + col < ke ? v.x * scale_log2 : -INFINITY;
+        s[kc][h][2 * q + 1] = t0 + col + 1 < ke ? v.y * scale_log2 : -INFINITY;
+      }
+    }
+  }
+}
+
+// Online softmax over the tile's 32 scores and the P.V mma for the warp's output dims. Every
+// warp computes the same (max, sum) bit for bit. P is rounded to bf16 for the mma, and the
+// sum adds the rounded values, so the weights the accumulator received are exactly the ones
+// it is divided by.
+template <int HD>
+__device__ __forceinline__ void tile_softmax_pv(const float* s_s, const bf16* vs, int32_t t0,
+                                                int32_t ke, float scale_log2, float (&m)[2],
+                                                float (&l)[2],
+                                                float (&o)[Geometry<HD>::kNTiles][4]) {
+  using G = Geometry<HD>;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float s[2][2][4];  // [16-key half kc][row g / g+8][cols 2t, 2t+1, 8+2t, 9+2t of that half]
+  read_scores<HD>(s_s, t0, ke, scale_log2, s);
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = m[h];
+#pragma unroll
+    for (int kc = 0; kc < 2; ++kc) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) mx = fmaxf(mx, s[kc][h][i]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
+    corr[h] = exp2f(m[h] - mx);  // 0 while m is still -inf; the tile's first key is valid
+    m[h] = mx;
+  }
+  uint32_t pa[2][4];  // A fragments of P (16 heads x 16 keys) per half
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int kc = 0; kc < 2; ++kc) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const uint32_t packed =
+            pack2(exp2f(s[kc][h][2 * q] - m[h]), exp2f(s[kc][h][2 * q + 1] - m[h]));
+        float back[2];
+        unpack2(packed, back);
+        sum[h] += back[0] + back[1];
+        pa[kc][h + 2 * q] = packed;  // a0a1: (g, 2t) a2a3: (g+8, 2t) a4a5: (g, 8+2t) ...
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + sum[h];
+#pragma unroll
+  for (int n = 0; n < G::kNTiles; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+  const int r = lane & 7, mat = lane >> 3;
+  const int chunk0 = warp * G::kDimsPerWarp / 8 + (mat >> 1);
+#pragma unroll
+  for (int kc = 0; kc < 2; ++kc) {
+    const int key = kc * 16 + (mat & 1) * 8 + r;
+#pragma unroll
+    for (int np = 0; np < G::kNTiles / 2; ++np) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, vs + swz<HD>(key, chunk0 + 2 * np));
+      mma_bf16(o[2 * np], pa[kc], vb[0], vb[1]);
+      mma_bf16(o[2 * np + 1], pa[kc], vb[2], vb[3]);
+    }
+  }
+}
+
+// Writes the block's result: the normalised bf16 output (splits == 1) or the partial state.
+template <int HD>
+__device__ __forceinline__ void store_result(const SplitArgs& a, int32_t row, int32_t head0,
+                                             int32_t heads, int32_t split, const float (&m)[2],
+                                             const float (&l)[2],
+                                             const float (&o)[Geometry<HD>::kNTiles][4]) {
+  using G = Geometry<HD>;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = g + 8 * h;
+    float total = l[h] + __shfl_xor_sync(kFullMask, l[h], 1);
+    total += __shfl_xor_sync(kFullMask, total, 2);
+    if (i >= heads) continue;
+    const int64_t rh = static_cast<int64_t>(row) * a.q_heads + head0 + i;
+    if (a.splits == 1) {
+      const float inv = 1.0f / total;  // >= 1: the row's own key is always attended
+      bf16* out = a.out + rh * HD + warp * G::kDimsPerWarp + 2 * t;
+#pragma unroll
+      for (int n = 0; n < G::kNTiles; ++n) {
+        *reinterpret_cast<uint32_t*>(out + n * 8) = pack2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      }
+    } else {
+      const int64_t slot = rh * a.splits + split;
+      float* acc = a.part_acc + slot * HD + warp * G::kDimsPerWarp + 2 * t;
+#pragma unroll
+      for (int n = 0; n < G::kNTiles; ++n) {
+        *reinterpret_cast<float2*>(acc + n * 8) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+      }
+      if (warp == 0 && t == 0) a.part_ml[slot] = make_float2(m[h], total);
+    }
+  }
+}
+
+// grid (splits, kv_heads * head_blocks, rows), kThreads threads, kSmemBytes dynamic smem.
+template <int HD>
+__global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBlocks)
+    decode_split_kernel(SplitArgs a) {
+  using G = Geometry<HD>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* ring = reinterpret_cast<bf16*>(smem);                // [stages][K, V][32][HD]
+  bf16* q_s = ring + G::kStages * 2 * G::kTileElems;         // [16][HD]
+  float* s_s = reinterpret_cast<float*>(q_s + kHeads * HD);  // [parts][16][kScorePad]
+  const int32_t split = blockIdx.x;
+  const int32_t kv_head = blockIdx.y / a.head_blocks;
+  const int32_t head_block = blockIdx.y % a.head_blocks;
+  const int32_t row = blockIdx.z;
+  const int32_t head0 = kv_head * a.group + head_block * kHeads;
+  const int32_t heads = min(kHeads, a.group - head_block * kHeads);
+  const RowKeys keys = row_keys(a, row);
+  const int32_t per_split = (keys.hi - keys.lo + a.splits - 1) / a.splits;
+  const int32_t chunk = (per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
+  const int64_t kb64 = keys.lo + static_cast<int64_t>(split) * chunk;
+  if (kb64 >= keys.hi) {  // an empty split: the neutral state (only possible for splits > 1)
+    for (int i = threadIdx.x; i < heads; i += G::kThreads) {
+      const int64_t rh = static_cast<int64_t>(row) * a.q_heads + head0 + i;
+      a.part_ml[rh * a.splits + split] = make_float2(-INFINITY, 0.0f);
+    }
+    return;
+  }
+  const int32_t kb = static_cast<int32_t>(kb64);
+  const int32_t ke = min(keys.hi, kb + chunk);
+  const int32_t tiles = (ke - kb + kTileKeys - 1) / kTileKeys;
+  auto stage_k = [&](int st) { return ring + st * 2 * G::kTileElems; };
+
+  load_q<HD>(a, row, head0, heads, q_s);
+#pragma unroll
+  for (int st = 0; st < G::kStages - 1; ++st) {
+    if (st < tiles) {
+      load_tile<HD>(a, keys.pages, kv_head, kb + st * kTileKeys, ke, stage_k(st),
+                    stage_k(st) + G::kTileElems);
+    }
+    cp_async_commit();
+  }
+  float o[G::kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < G::kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int32_t tile = 0; tile < tiles; ++tile) {
+    cp_async_wait<G::kStages - 2>();  // this thread's copies of `tile` (and Q) landed
+    __syncthreads();                  // everyone's landed; the previous tile's reads are done
+    const int32_t next = tile + G::kStages - 1;
+    if (next < tiles) {
+      bf16* nk = stage_k(next % G::kStages);
+      load_tile<HD>(a, keys.pages, kv_head, kb + next * kTileKeys, ke, nk, nk + G::kTileElems);
+    }
+    cp_async_commit();  // possibly empty: keeps the group count in step with the tiles
+    const bf16* ks = stage_k(tile % G::kStages);
+    tile_scores<HD>(q_s, ks, s_s);
+    __syncthreads();
+    tile_softmax_pv<HD>(s_s, ks + G::kTileElems, kb + tile * kTileKeys, ke, a.scale_log2, m, l, o);
+  }
+  store_result<HD>(a, row, head0, heads, split, m, l, o);
+}
+
+constexpr int kMergeThreads = 128;
+
+// grid (rows * q_heads), kMergeThreads threads: merges the splits of one (row, query head)
+// in a fixed order. The non-empty splits are a prefix 0..active-1 (split i starts i chunks
+// into the row's keys); warp 0 turns their maxima into weights and sums, then each thread
+// adds its dims' partial accumulators in split order 0..active-1.
+template <int HD>
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_kernel(const float* part_acc, const float2* part_ml, bf16* out, int32_t splits) {
+  __shared__ float w_s[kDecodeSplitsMax];
+  __shared__ float l_s[kDecodeSplitsMax];
+  __shared__ float stats[2];  // active splits, weighted sum
+  const int64_t rh = blockIdx.x;
+  const float2* ml = part_ml + rh * splits;
+  for (int32_t i = threadIdx.x; i < splits; i += kMergeThreads) {
+    const float2 v = ml[i];
+    w_s[i] = v.y > 0.0f ? v.x : -INFINITY;
+    l_s[i] = v.y;
+  }
+  __syncthreads();
+  if (threadIdx.x < kWarp) {  // warp 0: max, count and weighted sum over the splits
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    int32_t active = 0;
+    for (int32_t i = lane; i < splits; i += kWarp) {
+      mx = fmaxf(mx, w_s[i]);
+      active += l_s[i] > 0.0f;
+    }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) {
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
+      active += __shfl_xor_sync(kFullMask, active, o);
+    }
+    float total = 0.0f;
+    for (int32_t i = lane; i < splits; i += kWarp) {
+      const float w = l_s[i] > 0.0f ? exp2f(w_s[i] - mx) : 0.0f;
+      w_s[i] = w;
+      total += l_s[i] * w;
+    }
+    total = warp_sum(total);
+    if (lane == 0) {                                  // lane 0's sum: one fixed order
+      TS_DEVICE_REQUIRE(active > 0 && total > 0.0f);  // split 0 holds the row's first key
+      stats[0] = static_cast<float>(active);
+      stats[1] = total;
+    }
+  }
+  __syncthreads();
+  const int32_t active = static_cast<int32_t>(stats[0]);
+  const float inv = 1.0f / stats[1];
+  for (int d = threadIdx.x * 4; d < HD; d += kMergeThreads * 4) {
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float* p = part_acc + rh * splits * HD + d;
+#pragma unroll 4
+    for (int32_t i = 0; i < active; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(p + int64_t{i} * HD);
+      const float w = w_s[i];
+      acc.x += v.x * w;
+      acc.y += v.y * w;
+      acc.z += v.z * w;
+      acc.w += v.w * w;
+    }
+    uint2 packed;
+    packed.x = pack2(acc.x * inv, acc.y * inv);
+    packed.y = pack2(acc.z * inv, acc.w * inv);
+    *reinterpret_cast<uint2*>(out + rh * HD + d) = packed;
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------
+
+constexpr int64_t kSmemPerSm = 228 * 1024;  // Hopper: per SM, 1 KB of it reserved per block
+
+int32_t smem_bytes(int32_t head_dim) {
+  switch (head_dim) {
+    case 64:
+      return Geometry<64>::kSmemBytes;
+    case 128:
+      return Geometry<128>::kSmemBytes;
+    case 256:
+      return Geometry<256>::kSmemBytes;
+    default:
+      return Geometry<512>::kSmemBytes;
+  }
+}
+
+// Blocks of one head dim that fit an SM by shared memory (__launch_bounds__ holds the
+// registers to the same count, kMinBlocks). Only the split count depends on it, never the
+// result's correctness.
+int32_t blocks_per_sm(int32_t head_dim) {
+  return static_cast<int32_t>(std::max<int64_t>(1, kSmemPerSm / (smem_bytes(head_dim) + 1024)));
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+template <int HD>
+KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
+  using G = Geometry<HD>;
+  static_assert(G::kSmemBytes + 1024 <= kSmemPerSm / G::kMinBlocks, "kMinBlocks fit");
+  // Once per process (per head dim): allow the dynamic shared memory above 48 KB.
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      decode_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmemBytes);
+  if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(decode_split_kernel)");
+  const dim3 grid(a.splits, a.kv_heads * a.head_blocks, a.rows);
+  decode_split_kernel<HD><<<grid, G::kThreads, G::kSmemBytes, stream>>>(a);
+  if (auto st = launch_status("decode_split_kernel"); !st.ok() || a.splits == 1) return st;
+  decode_merge_kernel<HD>
+      <<<a.rows * a.q_heads, kMergeThreads, 0, stream>>>(a.part_acc, a.part_ml, a.out, a.splits);
+  return launch_status("decode_merge_kernel");
+}
+
+}  // namespace
+
+int32_t attention_decode_split_head_blocks(int32_t q_heads, int32_t kv_heads) {
+  TS_CHECK(q_heads > 0 && kv_heads > 0 && q_heads % kv_heads == 0)
+      << "q_heads " << q_heads << " kv_heads " << kv_heads;
+  return (q_heads / kv_heads + kHeads - 1) / kHeads;
+}
+
+int32_t attention_decode_split_count(int32_t rows, int32_t q_heads, int32_t kv_heads,
+                                     int32_t head_dim, int32_t num_sms) {
+  TS_CHECK(rows >= 0 && num_sms > 0 && head_dim_supported(head_dim))
+      << "rows " << rows << " num_sms " << num_sms << " head_dim " << head_dim;
+  if (rows == 0) return 1;
+  const int64_t blocks =
+      int64_t{rows} * kv_heads * attention_decode_split_head_blocks(q_heads, kv_heads);
+  const int64_t slots = int64_t{num_sms} * blocks_per_sm(head_dim);
+  if (blocks < slots) {
+    return static_cast<int32_t>(std::clamp<int64_t>(slots / blocks, 1, kDecodeSplitsMax));
+  }
+  int32_t best = 1;
+  double best_fill = 0.0;
+  for (int32_t s = 1; s <= 4; ++s) {
+    const int64_t b = blocks * s;
+    const double fill = static_cast<double>(b) /
+                        (static_cast<double>((b + slots - 1) / slots) * static_cast<double>(slots));
+    if (fill > best_fill + 1e-9) {
+      best = s;
+      best_fill = fill;
+    }
+  }
+  return best;
+}
+
+int64_t attention_decode_split_workspace_bytes(int32_t rows, int32_t q_heads, int32_t head_dim,
+                                               int32_t splits) {
+  TS_CHECK(rows >= 0 && q_heads > 0 && splits >= 1) << "rows " << rows << " splits " << splits;
+  if (splits == 1) return 0;
+  return int64_t{rows} * q_heads * splits * (int64_t{head_dim} + 2) * int64_t{sizeof(float)};
+}
+
+int64_t attention_decode_split_workspace_bytes_max(int32_t max_rows, int32_t q_heads,
+                                                   int32_t kv_heads, int32_t head_dim,
+                                                   int32_t num_sms) {
+  int64_t most = 0;
+  for (int32_t r = 1; r <= max_rows; ++r) {
+    const int32_t s = attention_decode_split_count(r, q_heads, kv_heads, head_dim, num_sms);
+    most = std::max(most, attention_decode_split_workspace_bytes(r, q_heads, head_dim, s));
+  }
+  return most;
+}
+
+KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
+                                    const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                                    const PagingView& paging, int32_t window, float scale,
+                                    void* workspace, int64_t workspace_bytes, int32_t num_sms,
+                                    cudaStream_t stream) {
+  auto bad = [](const std::string& m) { return bad_argument("attention_decode_split: " + m); };
+  if (!head_dim_supported(pool.head_dim)) {
+    return bad("pool.head_dim " + str(pool.head_dim) + " is not one of 64, 128, 256, 512");
+  }
+  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 || pool.pages_total < 2) {
+    return bad("pool needs data, page_size > 0, kv_heads > 0 and pages_total >= 2");
+  }
+  if (layer < 0 || layer >= pool.layers) {
+    return bad("layer " + str(layer) + " outside [0, " + str(pool.layers) + ")");
+  }
+  if (q_heads <= 0 || q_heads % pool.kv_heads != 0) {
+    return bad("q_heads (" + str(q_heads) + ") must be a positive multiple of kv_heads (" +
+               str(pool.kv_heads) + ")");
+  }
+  if (q_row_stride < int64_t{q_heads} * pool.head_dim || q_row_stride % 8 != 0) {
+    return bad("q_row_stride must be >= q_heads*head_dim and a multiple of 8, got " +
+               str(q_row_stride));
+  }
+  if (!aligned16(q) || !aligned16(out) || !aligned16(pool.data) || !aligned16(workspace)) {
+    return bad("q, out, pool.data and workspace must be 16-byte aligned");
+  }
+  if (rows.rows < 0 || paging.seqs < 0 || paging.pages_listed < 0 || rows.rows > 65535) {
+    return bad("rows must be in [0, 65535], seqs and pages_listed >= 0; rows " + str(rows.rows));
+  }
+  if (rows.rows > 0 && (rows.positions == nullptr || rows.row_seq == nullptr ||
+                        paging.seq_page_begin == nullptr || paging.seq_first_page == nullptr ||
+                        (paging.pages_listed > 0 && paging.page_indices == nullptr))) {
+    return bad(
+        "positions, row_seq, page_indices, seq_page_begin and seq_first_page must be "
+        "device pointers");
+  }
+  if (!std::isfinite(scale)) return bad("scale must be finite");
+  if (num_sms <= 0) return bad("num_sms must be > 0, got " + str(num_sms));
+  if (rows.rows == 0) return Ok{};
+  const int32_t hd = pool.head_dim;
+  const int32_t splits =
+      attention_decode_split_count(rows.rows, q_heads, pool.kv_heads, hd, num_sms);
+  const int64_t need = attention_decode_split_workspace_bytes(rows.rows, q_heads, hd, splits);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
+    return bad("workspace of " + str(workspace_bytes) + " bytes, the " + str(splits) +
+               " splits of " + str(rows.rows) + " rows need " + str(need));
+  }
+  const int64_t per_layer =
+      int64_t{pool.pages_total} * 2 * pool.page_size * pool.kv_heads * pool.head_dim;
+  float* part_acc = static_cast<float*>(workspace);
+  const int64_t acc_elems = int64_t{rows.rows} * q_heads * splits * hd;
+  SplitArgs a{q,
+              q_row_stride,
+              out,
+              q_heads,
+              pool.data + per_layer * layer,
+              pool.pages_total,
+              pool.page_size,
+              pool.kv_heads,
+              rows.positions,
+              rows.row_seq,
+              rows.rows,
+              paging.page_indices,
+              paging.seq_page_begin,
+              paging.seq_first_page,
+              paging.pages_listed,
+              paging.seqs,
+              window,
+              scale * kLog2e,
+              q_heads / pool.kv_heads,
+              attention_decode_split_head_blocks(q_heads, pool.kv_heads),
+              splits,
+              splits > 1 ? part_acc : nullptr,
+              splits > 1 ? reinterpret_cast<float2*>(part_acc + acc_elems) : nullptr};
+  switch (hd) {
+    case 64:
+      return run<64>(a, stream);
+    case 128:
+      return run<128>(a, stream);
+    case 256:
+      return run<256>(a, stream);
+    case 512:
+      return run<512>(a, stream);
+    default:
+      TS_UNREACHABLE() << "head_dim " << hd << " passed the checks";
+  }
+  return Ok{};
+}
+
+}  // namespace twinstep::kernels
