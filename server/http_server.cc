@@ -328,18 +328,10 @@ class Session : public std::enable_shared_from_this<Session> {
         ec == net::error::broken_pipe) {
       return peer_gone();
     }
-    ApiError error;
-    if (ec == http::error::body_limit) {
-      error = {413, "invalid_request_error", "",
-               "request body: larger than the limit of " +
-                   std::to_string(server_.options.max_body_bytes) + " bytes"};
-    } else if (ec == http::error::header_limit) {
-      error = {431, "invalid_request_error", "",
-               "request header: larger than the limit of " + std::to_string(kHeaderLimitBytes) +
-                   " bytes"};
-    } else {
-      error = {400, "invalid_request_error", "", "malformed HTTP request: " + ec.message()};
-    }
+    ReadFailure failure = ec == http::error::body_limit     ? ReadFailure::kBodyLimit
+                          : ec == http::error::header_limit ? ReadFailure::kHeaderLimit
+                                                            : ReadFailure::kMalformed;
+    ApiError error = read_failure_error(failure, server_.options.max_body_bytes, ec.message());
     // The stream is out of sync with the protocol: answer, then close.
     close_after_flush_ = true;
     request_id_ = server_.next_id("req-");

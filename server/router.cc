@@ -152,6 +152,22 @@ bool bearer_matches(std::string_view authorization, std::string_view key) {
   return differ == 0;
 }
 
+ApiError read_failure_error(ReadFailure failure, size_t body_limit_bytes, std::string_view detail) {
+  switch (failure) {
+    case ReadFailure::kBodyLimit:
+      return {
+          413, "invalid_request_error", "",
+          "request body: larger than the limit of " + std::to_string(body_limit_bytes) + " bytes"};
+    case ReadFailure::kHeaderLimit:
+      return {431, "invalid_request_error", "",
+              "request header: larger than the limit of " + std::to_string(kHeaderLimitBytes) +
+                  " bytes"};
+    case ReadFailure::kMalformed:
+      break;
+  }
+  return {400, "invalid_request_error", "", "malformed HTTP request: " + std::string(detail)};
+}
+
 Routed error_route(const ApiError& error) {
   Routed out;
   out.status = error.status;

@@ -78,6 +78,10 @@ struct Routed {
 // Never throws for any input; every error names what was wrong and what was expected.
 Routed route(const RouteInput& input, const RouteContext& context);
 
+// Why an HTTP request could not be read, and the error it is answered with (413, 431, 400).
+enum class ReadFailure { kBodyLimit, kHeaderLimit, kMalformed };
+ApiError read_failure_error(ReadFailure failure, size_t body_limit_bytes, std::string_view detail);
+
 // The routed answer for an ApiError.
 Routed error_route(const ApiError& error);
 
