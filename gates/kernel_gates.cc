@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "gates/kernel_gate_util.h"
+#include "kernels/fused_norms.h"
 
 namespace twinstep::gates {
 namespace {
@@ -353,6 +354,49 @@ TEST_F(KernelGates, AttentionDecode) {
     std::vector<double> pref(prefill.size());
     for (size_t i = 0; i < prefill.size(); ++i) pref[i] = to_f(prefill[i]);
     EXPECT_LE(rel_error(to_float(decode), pref), kBf16Tolerance) << ac.name;
+  }
+}
+
+// ---- fused residual + norm (kernels/fused_norms.h) -------------------------------------
+
+// residual_norm against the unfused launches it replaces, bit for bit: x after the update and
+// the next norm's output, for warp-per-row and block-per-row dims, with and without a scalar,
+// weights and the trailing norm.
+TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
+  struct Case {
+    int32_t rows, dim;
+    float scalar;
+    bool weights, trailing_norm;
+  };
+  const Case cases[] = {{37, 3840, 0.73f, true, true}, {37, 3840, 1.0f, true, true},
+                        {19, 256, 1.7f, true, true},   {11, 640, 1.0f, false, true},
+                        {8, 5376, 0.5f, true, false},  {3, 1024, 2.0f, true, true}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE("rows " + std::to_string(k.rows) + " dim " + std::to_string(k.dim));
+    sim::Rng rng(41 + k.dim);
+    const size_t n = size_t(k.rows) * k.dim;
+    const auto delta = random_bf16(rng, n, -3.0f, 3.0f), x = random_bf16(rng, n, -8.0f, 8.0f);
+    const auto w1 = random_bf16(rng, k.dim, 0.2f, 2.0f), w2 = random_bf16(rng, k.dim, 0.2f, 2.0f);
+    DeviceBuffer<bf16> d_delta(delta), d_w1(w1), d_w2(w2), x_fused(x), x_seq(x);
+    DeviceBuffer<bf16> out_fused(n), out_seq(n), scratch(n);
+    const bf16* pw1 = k.weights ? d_w1.get() : nullptr;
+    const bf16* pw2 = k.weights ? d_w2.get() : nullptr;
+    KERNEL_OK(kernels::residual_norm(d_delta.get(), pw1, x_fused.get(), k.scalar, pw2,
+                                     k.trailing_norm ? out_fused.get() : nullptr, k.rows, k.dim,
+                                     1e-6f, stream_));
+    KERNEL_OK(kernels::rms_norm(d_delta.get(), pw1, scratch.get(), k.rows, k.dim, 1e-6f, stream_));
+    KERNEL_OK(kernels::residual_add(x_seq.get(), scratch.get(), x_seq.get(), int64_t(n), stream_));
+    KERNEL_OK(kernels::scale_inplace(x_seq.get(), k.scalar, int64_t(n), stream_));
+    if (k.trailing_norm) {
+      KERNEL_OK(kernels::rms_norm(x_seq.get(), pw2, out_seq.get(), k.rows, k.dim, 1e-6f, stream_));
+    }
+    const auto xf = x_fused.download(), xs = x_seq.download();
+    EXPECT_EQ(bitwise_diffs(xf, 0, xs, 0, n), 0u) << "x after the residual update";
+    EXPECT_GT(bitwise_diffs(xf, 0, x, 0, n), n / 2) << "x was not updated";
+    if (k.trailing_norm) {
+      EXPECT_EQ(bitwise_diffs(out_fused.download(), 0, out_seq.download(), 0, n), 0u)
+          << "the trailing norm";
+    }
   }
 }
 

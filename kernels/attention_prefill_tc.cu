@@ -224,16 +224,28 @@ __device__ __forceinline__ void scores(const bf16* q_s, const bf16* k_s, int wm,
   }
 }
 
-// Masks S to each pair's [lo, pos], folds it into the running (max, sum) of the pair and
-// rescales the accumulator; leaves exp2 weights in s.
-template <int BN, int NO>
-__device__ __forceinline__ void online_softmax(const TcArgs& a, const PairRows& pr, int32_t j0,
-                                               float (&s)[BN / 8][4], float (&m_run)[2],
-                                               float (&l_run)[2], float (&o)[NO][4]) {
+// Where the two warps that own the same 16 pairs meet when DSPLIT == 2 (head_dim 512): each
+// scores half of the stage's keys, so they swap their row maxima, their P fragments and, at the
+// end, their row sums. Named barrier 1 + wm holds just the two warps (64 threads).
+template <int BN, int DSPLIT>
+struct PairExchange {
+  float max_s[kWarpsM][DSPLIT][16];  // row maxima of this stage (row sums at the end)
+  uint32_t p_s[kWarpsM][DSPLIT == 1 ? 1 : BN / 16][kWarp][4];  // bf16 P fragments, by key block
+};
+
+__device__ __forceinline__ void pair_barrier(int wm) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wm), "r"(2 * kWarp));
+}
+
+// Masks the warp's scores (keys j0 ..) to each pair's [lo, pos] and scales them into log2
+// units; returns the row maxima of those keys (reduced over the quad that holds a row).
+template <int KW>
+__device__ __forceinline__ void mask_scale_max(const TcArgs& a, const PairRows& pr, int32_t j0,
+                                               float (&s)[KW / 8][4], float (&mx)[2]) {
   const int lane = threadIdx.x % kWarp;
-  float mx[2] = {-INFINITY, -INFINITY};
+  mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-  for (int n = 0; n < BN / 8; ++n) {
+  for (int n = 0; n < KW / 8; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = e / 2;
@@ -243,11 +255,22 @@ __device__ __forceinline__ void online_softmax(const TcArgs& a, const PairRows& 
       mx[i] = fmaxf(mx[i], s[n][e]);
     }
   }
-  float corr[2], m_use[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 1));
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 2));
+  }
+}
+
+// Folds the stage's row maxima into the running (max, sum) of each pair, rescales the
+// accumulator and turns the scores into exp2 weights (the sum gets this warp's keys only).
+template <int KW, int NO>
+__device__ __forceinline__ void fold_softmax(const float (&mx)[2], float (&s)[KW / 8][4],
+                                             float (&m_run)[2], float (&l_run)[2],
+                                             float (&o)[NO][4]) {
+  float corr[2], m_use[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
     const float m_new = fmaxf(m_run[i], mx[i]);
     m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // nothing attended yet: weights stay 0
     corr[i] = exp2f(m_run[i] - m_use[i]);          // 0 while m_run is -inf
@@ -255,7 +278,7 @@ __device__ __forceinline__ void online_softmax(const TcArgs& a, const PairRows& 
     l_run[i] *= corr[i];
   }
 #pragma unroll
-  for (int n = 0; n < BN / 8; ++n) {
+  for (int n = 0; n < KW / 8; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       s[n][e] = exp2f(s[n][e] - m_use[e / 2]);
@@ -271,25 +294,80 @@ __device__ __forceinline__ void online_softmax(const TcArgs& a, const PairRows& 
   }
 }
 
-// O += P V over the stage's BN keys, for the warp's kDimsW output dims starting at dim0.
+// The weights of key block kk (16 keys) as the A fragment of m16n8k16: the accumulator layout
+// of two adjacent n-blocks is the A layout of one k-step.
+template <int KW>
+__device__ __forceinline__ void p_fragment(const float (&p)[KW / 8][4], int kk, uint32_t (&pa)[4]) {
+  pa[0] = pack2(p[2 * kk][0], p[2 * kk][1]);
+  pa[1] = pack2(p[2 * kk][2], p[2 * kk][3]);
+  pa[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+  pa[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
+// O += P V over the stage's BN keys, for the warp's output dims starting at dim0.
 template <int HD, int BN, int NO>
-__device__ __forceinline__ void accumulate_pv(const bf16* v_s, const float (&p)[BN / 8][4],
+__device__ __forceinline__ void accumulate_pv(const bf16* v_s, const uint32_t (&pa)[BN / 16][4],
                                               int dim0, float (&o)[NO][4]) {
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) {
-    const uint32_t pa[4] = {pack2(p[2 * kk][0], p[2 * kk][1]), pack2(p[2 * kk][2], p[2 * kk][3]),
-                            pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                            pack2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
 #pragma unroll
     for (int d2 = 0; d2 < NO / 2; ++d2) {
       uint32_t vb[4];
       ldmatrix_x4_trans(vb, v_s + swz<HD>(kk * 16 + (lane / 8) % 2 * 8 + lane % 8,
                                           dim0 / 8 + d2 * 2 + lane / 16));
-      mma_bf16(o[2 * d2], pa, vb[0], vb[1]);
-      mma_bf16(o[2 * d2 + 1], pa, vb[2], vb[3]);
+      mma_bf16(o[2 * d2], pa[kk], vb[0], vb[1]);
+      mma_bf16(o[2 * d2 + 1], pa[kk], vb[2], vb[3]);
     }
   }
+}
+
+// One stage: scores of the warp's keys, the online softmax, P.V over all BN keys.
+template <int HD, int BN, int DSPLIT, int NO>
+__device__ __forceinline__ void attend_stage(const TcArgs& a, const PairRows& pr, int32_t j0,
+                                             const bf16* q_s, const bf16* k_s, const bf16* v_s,
+                                             PairExchange<BN, DSPLIT>& x, float (&m_run)[2],
+                                             float (&l_run)[2], float (&o)[NO][4]) {
+  constexpr int KW = BN / DSPLIT;  // keys scored by this warp
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int wm = warp % kWarpsM, wd = warp / kWarpsM;
+  float s[KW / 8][4];
+  scores<HD, KW>(q_s, k_s + wd * KW * HD, wm, s);
+  float mx[2];
+  mask_scale_max<KW>(a, pr, j0 + wd * KW, s, mx);
+  uint32_t pa[BN / 16][4];
+  if constexpr (DSPLIT == 1) {
+    fold_softmax<KW, NO>(mx, s, m_run, l_run, o);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) p_fragment<KW>(s, kk, pa[kk]);
+  } else {
+    static_assert(DSPLIT == 2 && KW % 16 == 0, "two warps per 16 pairs, whole key blocks each");
+    if (lane % 4 == 0) {
+      x.max_s[wm][wd][lane / 4] = mx[0];
+      x.max_s[wm][wd][lane / 4 + 8] = mx[1];
+    }
+    pair_barrier(wm);
+    mx[0] = fmaxf(mx[0], x.max_s[wm][wd ^ 1][lane / 4]);
+    mx[1] = fmaxf(mx[1], x.max_s[wm][wd ^ 1][lane / 4 + 8]);
+    fold_softmax<KW, NO>(mx, s, m_run, l_run, o);
+#pragma unroll
+    for (int kk = 0; kk < KW / 16; ++kk) {
+      uint32_t mine[4];
+      p_fragment<KW>(s, kk, mine);
+      *reinterpret_cast<uint4*>(x.p_s[wm][wd * (KW / 16) + kk][lane]) =
+          make_uint4(mine[0], mine[1], mine[2], mine[3]);
+    }
+    pair_barrier(wm);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const uint4 v = *reinterpret_cast<const uint4*>(x.p_s[wm][kk][lane]);
+      pa[kk][0] = v.x;
+      pa[kk][1] = v.y;
+      pa[kk][2] = v.z;
+      pa[kk][3] = v.w;
+    }
+  }
+  accumulate_pv<HD, BN, NO>(v_s, pa, wd * (HD / DSPLIT), o);
 }
 
 // grid (tile_count, kv_heads): block x takes tile tile_count - 1 - x (the causal tiles with the
@@ -305,6 +383,7 @@ __global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
   bf16* v_s = k_s + 2 * BN * HD;                                   // [2][BN][HD]
   int64_t* off_s = reinterpret_cast<int64_t*>(v_s + 2 * BN * HD);  // [2][BN]
   __shared__ int32_t range_s[2];                                   // min lo, max pos + 1
+  __shared__ __align__(16) PairExchange<BN, DSPLIT> x;
 
   const PrefillTile t = a.tiles[a.tile_count - 1 - blockIdx.x];
   const int32_t kv_head = blockIdx.y;
@@ -359,17 +438,24 @@ __global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
     }
     cp_async_wait<1>();
     __syncthreads();
-    float s[BN / 8][4];
-    scores<HD, BN>(q_s, k_s + st * BN * HD, wm, s);
-    online_softmax<BN, NO>(a, pr, j_start + i * BN, s, m_run, l_run, o);
-    accumulate_pv<HD, BN, NO>(v_s + st * BN * HD, s, wd * S::kDimsW, o);
-    __syncthreads();  // stage st is reloaded next iteration
+    attend_stage<HD, BN, DSPLIT, NO>(a, pr, j_start + i * BN, q_s, k_s + st * BN * HD,
+                                     v_s + st * BN * HD, x, m_run, l_run, o);
+    __syncthreads();  // stage st is reloaded next iteration; x is rewritten
   }
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 1);
     l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 2);
+  }
+  if constexpr (DSPLIT == 2) {  // each warp of the pair summed the weights of its keys only
+    if (lane % 4 == 0) {
+      x.max_s[wm][wd][lane / 4] = l_run[0];
+      x.max_s[wm][wd][lane / 4 + 8] = l_run[1];
+    }
+    pair_barrier(wm);
+    l_run[0] += x.max_s[wm][wd ^ 1][lane / 4];
+    l_run[1] += x.max_s[wm][wd ^ 1][lane / 4 + 8];
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

@@ -6,6 +6,8 @@
 #include <map>
 #include <string>
 
+#include "kernels/fused_norms.h"
+
 namespace twinstep::kernels {
 namespace {
 
@@ -234,7 +236,8 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
 }
 
 KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L, Blas& blas,
-                          const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream) {
+                          const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream,
+                          const FusedNext* fused) {
   const engine::ModelConfig& c = model.config();
   const int32_t H = c.hidden_size;
   const int32_t I = c.intermediate_size;
@@ -244,10 +247,19 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   mark(ForwardPhase::kOGemm, stream);
   if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, c.num_q_heads * L.head_dim); !s.ok()) return s;
   mark(ForwardPhase::kNorms, stream);
-  if (auto s = rms_norm(b.o, L.post_attn_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
-  if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
-  // x = x + post_feedforward_layernorm(down(gelu_tanh(gate(h)) * up(h))), h = pre_ff_norm(x)
-  if (auto s = rms_norm(b.x, L.pre_ff_norm, b.h, rows, H, eps, stream); !s.ok()) return s;
+  // h = pre_feedforward_layernorm(x)
+  if (fused != nullptr) {
+    if (auto s = residual_norm(b.o, L.post_attn_norm, b.x, 1.0f, L.pre_ff_norm, b.h, rows, H, eps,
+                               stream);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    if (auto s = rms_norm(b.o, L.post_attn_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
+    if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
+    if (auto s = rms_norm(b.x, L.pre_ff_norm, b.h, rows, H, eps, stream); !s.ok()) return s;
+  }
+  // x = x + post_feedforward_layernorm(down(gelu_tanh(gate(h)) * up(h)))
   mark(ForwardPhase::kGateUpGemm, stream);
   if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
   mark(ForwardPhase::kGeluMul, stream);
@@ -255,9 +267,13 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   mark(ForwardPhase::kDownGemm, stream);
   if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) return s;
   mark(ForwardPhase::kNorms, stream);
+  // x = x * layer_scalar (and, fused, the next layer's h = input_layernorm(x))
+  if (fused != nullptr) {
+    return residual_norm(b.o, L.post_ff_norm, b.x, L.scalar, fused->next_input_norm,
+                         fused->next_input_norm != nullptr ? b.h : nullptr, rows, H, eps, stream);
+  }
   if (auto s = rms_norm(b.o, L.post_ff_norm, b.o, rows, H, eps, stream); !s.ok()) return s;
   if (auto s = residual_add(b.x, b.o, b.x, n, stream); !s.ok()) return s;
-  // x = x * layer_scalar
   return scale_inplace(b.x, L.scalar, n, stream);
 }
 
@@ -306,8 +322,10 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     const Rope rope = model_.rope(L.family);
     const int32_t q_out = c.num_q_heads * L.head_dim;
     const int32_t kv_out = L.kv_heads * L.head_dim;
-    mark(ForwardPhase::kNorms, stream);
-    TS_TRY(rms_norm(b.x, L.input_norm, b.h, R, c.hidden_size, eps, stream));
+    if (l == 0) {  // later layers get h from the previous layer's fused residual_norm
+      mark(ForwardPhase::kNorms, stream);
+      TS_TRY(rms_norm(b.x, L.input_norm, b.h, R, c.hidden_size, eps, stream));
+    }
     mark(ForwardPhase::kQkvGemm, stream);
     TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
     mark(ForwardPhase::kRopeKvWrite, stream);
@@ -327,7 +345,8 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
                                   L.family_index, step.rows, step.paging[f], step.prefill_tiles[f],
                                   window, 1.0f, stream));
     }
-    TS_TRY(finish_layer(model_, L, blas_, b, R, stream));
+    const FusedNext next{l + 1 < c.num_layers ? model_.layer(l + 1).input_norm : nullptr};
+    TS_TRY(finish_layer(model_, L, blas_, b, R, stream, &next));
   }
   TS_TRY(lm_head(model_, blas_, b, step.logit_rows, step.num_logits, R, stream));
   mark(ForwardPhase::kEnd, stream);

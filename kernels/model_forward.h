@@ -142,10 +142,19 @@ class ForwardPhaseObserver {
 // nullptr removes the observer. Process-wide: the bench runs one device on one thread.
 void set_forward_phase_observer(ForwardPhaseObserver* observer);
 
+// The paged forward fuses each residual update with the norm that follows it
+// (kernels/fused_norms.h); it then also produces the next layer's normed input.
+struct FusedNext {
+  const bf16* next_input_norm = nullptr;  // the next layer's input_layernorm; nullptr: last layer
+};
+
 // Shared by the paged forward and the oracle: the layer's MLP half and the residual updates
-// after attention produced `b.attn` for `rows` rows.
+// after attention produced `b.attn` for `rows` rows. fused == nullptr (the oracle): the
+// reference sequence of ops.h launches, bitwise equal to the fused one; the caller computes the
+// next layer's input norm. fused: residual_norm, which leaves that norm in b.h.
 KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& layer, Blas& blas,
-                          const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream);
+                          const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream,
+                          const FusedNext* fused = nullptr);
 // Final norm, LM head (tied embedding) and softcap over the gathered rows in b.xl.
 KernelStatus lm_head(const DeviceModel& model, Blas& blas, const ModelForward::Buffers& b,
                      const int32_t* logit_rows, int32_t num_logits, int32_t rows,
