@@ -3,12 +3,11 @@
 // a half-close, a client that pipelines streams and never reads, more connections than the
 // cap, a stalled reader at shutdown. Plus the wire details the OpenAI SDK relies on (HEAD,
 // Date, x-request-id, ids, /v1/models/{id}, the API key).
-#include <sys/socket.h>
+#include <gtest/gtest.h>  // first, as in server_test.cc: Asio's awaitable.hpp needs <utility>
 
 #include <boost/asio.hpp>
 #include <chrono>
 #include <string>
-#include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
 #include <vector>
 
 #include "server/test_server.h"
