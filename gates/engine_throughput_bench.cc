@@ -4,7 +4,9 @@
 //   1. prefill: 16 x 2048-token prompts, max_tokens 1, max_step_tokens 8192;
 //   2. decode at batch 128, 64, 16, 1 over ~1024-token contexts (128 prompts prefilled once;
 //      the batch is cut by aborting requests), median step time over 20 steps after warm-up;
-//   3. a per-phase GPU breakdown (CUDA events at the forward's phase boundaries, through
+//   3. long-context decode: batch 16 over 32768-token contexts (the global family reads all of
+//      them, the local family its 1024-token window);
+//   and a per-phase GPU breakdown (CUDA events at the forward's phase boundaries, through
 //      kernels::set_forward_phase_observer) of one prefill step and one decode step at 64.
 // Every case also prints its roofline floor: max(bytes / measured copy bandwidth,
 // FLOPs / kPeakFlops) and measured / floor. Exits non-zero on any CUDA or engine error.
@@ -38,6 +40,11 @@ constexpr int kDecodeMaxBatch = 128;
 constexpr int kDecodePrompt = 1024;
 constexpr int kDecodeWarmup = 5;
 constexpr int kDecodeTimed = 20;
+constexpr int kLongBatch = 16;      // the long-context decode case
+constexpr int kLongPrompt = 32768;  // tokens of context per request
+// Enough that no request finishes before the last prompt is prefilled (~64 steps of 8192 rows)
+// and the timed steps are done.
+constexpr int kLongTokens = 160;
 constexpr int kPrefillRequests = 16;
 constexpr int kPrefillPrompt = 2048;
 constexpr int kMaxStepTokens = 8192;
@@ -299,6 +306,39 @@ void print_breakdown(const char* title, const std::vector<double>& ms, double fo
 
 }  // namespace
 
+// Warm-up then kDecodeTimed pure decode steps of `batch` rows: prints the case and adds its
+// row to the summary table; returns the median ms/step.
+double time_decode(engine::Engine& e, const CostModel& cost, int batch, const std::string& name,
+                   std::vector<Row>& table) {
+  for (int i = 0; i < kDecodeWarmup; ++i) step(e);
+  std::vector<double> ms;
+  Cost total_cost;
+  int64_t context = 0;
+  for (int i = 0; i < kDecodeTimed; ++i) {
+    Timed t = step(e);
+    if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
+    ms.push_back(t.ms);
+    total_cost += cost.step_cost(t.out);
+    for (const auto& u : t.out.updates) context += u.kv_len;
+  }
+  const double med = median(ms);
+  const Cost per_step{total_cost.flops / kDecodeTimed, total_cost.bytes / kDecodeTimed};
+  std::printf("\n== decode batch %d: mean context %.0f tokens ==\n", batch,
+              double(context) / (kDecodeTimed * batch));
+  std::printf("  median %.3f ms/step (min %.3f, max %.3f over %d), %.0f generated tokens/s\n", med,
+              *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
+              kDecodeTimed, batch / (med * 1e-3));
+  std::printf("  bytes/step %.2f GB (weights %.2f + KV %.2f), FLOPs/step %.2f T\n",
+              per_step.bytes / 1e9, cost.weight_bytes() / 1e9,
+              (per_step.bytes - cost.weight_bytes()) / 1e9, per_step.flops / 1e12);
+  std::printf("  floor: %.3f ms (memory %.3f, compute %.3f); measured/floor %.2f\n",
+              cost.floor_ms(per_step), cost.memory_ms(per_step), cost.compute_ms(per_step),
+              med / cost.floor_ms(per_step));
+  table.push_back({name, double(batch), med, batch / (med * 1e-3), cost.memory_ms(per_step),
+                   cost.compute_ms(per_step), cost.floor_ms(per_step)});
+  return med;
+}
+
 int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -337,7 +377,10 @@ int main() {
   const int pages_per_request = (kDecodePrompt + max_tokens + kPageSize - 1) / kPageSize + 1;
   engine::EngineConfig ec;
   ec.page_size = kPageSize;
-  ec.pages_global = kDecodeMaxBatch * pages_per_request;
+  // The long-context case (section 3) holds kLongBatch whole kLongPrompt contexts globally;
+  // its local pages are only the window's.
+  const int long_pages = (kLongPrompt + kLongTokens + kPageSize - 1) / kPageSize + 1;
+  ec.pages_global = std::max(kDecodeMaxBatch * pages_per_request, kLongBatch * long_pages);
   ec.pages_local = kDecodeMaxBatch * pages_per_request;
   ec.max_running = kDecodeMaxBatch;
   ec.max_step_tokens = kMaxStepTokens;
@@ -430,33 +473,7 @@ int main() {
     for (const int batch : {128, 64, 16, 1}) {
       for (int i = batch; i < live; ++i) controls[i].abort();
       live = batch;
-      for (int i = 0; i < kDecodeWarmup; ++i) step(e);
-      std::vector<double> ms;
-      Cost total_cost;
-      int64_t context = 0;
-      for (int i = 0; i < kDecodeTimed; ++i) {
-        Timed t = step(e);
-        if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
-        ms.push_back(t.ms);
-        total_cost += cost.step_cost(t.out);
-        for (const auto& u : t.out.updates) context += u.kv_len;
-      }
-      const double med = median(ms);
-      const Cost per_step{total_cost.flops / kDecodeTimed, total_cost.bytes / kDecodeTimed};
-      std::printf("\n== decode batch %d: mean context %.0f tokens ==\n", batch,
-                  double(context) / (kDecodeTimed * batch));
-      std::printf("  median %.3f ms/step (min %.3f, max %.3f over %d), %.0f generated tokens/s\n",
-                  med, *std::min_element(ms.begin(), ms.end()),
-                  *std::max_element(ms.begin(), ms.end()), kDecodeTimed, batch / (med * 1e-3));
-      std::printf("  bytes/step %.2f GB (weights %.2f + KV %.2f), FLOPs/step %.2f T\n",
-                  per_step.bytes / 1e9, cost.weight_bytes() / 1e9,
-                  (per_step.bytes - cost.weight_bytes()) / 1e9, per_step.flops / 1e12);
-      std::printf("  floor: %.3f ms (memory %.3f, compute %.3f); measured/floor %.2f\n",
-                  cost.floor_ms(per_step), cost.memory_ms(per_step), cost.compute_ms(per_step),
-                  med / cost.floor_ms(per_step));
-      table.push_back({"decode b=" + std::to_string(batch), double(batch), med,
-                       batch / (med * 1e-3), cost.memory_ms(per_step), cost.compute_ms(per_step),
-                       cost.floor_ms(per_step)});
+      const double med = time_decode(e, cost, batch, "decode b=" + std::to_string(batch), table);
       if (batch == 64) {
         timer.reset();
         kernels::set_forward_phase_observer(&timer);
@@ -467,6 +484,30 @@ int main() {
         print_breakdown("decode step, batch 64", phases, forward_ms, t.ms, med);
       }
     }
+    for (auto& c : controls) c.abort();
+    drain(e);
+  }
+
+  // ---- 3. long-context decode: kLongBatch x kLongPrompt ---------------------------------
+  {
+    std::vector<engine::RequestControl> controls;
+    for (int i = 0; i < kLongBatch; ++i)
+      controls.push_back(submit(e, rng, kLongPrompt, kLongTokens));
+    const auto t0 = std::chrono::steady_clock::now();
+    int setup_steps = 0;
+    for (;;) {
+      Timed t = step(e);
+      if (++setup_steps > 400) die("long-context setup did not reach a pure decode step");
+      if (t.out.rows == kLongBatch &&
+          std::all_of(t.out.updates.begin(), t.out.updates.end(),
+                      [](const engine::RequestUpdate& u) { return u.scheduled_tokens == 1; })) {
+        break;
+      }
+    }
+    std::printf("\n== long-context setup: %d x %d-token prompts prefilled in %d steps, %.2f s ==\n",
+                kLongBatch, kLongPrompt, setup_steps,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    time_decode(e, cost, kLongBatch, "decode b=16 32k", table);
     for (auto& c : controls) c.abort();
     drain(e);
   }

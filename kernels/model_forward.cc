@@ -3,9 +3,11 @@
 #include "kernels/model_forward.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <string>
 
+#include "kernels/attention_decode_split.h"
 #include "kernels/fused_norms.h"
 
 namespace twinstep::kernels {
@@ -201,9 +203,23 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   }
   const int64_t H = c.hidden_size;
   const int64_t I = c.intermediate_size;
+  if (num_sms_ == 0) {
+    int device = 0;
+    TS_TRY(cuda_status(cudaGetDevice(&device), "cudaGetDevice"));
+    TS_TRY(cuda_status(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device),
+                       "cudaDeviceGetAttribute(multiprocessors)"));
+  }
+  // The split-KV decode's partial states: the most any decode step of <= R rows needs.
+  int64_t decode_ws = 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const DeviceModel::Layer& ly = model_.layer(l);
+    decode_ws = std::max(decode_ws, attention_decode_split_workspace_bytes_max(
+                                        R, c.num_q_heads, ly.kv_heads, ly.head_dim, num_sms_));
+  }
   const int64_t sizes[] = {R * H * 2,         R * H * 2, R * qkv_cols * 2,
                            R * attn_cols * 2, R * H * 2, R * 2 * I * 2,
-                           R * I * 2,         L * H * 2, L * int64_t{c.vocab_size} * 4};
+                           R * I * 2,         L * H * 2, L * int64_t{c.vocab_size} * 4,
+                           decode_ws};
   int64_t total = 0;
   for (int64_t s : sizes) total += align_up(s);
   if (arena_ != nullptr) {
@@ -221,15 +237,22 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                                                 " bytes): " + cudaGetErrorString(err)});
   }
   auto* p = static_cast<uint8_t*>(arena_);
-  void* slots[9];
-  for (int i = 0; i < 9; ++i) {
+  void* slots[std::size(sizes)];
+  for (size_t i = 0; i < std::size(sizes); ++i) {
     slots[i] = p;
     p += align_up(sizes[i]);
   }
-  buffers_ = Buffers{
-      static_cast<bf16*>(slots[0]), static_cast<bf16*>(slots[1]), static_cast<bf16*>(slots[2]),
-      static_cast<bf16*>(slots[3]), static_cast<bf16*>(slots[4]), static_cast<bf16*>(slots[5]),
-      static_cast<bf16*>(slots[6]), static_cast<bf16*>(slots[7]), static_cast<float*>(slots[8])};
+  buffers_ = Buffers{static_cast<bf16*>(slots[0]),
+                     static_cast<bf16*>(slots[1]),
+                     static_cast<bf16*>(slots[2]),
+                     static_cast<bf16*>(slots[3]),
+                     static_cast<bf16*>(slots[4]),
+                     static_cast<bf16*>(slots[5]),
+                     static_cast<bf16*>(slots[6]),
+                     static_cast<bf16*>(slots[7]),
+                     static_cast<float*>(slots[8]),
+                     slots[9],
+                     decode_ws};
   rows_capacity_ = R;
   logits_capacity_ = L;
   return buffers_;
@@ -338,8 +361,9 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
     mark(ForwardPhase::kAttention, stream);
     if (step.decode_only) {
-      TS_TRY(attention_decode(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
-                              L.family_index, step.rows, step.paging[f], window, 1.0f, stream));
+      TS_TRY(attention_decode_split(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
+                                    L.family_index, step.rows, step.paging[f], window, 1.0f,
+                                    b.decode_ws, b.decode_ws_bytes, num_sms_, stream));
     } else {
       TS_TRY(attention_prefill_tc(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
                                   L.family_index, step.rows, step.paging[f], step.prefill_tiles[f],

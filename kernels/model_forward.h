@@ -93,15 +93,17 @@ class ModelForward {
 
   // The contiguous no-KV oracle uses the same activations (see oracle_forward.h).
   struct Buffers {
-    bf16* x = nullptr;        // [rows, hidden] residual stream
-    bf16* h = nullptr;        // [rows, hidden] normed input of a block
-    bf16* qkv = nullptr;      // [rows, max qkv_cols]
-    bf16* attn = nullptr;     // [rows, q_heads * max head_dim]
-    bf16* o = nullptr;        // [rows, hidden] block output
-    bf16* gu = nullptr;       // [rows, 2 * intermediate]
-    bf16* act = nullptr;      // [rows, intermediate]
-    bf16* xl = nullptr;       // [logit rows, hidden]
-    float* logits = nullptr;  // [logit rows, vocab]
+    bf16* x = nullptr;          // [rows, hidden] residual stream
+    bf16* h = nullptr;          // [rows, hidden] normed input of a block
+    bf16* qkv = nullptr;        // [rows, max qkv_cols]
+    bf16* attn = nullptr;       // [rows, q_heads * max head_dim]
+    bf16* o = nullptr;          // [rows, hidden] block output
+    bf16* gu = nullptr;         // [rows, 2 * intermediate]
+    bf16* act = nullptr;        // [rows, intermediate]
+    bf16* xl = nullptr;         // [logit rows, hidden]
+    float* logits = nullptr;    // [logit rows, vocab]
+    void* decode_ws = nullptr;  // split-KV decode partials (attention_decode_split.h)
+    int64_t decode_ws_bytes = 0;
   };
   Result<Buffers, KernelError> reserve(int32_t rows, int32_t logit_rows);
 
@@ -111,6 +113,7 @@ class ModelForward {
   void* arena_ = nullptr;
   int32_t rows_capacity_ = 0;
   int32_t logits_capacity_ = 0;
+  int32_t num_sms_ = 0;  // of the current device, read at the first reserve()
   Buffers buffers_;
 };
 
