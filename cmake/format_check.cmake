@@ -3,6 +3,7 @@
 file(GLOB_RECURSE sources
   ${SOURCE_DIR}/engine/*.cc ${SOURCE_DIR}/engine/*.h
   ${SOURCE_DIR}/sim/*.cc ${SOURCE_DIR}/sim/*.h
+  ${SOURCE_DIR}/text/*.cc ${SOURCE_DIR}/text/*.h
   ${SOURCE_DIR}/kernels/*.cc ${SOURCE_DIR}/kernels/*.h ${SOURCE_DIR}/kernels/*.cu ${SOURCE_DIR}/kernels/*.cuh
   ${SOURCE_DIR}/properties/*.cc ${SOURCE_DIR}/properties/*.h
   ${SOURCE_DIR}/gates/*.cc ${SOURCE_DIR}/gates/*.h
