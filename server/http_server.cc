@@ -92,6 +92,7 @@ struct Server::Impl {
     route.limits.max_context = engine.max_context();
     route.limits.model_id = options.model_id;
     route.limits.eos_token_ids = engine.model().eos_token_ids;
+    route.limits.sampling_defaults = options.sampling_defaults;
     route.api_key = options.api_key;
     route.started_unix = unix_seconds();
   }

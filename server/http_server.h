@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/result.h"
 #include "server/engine_loop.h"
+#include "server/openai_api.h"
 #include "server/prometheus.h"
 
 namespace twinstep::server {
@@ -39,6 +40,8 @@ struct ServerOptions {
   // Non-empty: every route except /health needs "Authorization: Bearer <api_key>".
   std::string api_key;
   std::string model_id = "twinstep-sim";
+  // For fields a request leaves out (generation_config.json's, else OpenAI's).
+  engine::SamplingParams sampling_defaults = openai_sampling_defaults();
   EngineLoopOptions loop;
 };
 

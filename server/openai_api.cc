@@ -178,13 +178,21 @@ std::optional<ApiError> refuse_unsupported(const json& body) {
     const char* name;
     json default_value;
   };
-  const Field fields[] = {{"n", 1}, {"best_of", 1}, {"echo", false}, {"logprobs", 0}};
+  // The penalties and logit_bias are not in the sampler (of either device): refused unless
+  // they ask for nothing.
+  const Field fields[] = {{"n", 1},
+                          {"best_of", 1},
+                          {"echo", false},
+                          {"logprobs", 0},
+                          {"presence_penalty", 0},
+                          {"frequency_penalty", 0},
+                          {"logit_bias", json::object()}};
   for (const Field& field : fields) {
     auto it = body.find(field.name);
     if (it == body.end() || it->is_null() || *it == field.default_value) continue;
     return ApiError{400, "invalid_request_error", field.name,
-                    std::string(field.name) + ": only " + field.default_value.dump() +
-                        " (or null) is supported, got " + shown(*it)};
+                    std::string(field.name) + ": not implemented by this server; only " +
+                        field.default_value.dump() + " (or null) is accepted, got " + shown(*it)};
   }
   auto suffix = body.find("suffix");
   if (suffix != body.end() && !suffix->is_null()) {
@@ -228,25 +236,30 @@ std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
     if (model->get<std::string>() != limits.model_id) {
       return ApiError{404, "invalid_request_error", "model",
                       "model: '" + model->get<std::string>() + "' does not exist; this server " +
-                          "serves '" + limits.model_id + "'"};
+                          "serves '" + limits.model_id + "'",
+                      "model_not_found"};
     }
   }
   int64_t max_tokens = kDefaultMaxTokens;
   // No upper bound here: the context check below says the limit with the prompt length.
   if (auto e = read_int(body, "max_tokens", 1, INT32_MAX, max_tokens)) return e;
   shape.max_tokens = static_cast<int32_t>(max_tokens);
+  shape.sampling = limits.sampling_defaults;
   if (auto e = read_number(
-          body, "temperature", "a number >= 0", [](double v) { return v >= 0; },
-          shape.sampling.temperature)) {
+          body, "temperature", "a number in [0, 2]",
+          [](double v) { return v >= 0 && v <= kMaxTemperature; }, shape.sampling.temperature)) {
     return e;
   }
   if (auto e = read_number(
-          body, "top_p", "a number in (0, 1]", [](double v) { return v > 0 && v <= 1; },
+          body, "top_p", "a number in [0, 1]", [](double v) { return v >= 0 && v <= 1; },
           shape.sampling.top_p)) {
     return e;
   }
+  // The engine keeps at least the most likely token in any nucleus; a top_p that is 0, or
+  // rounds to 0 as a float (1e-300), asks for exactly that.
+  shape.sampling.top_p = std::max(shape.sampling.top_p, std::numeric_limits<float>::min());
   // top_k is an extension (vLLM's); -1 means no cut, as there.
-  int64_t top_k = 0;
+  int64_t top_k = shape.sampling.top_k;
   if (auto e = read_int(body, "top_k", -1, limits.vocab_size, top_k)) return e;
   shape.sampling.top_k = static_cast<int32_t>(top_k < 0 ? 0 : top_k);
   if (body.contains("seed") && !body["seed"].is_null()) {
@@ -312,6 +325,40 @@ size_t json_nesting_depth(std::string_view text, size_t limit) {
   return deepest;
 }
 
+Result<engine::SamplingParams, std::string> generation_defaults(std::string_view text,
+                                                                engine::SamplingParams defaults) {
+  if (json_nesting_depth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return unexpected(std::string("generation_config.json: nested too deeply"));
+  }
+  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return unexpected(std::string("generation_config.json: expected a JSON object"));
+  }
+  // Only what the file sets, and only these (vLLM reads the same from it; do_sample it does
+  // not).
+  struct Field {
+    const char* name;
+    double lo, hi;
+  };
+  for (const Field& f :
+       {Field{"temperature", 0, kMaxTemperature}, Field{"top_p", 0, 1}, Field{"top_k", 0, 1e9}}) {
+    auto it = doc.find(f.name);
+    if (it == doc.end() || it->is_null()) continue;
+    if (!it->is_number() || !(it->get<double>() >= f.lo && it->get<double>() <= f.hi)) {
+      return unexpected("generation_config.json: " + std::string(f.name) +
+                        ": expected a number in [" + shown(json(f.lo)) + ", " + shown(json(f.hi)) +
+                        "], got " + shown(*it));
+    }
+    double v = it->get<double>();
+    if (std::string_view(f.name) == "temperature") defaults.temperature = static_cast<float>(v);
+    if (std::string_view(f.name) == "top_p") {
+      defaults.top_p = std::max(static_cast<float>(v), std::numeric_limits<float>::min());
+    }
+    if (std::string_view(f.name) == "top_k") defaults.top_k = static_cast<int32_t>(v);
+  }
+  return defaults;
+}
+
 Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
                                                      const ApiLimits& limits) {
   TS_CHECK(limits.vocab_size > 0 && limits.max_context > 0)
@@ -341,11 +388,13 @@ Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
     int64_t total = static_cast<int64_t>(prompts[i].size()) + shape.max_tokens;
     if (total > limits.max_context) {
       std::string which = prompts.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt";
-      return bad("max_tokens", "max_tokens: " + which + " (" + std::to_string(prompts[i].size()) +
-                                   " tokens) + max_tokens (" + std::to_string(shape.max_tokens) +
-                                   ") = " + std::to_string(total) +
-                                   " exceeds the context limit of " +
-                                   std::to_string(limits.max_context) + " tokens");
+      return unexpected(ApiError{400, "invalid_request_error", "max_tokens",
+                                 "max_tokens: " + which + " (" + std::to_string(prompts[i].size()) +
+                                     " tokens) + max_tokens (" + std::to_string(shape.max_tokens) +
+                                     ") = " + std::to_string(total) +
+                                     " exceeds the context limit of " +
+                                     std::to_string(limits.max_context) + " tokens",
+                                 "context_length_exceeded"});
     }
     engine::Request request = shape;
     request.prompt = std::move(prompts[i]);
@@ -369,7 +418,10 @@ ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_in
       param = "max_tokens";
       break;
     case RejectReason::kBadSampling:
-      param = "temperature";
+      // The engine's message starts with the field it is about.
+      param = terminal.message.rfind("top_p", 0) == 0   ? "top_p"
+              : terminal.message.rfind("top_k", 0) == 0 ? "top_k"
+                                                        : "temperature";
       break;
     case RejectReason::kNone:
       break;
@@ -377,7 +429,9 @@ ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_in
   std::string message = param.empty() ? std::string() : param + ": ";
   message += "prompt " + std::to_string(prompt_index) + " rejected (" +
              engine::reject_reason_name(terminal.reason) + "): " + terminal.message;
-  return ApiError{400, "invalid_request_error", param, message};
+  std::string code =
+      terminal.reason == RejectReason::kExceedsContext ? "context_length_exceeded" : "";
+  return ApiError{400, "invalid_request_error", param, message, code};
 }
 
 std::string tokens_text(const std::vector<int32_t>& tokens, bool leading_space) {

@@ -33,6 +33,22 @@ size_t json_nesting_depth(std::string_view text, size_t limit);
 // Request bodies nested deeper than this are refused before they are parsed.
 inline constexpr size_t kMaxJsonDepth = 64;
 
+inline engine::SamplingParams openai_sampling_defaults() {
+  engine::SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 1.0f;
+  p.top_k = 0;
+  return p;
+}
+
+// OpenAI's ranges: temperature in [0, 2], top_p in [0, 1].
+inline constexpr double kMaxTemperature = 2.0;
+
+// temperature / top_p / top_k of a generation_config.json text over `defaults`; fields it
+// does not set keep their defaults. The error names the field and what was expected.
+Result<engine::SamplingParams, std::string> generation_defaults(
+    std::string_view generation_config_json, engine::SamplingParams defaults);
+
 // What the parser needs to know about the served model.
 struct ApiLimits {
   int32_t vocab_size = 0;
@@ -41,6 +57,9 @@ struct ApiLimits {
   // Added to every request's stop ids unless the body says "ignore_eos": true (as vLLM does),
   // since the engine stops only on the ids it is given.
   std::vector<int32_t> eos_token_ids;
+  // Sampling for fields a body leaves out: the model's generation_config.json where it sets
+  // them, else OpenAI's (temperature 1, top_p 1), as vLLM does. Seed and top_k 0 = no cut.
+  engine::SamplingParams sampling_defaults = openai_sampling_defaults();
 };
 
 inline constexpr int32_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
@@ -53,8 +72,9 @@ struct CompletionRequest {
 };
 
 // Parses and checks a request body. Fields we do not know are ignored (clients send many);
-// fields whose non-default values we cannot honour (n, best_of, echo, logprobs, suffix) are
-// refused by name rather than silently ignored.
+// fields whose non-default values we cannot honour (n, best_of, echo, logprobs, suffix,
+// presence_penalty, frequency_penalty, logit_bias) are refused by name rather than silently
+// ignored.
 Result<CompletionRequest, ApiError> parse_completion(std::string_view body,
                                                      const ApiLimits& limits);
 

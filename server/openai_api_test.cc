@@ -53,7 +53,9 @@ TEST(OpenAiApi, DefaultsAndArrayOfPrompts) {
   ASSERT_EQ(r.prompts.size(), 2u);
   EXPECT_EQ(r.prompts[1].prompt, (std::vector<int32_t>{3}));
   EXPECT_EQ(r.prompts[0].max_tokens, kDefaultMaxTokens);
-  EXPECT_TRUE(r.prompts[0].sampling.greedy());
+  // OpenAI's defaults when the model's generation_config.json set none.
+  EXPECT_FLOAT_EQ(r.prompts[0].sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.prompts[0].sampling.top_p, 1.0f);
   EXPECT_TRUE(r.prompts[0].stop_ids.empty());
   EXPECT_FALSE(r.stream);
   EXPECT_FALSE(r.seed_given);
@@ -90,7 +92,8 @@ TEST(OpenAiApi, MistypedFieldsNameTheField) {
       {R"({"prompt":[1],"max_tokens":2.5})", "max_tokens"},
       {R"({"prompt":[1],"temperature":"hot"})", "temperature"},
       {R"({"prompt":[1],"temperature":-1})", "temperature"},
-      {R"({"prompt":[1],"top_p":0})", "top_p"},
+      {R"({"prompt":[1],"temperature":2.5})", "temperature"},  // OpenAI's range is [0, 2]
+      {R"({"prompt":[1],"top_p":-0.01})", "top_p"},            // and [0, 1] (0 is allowed)
       {R"({"prompt":[1],"top_p":1.5})", "top_p"},
       {R"({"prompt":[1],"top_k":-2})", "top_k"},
       {R"({"prompt":[1],"seed":"7"})", "seed"},
@@ -175,6 +178,74 @@ TEST(OpenAiApi, DocumentsAndText) {
   EXPECT_STREQ(finish_reason(engine::TerminalKind::kStop), "stop");
   EXPECT_EQ(finish_reason(engine::TerminalKind::kAborted), nullptr);
   EXPECT_EQ(models_json("m", 1, 64)["data"][0]["id"], "m");
+}
+
+TEST(OpenAiApi, SamplingRangesAsOpenAiStatesThem) {
+  EXPECT_EQ(error_of(R"({"prompt":[1],"temperature":2.01})").param, "temperature");
+  EXPECT_EQ(error_of(R"({"prompt":[1],"top_p":1.5})").param, "top_p");
+  EXPECT_EQ(error_of(R"({"prompt":[1],"top_p":-0.1})").param, "top_p");
+  for (const char* body :
+       {R"({"prompt":[1],"temperature":2,"top_p":0})", R"({"prompt":[1],"top_p":1e-300})"}) {
+    auto parsed = parse_completion(body, limits());
+    ASSERT_TRUE(parsed.ok()) << body << ": " << parsed.error().message;
+    // Never zero: the engine would refuse it (and name the wrong field).
+    EXPECT_GT(parsed->prompts[0].sampling.top_p, 0.0f) << body;
+  }
+}
+
+TEST(OpenAiApi, PenaltiesAndLogitBiasAreRefusedByName) {
+  for (const char* field : {"presence_penalty", "frequency_penalty"}) {
+    ApiError e = error_of(std::string(R"({"prompt":[1],")") + field + R"(":0.5})");
+    EXPECT_EQ(e.param, field);
+    EXPECT_NE(e.message.find("not implemented"), std::string::npos) << e.message;
+    std::string zero = std::string(R"({"prompt":[1],")") + field + R"(":0})";
+    EXPECT_TRUE(parse_completion(zero, limits()).ok()) << zero;
+  }
+  EXPECT_EQ(error_of(R"({"prompt":[1],"logit_bias":{"5":-100}})").param, "logit_bias");
+  EXPECT_TRUE(parse_completion(R"({"prompt":[1],"logit_bias":{}})", limits()).ok());
+  EXPECT_TRUE(parse_completion(R"({"prompt":[1],"logit_bias":null})", limits()).ok());
+}
+
+TEST(OpenAiApi, ErrorCodesAndParams) {
+  ApiError context = error_of(R"({"prompt":[1,2],"max_tokens":63})");
+  EXPECT_EQ(context.code, "context_length_exceeded");
+  EXPECT_EQ(context.param, "max_tokens");
+  ApiError model = error_of(R"({"prompt":[1],"model":"gpt-4"})");
+  EXPECT_EQ(model.status, 404);
+  EXPECT_EQ(model.code, "model_not_found");
+  EXPECT_NE(error_body(model).find("\"code\":\"model_not_found\""), std::string::npos);
+  engine::Terminal top_p{engine::TerminalKind::kRejected, engine::RejectReason::kBadSampling,
+                         "top_p must be in (0, 1]"};
+  EXPECT_EQ(error_from_rejection(top_p, 0).param, "top_p");
+  engine::Terminal temp{engine::TerminalKind::kRejected, engine::RejectReason::kBadSampling,
+                        "temperature must be a finite number >= 0"};
+  EXPECT_EQ(error_from_rejection(temp, 0).param, "temperature");
+  engine::Terminal ctx{engine::TerminalKind::kRejected, engine::RejectReason::kExceedsContext, "x"};
+  EXPECT_EQ(error_from_rejection(ctx, 0).code, "context_length_exceeded");
+}
+
+TEST(OpenAiApi, GenerationConfigDefaults) {
+  auto d = generation_defaults(R"({"temperature":0.6,"top_p":0.95,"top_k":64,"eos_token_id":1})",
+                               openai_sampling_defaults());
+  ASSERT_TRUE(d.ok()) << d.error();
+  EXPECT_FLOAT_EQ(d->temperature, 0.6f);
+  EXPECT_FLOAT_EQ(d->top_p, 0.95f);
+  EXPECT_EQ(d->top_k, 64);
+  auto none = generation_defaults(R"({"bos_token_id":2})", openai_sampling_defaults());
+  ASSERT_TRUE(none.ok());
+  EXPECT_FLOAT_EQ(none->temperature, 1.0f);
+  auto bad = generation_defaults(R"({"temperature":"hot"})", openai_sampling_defaults());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().find("temperature"), std::string::npos) << bad.error();
+  EXPECT_FALSE(generation_defaults("[1]", openai_sampling_defaults()).ok());
+  // A request's own fields win over the defaults; the defaults fill the rest.
+  ApiLimits l = limits();
+  l.sampling_defaults = d.value();
+  auto parsed = parse_completion(R"({"prompt":[1],"temperature":0})", l);
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_FLOAT_EQ(parsed->prompts[0].sampling.temperature, 0.0f);
+  EXPECT_FLOAT_EQ(parsed->prompts[0].sampling.top_p, 0.95f);
+  EXPECT_EQ(parsed->prompts[0].sampling.top_k, 64);
 }
 
 }  // namespace

@@ -1,9 +1,16 @@
 // Histogram arithmetic and the Prometheus text format (version 0.0.4); see prometheus.h.
 #include "server/prometheus.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "engine/check.h"
 
@@ -49,6 +56,39 @@ void histogram(std::string& out, const char* name, const char* help, const Histo
   sample(out, bucket, "le=\"+Inf\"", static_cast<double>(cumulative.back()));
   sample(out, std::string(name) + "_sum", "", h.sum());
   sample(out, std::string(name) + "_count", "", static_cast<double>(h.count()));
+}
+
+#ifndef TWINSTEP_VERSION
+#define TWINSTEP_VERSION "unknown"
+#endif
+
+void render_build_and_process(std::string& out, const ProcessStats& p) {
+  header(out, "twinstep_build_info", "gauge", "Always 1; the labels say what was built.");
+  sample(out, "twinstep_build_info",
+         std::string("version=\"") + TWINSTEP_VERSION + "\",compiler=\"" + __VERSION__ +
+             "\",cplusplus=\"" + std::to_string(__cplusplus) + "\"",
+         1);
+  if (!p.available) return;
+  const struct {
+    const char* name;
+    const char* type;
+    const char* help;
+    double value;
+  } lines[] = {
+      {"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.",
+       p.cpu_seconds},
+      {"process_resident_memory_bytes", "gauge", "Resident memory size in bytes.",
+       p.resident_bytes},
+      {"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", p.virtual_bytes},
+      {"process_start_time_seconds", "gauge",
+       "Start time of the process since unix epoch in seconds.", p.start_time_unix},
+      {"process_open_fds", "gauge", "Number of open file descriptors.", p.open_fds},
+      {"process_max_fds", "gauge", "Maximum number of open file descriptors.", p.max_fds},
+  };
+  for (const auto& line : lines) {
+    header(out, line.name, line.type, line.help);
+    sample(out, line.name, "", line.value);
+  }
 }
 
 }  // namespace
@@ -101,8 +141,44 @@ size_t http_status_slot(int status) {
   return kHttpStatuses.size() - 1;
 }
 
+ProcessStats read_process_stats() {
+  ProcessStats p;
+  std::ifstream stat("/proc/self/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return p;
+  // Fields after the parenthesised command name (which may hold spaces): state is field 3.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) return p;
+  std::istringstream fields(line.substr(close + 2));
+  std::vector<std::string> f((std::istream_iterator<std::string>(fields)),
+                             std::istream_iterator<std::string>());
+  if (f.size() < 22) return p;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  // f[0] is field 3 (state): utime 14, stime 15, starttime 22, vsize 23, rss 24.
+  p.cpu_seconds = (std::stod(f[11]) + std::stod(f[12])) / ticks;
+  p.virtual_bytes = std::stod(f[20]);
+  p.resident_bytes = std::stod(f[21]) * page;
+  std::ifstream uptime_file("/proc/uptime");
+  double uptime = 0;
+  uptime_file >> uptime;
+  double now = static_cast<double>(std::chrono::duration_cast<std::chrono::seconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count());
+  p.start_time_unix = std::floor(now - uptime + std::stod(f[19]) / ticks);
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    p.open_fds += 1;
+  }
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) p.max_fds = static_cast<double>(limit.rlim_cur);
+  p.available = true;
+  return p;
+}
+
 std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& latency,
-                              const HttpCounters& http) {
+                              const HttpCounters& http, const ProcessStats& process) {
   std::string out;
   header(out, "twinstep_requests_running", "gauge", "Requests admitted and running.");
   sample(out, "twinstep_requests_running", "", m.running);
@@ -114,11 +190,12 @@ std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& l
     sample(out, "twinstep_kv_pages_used", std::string("family=\"") + engine::family_name(f) + "\"",
            m.family(f).pages_used);
   }
-  header(out, "twinstep_kv_pages_total", "gauge",
+  // A gauge, so not "_total" (promtool reserves that suffix for counters).
+  header(out, "twinstep_kv_pages_capacity", "gauge",
          "KV pages a pool can hand out (padding page excluded), per family.");
   for (engine::Family f : engine::kFamilies) {
-    sample(out, "twinstep_kv_pages_total", std::string("family=\"") + engine::family_name(f) + "\"",
-           m.family(f).pages_total);
+    sample(out, "twinstep_kv_pages_capacity",
+           std::string("family=\"") + engine::family_name(f) + "\"", m.family(f).pages_total);
   }
 
   const engine::Counters& c = m.counters;
@@ -157,10 +234,33 @@ std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& l
   header(out, "twinstep_http_connections_total", "counter", "TCP connections accepted.");
   sample(out, "twinstep_http_connections_total", "",
          static_cast<double>(http.connections_accepted));
-  header(out, "twinstep_http_disconnect_aborts_total", "counter",
-         "Requests aborted because their client disconnected.");
-  sample(out, "twinstep_http_disconnect_aborts_total", "",
-         static_cast<double>(http.disconnect_aborts));
+  const struct {
+    const char* name;
+    const char* help;
+    uint64_t value;
+  } http_counters[] = {
+      {"twinstep_http_connections_refused_total",
+       "Connections over --max-connections, answered 503 and closed.", http.connections_refused},
+      {"twinstep_http_accept_backoffs_total",
+       "Accept failures for want of descriptors or memory (each pauses accepting).",
+       http.accept_backoffs},
+      {"twinstep_http_write_timeouts_total",
+       "Connections closed because the client read nothing for --write-timeout-s.",
+       http.write_timeouts},
+      {"twinstep_http_disconnect_aborts_total",
+       "Requests aborted because their connection closed (client gone or timed out).",
+       http.disconnect_aborts},
+      {"twinstep_http_internal_errors_total",
+       "Exceptions caught in a connection handler (each closed its connection).",
+       http.internal_errors},
+  };
+  for (const auto& c : http_counters) {
+    header(out, c.name, "counter", c.help);
+    sample(out, c.name, "", static_cast<double>(c.value));
+  }
+  header(out, "twinstep_http_connections_open", "gauge", "TCP connections open now.");
+  sample(out, "twinstep_http_connections_open", "", static_cast<double>(http.connections_open));
+  render_build_and_process(out, process);
   return out;
 }
 

@@ -57,7 +57,20 @@ struct HttpCounters {
 };
 size_t http_status_slot(int status);
 
+// The process's own figures, as Prometheus client libraries export them (process_*).
+struct ProcessStats {
+  double cpu_seconds = 0;  // user + system
+  double resident_bytes = 0;
+  double virtual_bytes = 0;
+  double start_time_unix = 0;
+  double open_fds = 0;
+  double max_fds = 0;
+  bool available = false;  // false where /proc cannot be read: the process_* lines are left out
+};
+ProcessStats read_process_stats();
+
 std::string render_prometheus(const engine::Metrics& metrics, const LatencySnapshot& latency,
-                              const HttpCounters& http);
+                              const HttpCounters& http,
+                              const ProcessStats& process = read_process_stats());
 
 }  // namespace twinstep::server

@@ -32,14 +32,21 @@ TEST(Prometheus, RendersEveryFamily) {
   HttpCounters http;
   http.responses[http_status_slot(413)] = 1;
   http.disconnect_aborts = 6;
-  std::string text = render_prometheus(m, latency, http);
+  http.write_timeouts = 2;
+  http.connections_open = 4;
+  ProcessStats process;
+  process.available = true;
+  process.resident_bytes = 1024;
+  process.max_fds = 64;
+  std::string text = render_prometheus(m, latency, http, process);
   for (const char* line : {
            "twinstep_requests_running 3\n",
            "twinstep_requests_waiting 2\n",
            "twinstep_kv_pages_used{family=\"global\"} 5\n",
            "twinstep_kv_pages_used{family=\"local\"} 4\n",
-           "twinstep_kv_pages_total{family=\"global\"} 256\n",
-           "twinstep_kv_pages_total{family=\"local\"} 128\n",
+           "# TYPE twinstep_kv_pages_capacity gauge\n",
+           "twinstep_kv_pages_capacity{family=\"global\"} 256\n",
+           "twinstep_kv_pages_capacity{family=\"local\"} 128\n",
            "twinstep_tokens_generated_total 77\n",
            "twinstep_requests_finished_total{kind=\"aborted\"} 6\n",
            "twinstep_requests_finished_total{kind=\"stop\"} 0\n",
@@ -51,9 +58,20 @@ TEST(Prometheus, RendersEveryFamily) {
            "twinstep_inter_token_latency_seconds_bucket{le=\"0.0005\"} 1\n",
            "twinstep_http_responses_total{code=\"413\"} 1\n",
            "twinstep_http_disconnect_aborts_total 6\n",
+           "twinstep_http_write_timeouts_total 2\n",
+           "# TYPE twinstep_http_connections_open gauge\n",
+           "twinstep_http_connections_open 4\n",
+           "# TYPE twinstep_build_info gauge\n",
+           "process_resident_memory_bytes 1024\n",
+           "process_max_fds 64\n",
        }) {
     EXPECT_NE(text.find(line), std::string::npos) << "missing: " << line << "\nin:\n" << text;
   }
+  EXPECT_EQ(text.find("_total{family"), std::string::npos) << "a gauge with a counter's suffix";
+  EXPECT_NE(text.find("twinstep_build_info{version=\""), std::string::npos) << text;
+  // No /proc: the process_* families are left out rather than reported as zeros.
+  EXPECT_EQ(render_prometheus(m, latency, http, ProcessStats{}).find("process_"),
+            std::string::npos);
   // Every sample line belongs to a family declared with # TYPE before it.
   std::string declared;
   size_t pos = 0;
@@ -67,6 +85,17 @@ TEST(Prometheus, RendersEveryFamily) {
       EXPECT_EQ(line.rfind(declared, 0), 0u) << line << " after # TYPE " << declared;
     }
   }
+}
+
+TEST(Prometheus, ProcessStatsOfThisProcess) {
+  ProcessStats p = read_process_stats();
+  ASSERT_TRUE(p.available);
+  EXPECT_GT(p.resident_bytes, 1 << 20);
+  EXPECT_GE(p.virtual_bytes, p.resident_bytes);
+  EXPECT_GE(p.open_fds, 3);  // stdin, stdout, stderr at least
+  EXPECT_GE(p.max_fds, p.open_fds);
+  EXPECT_GT(p.start_time_unix, 1.6e9);
+  EXPECT_GE(p.cpu_seconds, 0);
 }
 
 }  // namespace

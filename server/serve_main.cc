@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     std::cerr << "twinstep-serve: " << backend.error() << "\n";
     return 2;
   }
+  config.server.sampling_defaults = backend->sampling_defaults;
   Server server(*backend->engine, config.server);
   // Signals are handled by the server's io threads; block nothing else.
   auto started = server.start();

@@ -4,7 +4,9 @@
 #include <boost/asio/ip/address.hpp>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 
 #include "sim/sim_device.h"
@@ -27,6 +29,17 @@ std::optional<std::string> parse_int(const std::string& flag, const std::string&
   }
   out = value;
   return std::nullopt;
+}
+
+// DIR/generation_config.json's sampling over OpenAI's defaults; no file: OpenAI's.
+Result<engine::SamplingParams, std::string> read_generation_defaults(const std::string& dir) {
+  std::filesystem::path path = std::filesystem::path(dir) / "generation_config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return openai_sampling_defaults();
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in && !in.eof()) return unexpected("cannot read " + path.string());
+  return generation_defaults(text, openai_sampling_defaults());
 }
 
 }  // namespace
@@ -220,6 +233,11 @@ Result<Backend, std::string> make_backend(const ServeConfig& config) {
       backend.model = std::move(model.value());
     }
     backend.device = std::make_unique<sim::SimDevice>(backend.model);
+  }
+  if (config.model_dir) {
+    auto defaults = read_generation_defaults(*config.model_dir);
+    if (!defaults) return unexpected("--model " + *config.model_dir + ": " + defaults.error());
+    backend.sampling_defaults = defaults.value();
   }
   auto engine = engine::Engine::create(backend.model, config.engine, *backend.device);
   if (!engine) return unexpected("engine: " + engine.error().message);

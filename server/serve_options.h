@@ -42,6 +42,9 @@ struct Backend {
   engine::ModelConfig model;
   std::unique_ptr<engine::Device> device;
   std::unique_ptr<engine::Engine> engine;
+  // Sampling for fields a request leaves out: --model DIR's generation_config.json over
+  // OpenAI's defaults.
+  engine::SamplingParams sampling_defaults = openai_sampling_defaults();
 };
 // `--device cuda` needs a build with the CUDA device; otherwise this says so.
 Result<Backend, std::string> make_backend(const ServeConfig& config);

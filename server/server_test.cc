@@ -37,7 +37,7 @@ TEST_F(ServerTest, HealthModelsAndMetricsAnswer) {
   client::Response metrics = client::request(port_, "GET", "/metrics");
   ASSERT_EQ(metrics.status, 200);
   EXPECT_EQ(metrics.headers["content-type"].rfind("text/plain", 0), 0u);
-  std::string total = "twinstep_kv_pages_total{family=\"global\"} " +
+  std::string total = "twinstep_kv_pages_capacity{family=\"global\"} " +
                       std::to_string(engine_->metrics().global.pages_total);
   EXPECT_NE(metrics.body.find(total), std::string::npos) << metrics.body;
 }
@@ -47,7 +47,7 @@ TEST_F(ServerTest, NonStreamedCompletionHasUsageAndEqualsTheEngine) {
   std::vector<engine::Request> requests = {make_request({5, 6, 7}, 5, 0.0f, 1),
                                            make_request({8, 9}, 5, 0.0f, 1)};
   auto expected = direct_tokens(requests);
-  json body = {{"prompt", {{5, 6, 7}, {8, 9}}}, {"max_tokens", 5}, {"seed", 1}};
+  json body = {{"prompt", {{5, 6, 7}, {8, 9}}}, {"max_tokens", 5}, {"seed", 1}, {"temperature", 0}};
   client::Response r = post(body);
   ASSERT_EQ(r.status, 200) << r.error << r.body;
   json doc = json::parse(r.body);
@@ -79,7 +79,8 @@ TEST_F(ServerTest, StopTokenEndsWithFinishReasonStop) {
   ASSERT_LT(at, free_run.size());
   int32_t stop = free_run[at];
   for (bool stream : {false, true}) {
-    json body = {{"prompt", prompt}, {"max_tokens", 12}, {"stop", {stop}}, {"stream", stream}};
+    json body = {{"prompt", prompt}, {"max_tokens", 12}, {"stop", {stop}},
+                 {"stream", stream}, {"temperature", 0}, {"seed", 9}};
     auto results = client::run_completions(port_, {{body.dump()}}, 1);
     const auto& r = results[0];
     ASSERT_EQ(r.status, 200) << r.error << r.body;
