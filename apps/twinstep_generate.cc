@@ -6,12 +6,16 @@
 //                     [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]
 //                     [--temperature T --top-k K --top-p P --sample-seed S]
 //                     [--page-size P] [--max-step-tokens N]
+//   twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT [--prompt ...]
+//                     [--chat [--system TEXT]] --max-tokens N ...
+// With --tokenizer the output is text (text/: HF tokenizer.json, Gemma chat template).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +24,9 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "sim/sim_device.h"
+#include "text/chat_template.h"
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
 #if defined(TWINSTEP_WITH_CUDA)
 #include "kernels/cuda_device.h"
 #endif
@@ -33,9 +40,16 @@ const char* kUsage =
     "                         [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]\n"
     "                         [--temperature T] [--top-k K] [--top-p P] [--sample-seed S]\n"
     "                         [--page-size P] [--max-step-tokens N]\n"
+    "       twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT\n"
+    "                         [--prompt TEXT ...] [--chat [--system TEXT]] --max-tokens N ...\n"
     "DIR holds config.json (+ generation_config.json, *.safetensors unless --random-weights);\n"
     "PRESET is a built-in geometry (gemma4-12b, sim-tiny), which needs --random-weights on cuda.\n"
-    "Prints the generated ids of each prompt, comma-separated, one line per prompt.\n";
+    "Prints the generated ids of each prompt, comma-separated, one line per prompt; with\n"
+    "--tokenizer, the generated text of each prompt instead (special tokens left out),\n"
+    "followed by a newline, streamed when there is one prompt. --prompt TEXT is encoded with\n"
+    "the tokenizer's post-processor (Gemma: <bos> first); --chat makes each prompt a user\n"
+    "turn (after --system TEXT) in the chat template of the tokenizer_config.json beside\n"
+    "tokenizer.json, with the generation prompt, and stops at the end-of-turn token.\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "twinstep-generate: %s\n%s", message.c_str(), kUsage);
@@ -57,6 +71,11 @@ struct Options {
   engine::SamplingParams sampling;
   int32_t page_size = 16;
   int32_t max_step_tokens = 2048;
+  // Text (text/): prompts as text and output as text.
+  std::string tokenizer;                  // --tokenizer DIR|tokenizer.json
+  std::vector<std::string> text_prompts;  // --prompt TEXT, repeatable
+  bool chat = false;                      // --chat: each prompt is a user turn
+  std::optional<std::string> system;      // --system TEXT, with --chat
 };
 
 int64_t parse_int(const std::string& flag, const std::string& text) {
@@ -96,6 +115,18 @@ std::vector<std::vector<int32_t>> parse_prompts(const std::string& text) {
   return prompts;
 }
 
+// The text options against each other and the id prompts.
+void check_text_options(const Options& o) {
+  if (!o.prompts.empty() && !o.text_prompts.empty()) {
+    usage_error("--prompt and --prompt-ids are exclusive");
+  }
+  if (o.prompts.empty() && o.text_prompts.empty())
+    usage_error("--prompt-ids or --prompt is required");
+  if (!o.text_prompts.empty() && o.tokenizer.empty()) usage_error("--prompt needs --tokenizer");
+  if (o.chat && o.text_prompts.empty()) usage_error("--chat needs --prompt");
+  if (o.system && !o.chat) usage_error("--system needs --chat");
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -130,6 +161,14 @@ Options parse_args(int argc, char** argv) {
       o.page_size = static_cast<int32_t>(parse_int(a, value()));
     else if (a == "--max-step-tokens")
       o.max_step_tokens = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--tokenizer")
+      o.tokenizer = value();
+    else if (a == "--prompt")
+      o.text_prompts.push_back(value());
+    else if (a == "--chat")
+      o.chat = true;
+    else if (a == "--system")
+      o.system = value();
     else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -138,7 +177,7 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (o.model.empty()) usage_error("--model is required");
-  if (o.prompts.empty()) usage_error("--prompt-ids is required");
+  check_text_options(o);
   if (o.max_tokens <= 0) usage_error("--max-tokens must be a positive integer");
   if (o.device != "cuda" && o.device != "sim") {
     usage_error("--device must be 'cuda' or 'sim', got '" + o.device + "'");
@@ -152,10 +191,69 @@ Options parse_args(int argc, char** argv) {
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
+[[noreturn]] void text_error(const std::string& message) {
+  std::fprintf(stderr, "twinstep-generate: %s\n", message.c_str());
+  std::exit(1);
+}
+
+// Text in: the tokenizer (and, with --chat, the chat template) of --tokenizer.
+struct TextSide {
+  std::optional<text::Tokenizer> tokenizer;
+  std::optional<text::ChatTemplate> chat;
+  std::vector<int32_t> stop_ids;  // the end-of-turn token with --chat
+};
+
+TextSide load_text(const Options& o) {
+  TextSide side;
+  if (o.tokenizer.empty()) return side;
+  auto files = text::find_tokenizer_files(o.tokenizer);
+  if (!files) text_error("--tokenizer: " + files.error().message);
+  auto t = text::Tokenizer::from_file(files->tokenizer_json);
+  if (!t) text_error("--tokenizer: " + t.error().message);
+  side.tokenizer.emplace(std::move(t.value()));
+  if (!o.chat) return side;
+  if (files->tokenizer_config_json.empty()) {
+    text_error("--chat: no tokenizer_config.json beside " + files->tokenizer_json.string());
+  }
+  auto c = text::ChatTemplate::from_config_file(files->tokenizer_config_json);
+  if (!c)
+    text_error(std::string("--chat: ") + text::chat_error_name(c.error().code) + ": " +
+               c.error().message);
+  side.chat.emplace(std::move(c.value()));
+  for (const std::string& s : side.chat->end_of_turn()) {
+    if (const auto id = side.tokenizer->token_to_id(s)) side.stop_ids.push_back(*id);
+  }
+  return side;
+}
+
+// --prompt TEXT as ids: encoded with the post-processor (<bos>), or, with --chat, rendered as
+// a user turn (after --system) with the generation prompt and encoded as it is.
+std::vector<std::vector<int32_t>> text_prompt_ids(const Options& o, const TextSide& side) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& p : o.text_prompts) {
+    if (!side.chat) {
+      prompts.push_back(side.tokenizer->encode(p, /*add_special_tokens=*/true));
+    } else {
+      nlohmann::json messages = nlohmann::json::array();
+      if (o.system) messages.push_back({{"role", "system"}, {"content", *o.system}});
+      messages.push_back({{"role", "user"}, {"content", p}});
+      auto rendered = side.chat->render(messages, /*add_generation_prompt=*/true);
+      if (!rendered)
+        text_error(std::string("--chat: ") + text::chat_error_name(rendered.error().code) + ": " +
+                   rendered.error().message);
+      prompts.push_back(side.tokenizer->encode(*rendered, /*add_special_tokens=*/false));
+    }
+    if (prompts.back().empty()) usage_error("--prompt '" + p + "' encodes to no tokens");
+  }
+  return prompts;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse_args(argc, argv);
+  Options o = parse_args(argc, argv);
+  const TextSide text_side = load_text(o);
+  if (!o.text_prompts.empty()) o.prompts = text_prompt_ids(o, text_side);
   // The model: a checkpoint directory (config + shards), or its config alone / a preset with
   // --random-weights.
   std::unique_ptr<engine::ModelWeights> weights;
@@ -233,7 +331,19 @@ int main(int argc, char** argv) {
     r.max_tokens = o.max_tokens;
     r.sampling = o.sampling;
     if (!o.ignore_eos) r.stop_ids = config.eos_token_ids;
+    r.stop_ids.insert(r.stop_ids.end(), text_side.stop_ids.begin(), text_side.stop_ids.end());
     ids.push_back(engine.value()->submit(std::move(r)).id());
+  }
+  // Text out: a detokenizer per prompt, special tokens (the stop token) left out. One prompt
+  // streams its text as the steps produce it.
+  std::map<engine::RequestId, text::Detokenizer> detokenizers;
+  std::map<engine::RequestId, std::string> texts;
+  const bool stream = text_side.tokenizer && ids.size() == 1;
+  if (text_side.tokenizer) {
+    for (engine::RequestId id : ids) {
+      detokenizers.emplace(id,
+                           text::Detokenizer(*text_side.tokenizer, {.skip_special_tokens = true}));
+    }
   }
   std::map<engine::RequestId, std::vector<int32_t>> out;
   std::map<engine::RequestId, engine::Terminal> terminal;
@@ -249,6 +359,14 @@ int main(int argc, char** argv) {
       auto& tokens = out[u.id];
       tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
       if (u.terminal) terminal[u.id] = *u.terminal;
+      if (const auto d = detokenizers.find(u.id); d != detokenizers.end()) {
+        for (const int32_t token : u.new_tokens) d->second.push_into(token, texts[u.id]);
+        if (stream) {
+          const std::string piece = std::exchange(texts[u.id], {});
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+        }
+      }
     }
   }
   int rc = 0;
@@ -260,6 +378,11 @@ int main(int argc, char** argv) {
                    static_cast<unsigned long long>(id.value),
                    engine::terminal_kind_name(it->second.kind), it->second.message.c_str());
       rc = 1;
+    }
+    if (const auto d = detokenizers.find(id); d != detokenizers.end()) {
+      const std::string rest = texts[id] + d->second.finish() + "\n";
+      std::fwrite(rest.data(), 1, rest.size(), stdout);
+      continue;
     }
     const auto& tokens = out[id];
     std::string line;

