@@ -487,7 +487,8 @@ KernelStatus launch_tc(const TcArgs& a, cudaStream_t stream) {
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                   const PagingView& paging, const PrefillTilesView& tiles,
-                                  int32_t window, float scale, cudaStream_t stream) {
+                                  int32_t window, float scale, cudaStream_t stream,
+                                  int32_t key_tile) {
   if (auto checked = check_attention_args("attention_prefill_tc", q, q_row_stride, out, q_heads,
                                           pool, layer, rows, paging, scale);
       !checked.ok()) {
@@ -503,6 +504,11 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
     return bad_argument("attention_prefill_tc: " + std::to_string(tiles.count) + " tiles for " +
                         std::to_string(rows.rows) +
                         " rows (expected plan_prefill_tiles of the rows, on the device)");
+  }
+  if (key_tile != 0 && !(key_tile == 64 && pool.head_dim == 256)) {
+    return bad_argument("attention_prefill_tc: key_tile " + std::to_string(key_tile) +
+                        " is not available at head_dim " + std::to_string(pool.head_dim) +
+                        " (0: the default; 64: head_dim 256 only)");
   }
   if (rows.rows == 0) return Ok{};
   const TcArgs a{q,
@@ -532,7 +538,7 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
     case 128:
       return launch_tc<128, 64, 1>(a, stream);
     case 256:
-      return launch_tc<256, 32, 1>(a, stream);
+      return key_tile == 64 ? launch_tc<256, 64, 1>(a, stream) : launch_tc<256, 32, 1>(a, stream);
     case 512:
       return launch_tc<512, 32, 2>(a, stream);
     default:

@@ -43,10 +43,13 @@ struct PrefillTilesView {
 // Same contract as attention_prefill (ops.h): same arguments, same traps (row_seq outside
 // [0, seqs), negative position, unlisted key page, page outside [1, pages_total)), plus a trap
 // on a tile whose rows do not all belong to its seq. `tiles` must cover every row exactly once
-// (plan_prefill_tiles over this step's row_seq with this family's group).
+// (plan_prefill_tiles over this step's row_seq with this family's group). key_tile: keys per
+// shared-memory stage; 0 takes the measured default (64 at head_dim <= 128, 32 above); 64 is
+// also built at head_dim 256 for the benchmark's comparison; anything else is kBadArgument.
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                   const PagingView& paging, const PrefillTilesView& tiles,
-                                  int32_t window, float scale, cudaStream_t stream);
+                                  int32_t window, float scale, cudaStream_t stream,
+                                  int32_t key_tile = 0);
 
 }  // namespace twinstep::kernels
