@@ -146,5 +146,29 @@ RC_GTEST_PROP(Gemma3Tokenizer, DetokenizerPiecesAreUtf8AndConcatenateToTheDecode
   RC_ASSERT(streamed + rest == t->decode(ids, options));
 }
 
+// Random text in many scripts (no U+2581): decode(encode(s)) == s on the real vocabulary, and
+// every piece of the streamed decode of its ids is valid UTF-8.
+RC_GTEST_PROP(Gemma3Tokenizer, RandomTextRoundTrips, ()) {
+  const Tokenizer* t = gemma3();
+  RC_PRE(t != nullptr);
+  const auto cps = *rc::gen::container<std::vector<uint32_t>>(rc::gen::oneOf(
+      rc::gen::element<uint32_t>(' ', ' ', '\n', '\t', 'a', 'e', '<', '>', 0x2581),
+      rc::gen::inRange<uint32_t>(0x20, 0x7F), rc::gen::inRange<uint32_t>(0x400, 0x4FF),
+      rc::gen::inRange<uint32_t>(0x4E00, 0x9FFF), rc::gen::inRange<uint32_t>(0x1F300, 0x1FAFF),
+      rc::gen::inRange<uint32_t>(0, 0xD800), rc::gen::inRange<uint32_t>(0xE000, 0x110000)));
+  std::string s;
+  for (const uint32_t cp : cps) utf8_append(s, cp == 0x2581 ? 0x20 : cp);
+  const Ids ids = t->encode(s);
+  RC_ASSERT(t->decode(ids) == s);
+  Detokenizer d(*t);
+  std::string streamed;
+  for (const int32_t id : ids) {
+    const std::string piece = d.push(id);
+    RC_ASSERT(utf8_valid(piece));
+    streamed += piece;
+  }
+  RC_ASSERT(streamed + d.finish() == s);
+}
+
 }  // namespace
 }  // namespace twinstep::text

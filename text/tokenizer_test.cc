@@ -4,8 +4,11 @@
 #include "text/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
 
 #include "text/test_tokenizers.h"
+#include "text/utf8.h"
 
 namespace twinstep::text {
 namespace {
@@ -185,6 +188,73 @@ TEST(Tokenizer, MalformedInputIsAnErrorNotACrash) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(static_cast<int>(missing.error().code), static_cast<int>(TokenizerErrorCode::kIo));
   EXPECT_FALSE(find_tokenizer_files("/nonexistent").ok());
+}
+
+}  // namespace
+}  // namespace twinstep::text
+
+namespace twinstep::text {
+namespace {
+
+// Any valid UTF-8 without U+2581 (which the normalizer makes a space) comes back exactly.
+RC_GTEST_PROP(Tokenizer, DecodeOfEncodeIsTheTextOnTinyTokenizer, ()) {
+  static const Tokenizer t = load(testing::tiny_tokenizer_json());
+  const auto cps = *rc::gen::container<std::vector<uint32_t>>(rc::gen::oneOf(
+      rc::gen::element<uint32_t>('a', 'b', 'c', '-', ' ', '<', '>', 't', 0x2581),
+      rc::gen::inRange<uint32_t>(0, 0xD800), rc::gen::inRange<uint32_t>(0xE000, 0x110000)));
+  std::string s;
+  for (const uint32_t cp : cps) utf8_append(s, cp == 0x2581 ? ' ' : cp);
+  RC_ASSERT(t.decode(t.encode(s)) == s);
+}
+
+// Any byte string encodes without crashing, to ids the tokenizer has.
+RC_GTEST_PROP(Tokenizer, ArbitraryBytesEncodeToKnownIds, (const std::string& bytes)) {
+  static const Tokenizer t = load(testing::tiny_tokenizer_json());
+  for (const int32_t id : t.encode(bytes)) RC_ASSERT(!t.id_to_token(id).empty());
+}
+
+// A tokenizer.json with one field replaced by any JSON value loads or is refused: never a crash.
+RC_GTEST_PROP(Tokenizer, MalformedFieldsAreRefusedNotFatal, ()) {
+  static const std::vector<std::string> kPointers = {"/model",
+                                                     "/model/vocab",
+                                                     "/model/vocab/a",
+                                                     "/model/merges",
+                                                     "/model/merges/0",
+                                                     "/model/merges/0/1",
+                                                     "/model/unk_token",
+                                                     "/model/byte_fallback",
+                                                     "/model/type",
+                                                     "/added_tokens",
+                                                     "/added_tokens/0",
+                                                     "/added_tokens/1/id",
+                                                     "/added_tokens/2/content",
+                                                     "/normalizer",
+                                                     "/normalizer/pattern",
+                                                     "/normalizer/content",
+                                                     "/pre_tokenizer",
+                                                     "/pre_tokenizer/pattern/String",
+                                                     "/pre_tokenizer/behavior",
+                                                     "/post_processor",
+                                                     "/post_processor/single",
+                                                     "/post_processor/single/0",
+                                                     "/post_processor/special_tokens",
+                                                     "/decoder",
+                                                     "/decoder/decoders",
+                                                     "/decoder/decoders/0/pattern",
+                                                     "/version"};
+  const auto value = *rc::gen::element<json>(
+      nullptr, true, -1, 0, 3, 1 << 30, 2.5, "", "a", "<0xZZ>", json::array(), json::array({1, 2}),
+      json::array({"a"}), json::object(), json{{"String", ""}}, json{{"Regex", "x"}},
+      json{{"type", "Sequence"}}, json{{"id", "A"}});
+  json j = testing::tiny_tokenizer_json();
+  j[json::json_pointer(*rc::gen::elementOf(kPointers))] = value;
+  auto t = Tokenizer::from_json_text(j.dump());
+  if (!t.ok()) {
+    RC_ASSERT(!t.error().message.empty());
+    return;
+  }
+  const std::vector<int32_t> ids = t->encode("a b\xC3\xA9<bos>");
+  RC_ASSERT(utf8_valid(t->decode(ids)));
 }
 
 }  // namespace
