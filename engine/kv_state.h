@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/ids.h"
+#include "engine/mutants.h"
 
 namespace twinstep::engine {
 
@@ -34,7 +35,8 @@ inline PageSpan global_span(int32_t frontier, int32_t page_size) {
 inline PageSpan local_span(int32_t frontier, int32_t page_size, int32_t window) {
   const int32_t first_visible = frontier - window + 1 > 0 ? frontier - window + 1 : 0;
   const int32_t end = ceil_div(frontier, page_size);
-  const int32_t begin = first_visible / page_size;
+  int32_t begin = first_visible / page_size;
+  if (TS_MUTANT(kLocalSpanKeepsPage) && begin > 0) begin -= 1;
   return {begin < end ? begin : end, end};
 }
 

@@ -16,6 +16,15 @@ constexpr std::string_view kNames[] = {
     "early_window_release",
     "commit_one_family",
     "token_after_terminal",
+    "over_max_running",
+    "decode_rows_uncharged",
+    "failure_limit_early",
+    "metrics_wrong_pool",
+    "local_span_keeps_page",
+    "ledger_second_terminal",
+    "token_after_abort",
+    "rollback_keeps_phase",
+    "stop_ignored_on_first",
 };
 static_assert(std::size(kNames) == static_cast<size_t>(Mutant::kCount));
 

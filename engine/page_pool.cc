@@ -29,12 +29,6 @@ PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t h
   for (int32_t i = capacity; i >= 1; --i) free_.push_back(static_cast<uint32_t>(i));
 }
 
-PagePool::PageState PagePool::state(PageId page) const {
-  TS_CHECK(owns(page)) << page << " does not belong to " << family_name(family()) << " pool "
-                       << layout_.tag.value;
-  return states_[page.index];
-}
-
 PagePool::PageState& PagePool::slot(PageId page) {
   TS_CHECK(owns(page)) << page << " does not belong to " << family_name(family()) << " pool "
                        << layout_.tag.value << " (pages 1.." << layout_.pages_total - 1 << ")";

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/check.h"
 #include "engine/ids.h"
 #include "engine/plan.h"
 
@@ -33,7 +34,11 @@ class PagePool {
     return page.pool == layout_.tag && page.index >= 1 &&
            page.index < static_cast<uint32_t>(layout_.pages_total);
   }
-  PageState state(PageId page) const;
+  PageState state(PageId page) const {
+    TS_CHECK(owns(page)) << page << " does not belong to " << family_name(family()) << " pool "
+                         << layout_.tag.value;
+    return states_[page.index];
+  }
 
   // Takes `count` free pages into the reserved state, appending them to `out`. All or
   // nothing: false (and no change) when fewer than `count` are free.

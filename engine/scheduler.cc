@@ -36,7 +36,8 @@ Terminal rejection(RejectReason reason, std::string message) {
 
 void Ledger::record(const RequestUpdate& update) {
   auto touched = touched_.find(update.id);
-  const bool ended = touched != touched_.end() && touched->second;
+  const bool ended =
+      touched != touched_.end() && touched->second && !TS_MUTANT(kLedgerSecondTerminal);
   const bool known = live_.count(update.id) != 0 || touched != touched_.end();
   TS_CHECK(known && !ended) << "ledger: update for " << update.id
                             << (ended ? " after its terminal" : " which is not live")
@@ -141,9 +142,10 @@ void Scheduler::finish(RequestState& r, Terminal terminal, RequestUpdate* update
   finished_this_step_.push_back(r.id);
 }
 
-void Scheduler::retire_aborted(StepOutputs* out) {
+void Scheduler::retire_aborted(StepOutputs* out, bool after_commit) {
   for (auto& [id, r] : requests_) {
     if (r.phase == RequestPhase::kDone || !r.abort_flag->load(std::memory_order_acquire)) continue;
+    if (TS_MUTANT(kTokenAfterAbort) && !after_commit && r.phase == RequestPhase::kDecode) continue;
     counters_.aborts_by_phase[static_cast<int>(r.phase)] += 1;
     if (TS_MUTANT(kLeakOnAbort)) {
       for (const Family f : kFamilies) r.kv_of(f) = KvState{};  // forgets, never frees
@@ -207,12 +209,13 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
       *stalled_on_capacity |= capacity_refusal;
       continue;
     }
-    budget -= rows;
+    if (!(TS_MUTANT(kDecodeRowsUncharged) && r.phase == RequestPhase::kDecode)) budget -= rows;
     scheduled->push_back(std::move(s));
   }
   // FCFS admission; nothing is admitted while a running request starves for pages.
+  const int32_t running_max = config_.max_running + (TS_MUTANT(kOverMaxRunning) ? 1 : 0);
   while (!*stalled_on_capacity && budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(running_.size()) < config_.max_running) {
+         static_cast<int32_t>(running_.size()) < running_max) {
     RequestState& r = requests_.at(waiting_.front());
     const int32_t rows = rows_that_fit(r, std::min(r.pending(), budget));
     Scheduled s{.id = r.id,
@@ -323,14 +326,15 @@ void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& e
     if (it->newly_admitted) {
       std::erase(running_, it->id);
       waiting_.push_front(it->id);
-      r.phase = it->phase_before;
+      if (!TS_MUTANT(kRollbackKeepsPhase)) r.phase = it->phase_before;
       --admitted_counter_;
     }
   }
   for (const Scheduled& s : scheduled) {
     RequestState& r = requests_.at(s.id);
     r.consecutive_failures += 1;
-    if (r.consecutive_failures < config_.max_step_failures) continue;
+    const int32_t limit = config_.max_step_failures - (TS_MUTANT(kFailureLimitEarly) ? 1 : 0);
+    if (r.consecutive_failures < limit) continue;
     release_all(r);
     RequestUpdate update{.id = s.id, .kv_len = r.frontier};
     finish(r,
@@ -386,7 +390,8 @@ void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& re
       update.new_tokens.push_back(token);
       counters_.tokens_generated += 1;
       const auto& stops = r.request.stop_ids;
-      if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+      const bool stop_checked = !(TS_MUTANT(kStopIgnoredOnFirst) && r.generated() == 1);
+      if (stop_checked && std::find(stops.begin(), stops.end(), token) != stops.end()) {
         terminal = Terminal{TerminalKind::kStop, RejectReason::kNone, ""};
       } else if (r.generated() >= r.request.max_tokens) {
         terminal = Terminal{TerminalKind::kLength, RejectReason::kNone, ""};
@@ -435,7 +440,7 @@ StepOutputs Scheduler::step(
   counters_.steps += 1;
   ledger_.begin_step();
   for (auto& [id, request, flag] : arrivals) enqueue(id, std::move(request), std::move(flag), &out);
-  retire_aborted(&out);
+  retire_aborted(&out, false);
 
   std::vector<Scheduled> scheduled;
   bool stalled = false;
@@ -464,6 +469,7 @@ StepOutputs Scheduler::step(
       commit(scheduled, *result, &out);
     }
   }
+  if (TS_MUTANT(kTokenAfterAbort)) retire_aborted(&out, true);
   if (stalled && !out.failed) preempt_youngest(&out);
   erase_finished();
   step_index_ += 1;
@@ -506,7 +512,8 @@ Metrics Scheduler::metrics() const {
   m.waiting = static_cast<int32_t>(waiting_.size());
   for (const Family f : kFamilies) {
     FamilyLoad& load = f == Family::kGlobal ? m.global : m.local;
-    load.pages_used = pool(f).held_count();
+    const Family source = TS_MUTANT(kMetricsWrongPool) ? Family::kGlobal : f;
+    load.pages_used = pool(source).held_count();
     load.pages_total = pool(f).capacity();
     load.pages_peak = pool(f).held_peak();
   }
@@ -521,22 +528,22 @@ std::vector<std::string> Scheduler::check_invariants() const {
   const int32_t w = model_.sliding_window;
   for (const Family f : kFamilies) {
     const PagePool& pl = pool(f);
-    std::ostringstream id;
-    id << family_name(f) << " pool: ";
+    // Built only for a message: a stream per step and request costs more than the checks.
+    const std::string pool_name = std::string(family_name(f)) + " pool: ";
     if (pl.free_count() + pl.reserved_count() + pl.held_count() != pl.capacity()) {
-      fail(id.str() + "free " + std::to_string(pl.free_count()) + " + reserved " +
+      fail(pool_name + "free " + std::to_string(pl.free_count()) + " + reserved " +
            std::to_string(pl.reserved_count()) + " + held " + std::to_string(pl.held_count()) +
            " != capacity " + std::to_string(pl.capacity()));
     }
     if (pl.reserved_count() != 0) {
-      fail(id.str() + std::to_string(pl.reserved_count()) + " pages reserved between steps");
+      fail(pool_name + std::to_string(pl.reserved_count()) + " pages reserved between steps");
     }
     std::vector<int32_t> owners(static_cast<size_t>(pl.capacity()) + 1, 0);
     for (const auto& [rid, r] : requests_) {
       for (const PageId page : r.kv_of(f).pages) {
         if (!pl.owns(page)) {
           std::ostringstream os;
-          os << id.str() << rid << " holds foreign " << page;
+          os << pool_name << rid << " holds foreign " << page;
           fail(os.str());
           continue;
         }
@@ -549,28 +556,31 @@ std::vector<std::string> Scheduler::check_invariants() const {
       held += state == PagePool::PageState::kHeld ? 1 : 0;
       const bool should_be_held = owners[i] > 0;
       if (owners[i] > 1)
-        fail(id.str() + "page " + std::to_string(i) + " held by " + std::to_string(owners[i]) +
+        fail(pool_name + "page " + std::to_string(i) + " held by " + std::to_string(owners[i]) +
              " requests");
       if (should_be_held != (state == PagePool::PageState::kHeld)) {
-        fail(id.str() + "page " + std::to_string(i) +
+        fail(pool_name + "page " + std::to_string(i) +
              (should_be_held ? " owned by a request but not held"
                              : " held but owned by no request"));
       }
     }
-    if (held != pl.held_count()) fail(id.str() + "held counter disagrees with page states");
+    if (held != pl.held_count()) fail(pool_name + "held counter disagrees with page states");
   }
   for (const auto& [rid, r] : requests_) {
-    std::ostringstream who;
-    who << rid << ": ";
+    auto who = [&rid] {
+      std::ostringstream os;
+      os << rid << ": ";
+      return os.str();
+    };
     if (r.frontier < 0 || r.frontier >= static_cast<int32_t>(r.tokens.size())) {
-      fail(who.str() + "frontier " + std::to_string(r.frontier) + " outside [0, " +
+      fail(who() + "frontier " + std::to_string(r.frontier) + " outside [0, " +
            std::to_string(r.tokens.size()) + ")");
     }
     for (const Family f : kFamilies) {
       const PageSpan span = family_span(f, r.frontier, p, w);
       const KvState& kv = r.kv_of(f);
       if (kv.first_page != span.begin || kv.end_page() != span.end) {
-        fail(who.str() + family_name(f) + " holds logical pages [" + std::to_string(kv.first_page) +
+        fail(who() + family_name(f) + " holds logical pages [" + std::to_string(kv.first_page) +
              ", " + std::to_string(kv.end_page()) + ") but frontier " + std::to_string(r.frontier) +
              " accounts for [" + std::to_string(span.begin) + ", " + std::to_string(span.end) +
              ")");
@@ -578,12 +588,12 @@ std::vector<std::string> Scheduler::check_invariants() const {
     }
     const int32_t local_bound = ceil_div(w - 1, p) + 1;
     if (static_cast<int32_t>(r.kv_of(Family::kLocal).pages.size()) > local_bound) {
-      fail(who.str() + "local pages exceed the window bound " + std::to_string(local_bound));
+      fail(who() + "local pages exceed the window bound " + std::to_string(local_bound));
     }
     const bool is_running = std::find(running_.begin(), running_.end(), rid) != running_.end();
     const bool is_waiting = std::find(waiting_.begin(), waiting_.end(), rid) != waiting_.end();
-    if (is_running == is_waiting) fail(who.str() + "must be exactly one of running or waiting");
-    if (is_waiting && r.frontier != 0) fail(who.str() + "waiting with a non-zero frontier");
+    if (is_running == is_waiting) fail(who() + "must be exactly one of running or waiting");
+    if (is_waiting && r.frontier != 0) fail(who() + "waiting with a non-zero frontier");
   }
   return violations;
 }

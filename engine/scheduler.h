@@ -82,7 +82,8 @@ class Scheduler {
   struct Scheduled;  // one request's share of the step
   PagePool& pool_mut(Family f) { return *pools_[static_cast<int>(f)]; }
 
-  void retire_aborted(StepOutputs* out);
+  // Retires every aborted request; `after_commit` is the kTokenAfterAbort mutant's late pass.
+  void retire_aborted(StepOutputs* out, bool after_commit);
   void schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_capacity);
   int32_t rows_that_fit(const RequestState& r, int32_t wanted) const;
   bool reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal);

@@ -1,7 +1,8 @@
 // libFuzzer target: decodes bytes into an engine configuration and a sequence of operations
-// (submit valid or malformed requests, abort, step, force or rate faults), runs them through
-// the Harness, which checks every invariant after every step, then drains fault-free and
-// requires every request to reach a terminal with both pools back at baseline. Any violation
+// (submit valid or malformed requests, some with a stop id they will meet, abort, step, force
+// or rate faults), runs them through the Harness, which checks every invariant after every
+// step (stop semantics, bounds, the reference page account, metrics, ...), then drains fault-free
+// and requires every request to reach a terminal with both pools back at baseline. Any violation
 // (or a TS_CHECK inside the engine) aborts, which is what libFuzzer reports as a crash.
 // The same entry point is linked into a g++ replay driver (replay_main.cc).
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "sim/harness.h"
+#include "sim/workload.h"
 
 namespace twinstep::fuzz {
 namespace {
@@ -35,7 +37,7 @@ class Bytes {
 constexpr int kMaxOps = 400;
 constexpr int kMaxPromptTokens = 300;
 
-engine::Request decode_request(Bytes& in, int32_t vocab) {
+engine::Request decode_request(Bytes& in, int32_t vocab, int32_t window) {
   engine::Request r;
   const uint8_t shape = in.u8();
   const int32_t len = in.u8() % kMaxPromptTokens;  // 0: an empty prompt, rejected
@@ -50,7 +52,16 @@ engine::Request decode_request(Bytes& in, int32_t vocab) {
     r.sampling.seed = base;
     r.sampling.top_k = shape >> 6;
   }
-  if (shape & 0x40) r.stop_ids.push_back(static_cast<int32_t>(in.u16() % vocab));
+  if (shape & 0x40) {
+    // Odd: a stop id the request really meets (the oracle's k-th token), so stop semantics are
+    // exercised, on the first token too; even: any token id.
+    const uint16_t stop = in.u16();
+    if ((stop & 1) && !r.prompt.empty()) {
+      r.stop_ids.push_back(sim::oracle_outputs(r, 1 + (stop >> 1) % 8, window, vocab).back());
+    } else {
+      r.stop_ids.push_back(static_cast<int32_t>(stop % vocab));
+    }
+  }
   return r;
 }
 
@@ -82,10 +93,10 @@ void run(const uint8_t* data, size_t size) {
     switch (code % 8) {
       case 0:
       case 1:
-        ids.push_back(h.submit(decode_request(in, model.vocab_size)).id());
+        ids.push_back(h.submit(decode_request(in, model.vocab_size, model.sliding_window)).id());
         break;
       case 2:  // submitted and aborted before any step: the queued phase
-        ids.push_back(h.submit(decode_request(in, model.vocab_size)).id());
+        ids.push_back(h.submit(decode_request(in, model.vocab_size, model.sliding_window)).id());
         h.abort(ids.back());
         break;
       case 3:

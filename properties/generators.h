@@ -5,11 +5,35 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
+#include <ostream>
 #include <string>
 
 #include "engine/engine.h"
 #include "engine/scheduler.h"
 #include "sim/harness.h"
+#include "sim/workload.h"
+
+// RapidCheck finds these by argument-dependent lookup, so a counterexample prints its
+// configuration, requests and phases instead of <???>.
+namespace twinstep::engine {
+
+inline void showValue(RequestPhase phase, std::ostream& os) { os << request_phase_name(phase); }
+inline void showValue(FaultSite site, std::ostream& os) { os << fault_site_name(site); }
+
+inline void showValue(const Request& r, std::ostream& os) {
+  os << "Request{prompt[" << r.prompt.size() << "]={";
+  for (size_t i = 0; i < r.prompt.size(); ++i) os << (i ? "," : "") << r.prompt[i];
+  os << "} max_tokens=" << r.max_tokens << " stop={";
+  for (size_t i = 0; i < r.stop_ids.size(); ++i) os << (i ? "," : "") << r.stop_ids[i];
+  os << "}";
+  if (!r.sampling.greedy()) {
+    os << " temperature=" << r.sampling.temperature << " top_p=" << r.sampling.top_p
+       << " top_k=" << r.sampling.top_k << " seed=" << r.sampling.seed;
+  }
+  os << "}";
+}
+
+}  // namespace twinstep::engine
 
 namespace twinstep::properties {
 
@@ -18,6 +42,15 @@ struct Scenario {
   engine::EngineConfig config;
   uint64_t fault_seed = 0;
 };
+
+inline void showValue(const Scenario& s, std::ostream& os) {
+  const engine::EngineConfig& c = s.config;
+  os << "Scenario{window=" << s.model.sliding_window << " vocab=" << s.model.vocab_size
+     << " page_size=" << c.page_size << " pages_global=" << c.pages_global
+     << " pages_local=" << c.pages_local << " max_running=" << c.max_running
+     << " max_step_tokens=" << c.max_step_tokens << " max_step_failures=" << c.max_step_failures
+     << " fault_seed=" << s.fault_seed << "}";
+}
 
 inline engine::ModelConfig tiny_model(int32_t window, int32_t vocab) {
   engine::ModelConfig model = engine::ModelConfig::preset("sim-tiny").value();

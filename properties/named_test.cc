@@ -3,6 +3,8 @@
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+
 #include "engine/scheduler.h"
 #include "properties/generators.h"
 
@@ -160,7 +162,7 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
       h.submit(big);
     }
   }
-  const engine::RequestId target = h.submit(request).id();
+  engine::RequestId target = h.submit(request).id();
   bool reached = phase == RequestPhase::kQueued;
   for (int32_t i = 0; i < 400 && !reached; ++i) {
     if (h.phase_of(target) == RequestPhase::kDone) break;
@@ -172,7 +174,7 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
       for (const auto& [id, r] : h.engine().scheduler().requests()) {
         if (r.phase == RequestPhase::kPreempted) {
           reached = true;
-          const_cast<engine::RequestId&>(target) = id;
+          target = id;
           break;
         }
       }
@@ -205,30 +207,98 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   assert_clean(h);
 }
 
-// Two runs of one seed give equal trace hashes.
+// Two runs of one seed agree step by step, although the second interposes what must not
+// matter between its steps: read-only calls (metrics, idle, validate, check_invariants) and
+// heap churn that moves every later allocation. Both must drain to the baseline.
 RC_GTEST_PROP(Properties, SameSeedSameTrace, ()) {
   const Scenario s = *gen_scenario();
   const auto requests = *rc::gen::container<std::vector<engine::Request>>(
       *rc::gen::inRange(1, 10), gen_request(s.model.vocab_size));
   const uint32_t fault_ppm = *rc::gen::inRange(0, 200'000);
   const uint32_t abort_every = *rc::gen::inRange(2, 9);
-  auto run = [&] {
+  auto run = [&](bool perturbed) {
     sim::Harness h(s.model, s.config, s.fault_seed);
     h.faults().set_all_rates_ppm(fault_ppm);
+    std::vector<uint64_t> hashes;  // the trace hash after each step
+    std::vector<std::vector<uint64_t>> churn;
+    auto step = [&] {
+      h.step();
+      hashes.push_back(h.trace_hash());
+      if (!perturbed) return;
+      (void)h.engine().metrics();
+      (void)h.engine().idle();
+      (void)h.engine().validate(requests[hashes.size() % requests.size()]);
+      RC_ASSERT(h.engine().check_invariants().empty());
+      churn.emplace_back(1 + hashes.size() * 37 % 4099, hashes.back());
+      if (churn.size() > 16) churn.erase(churn.begin() + static_cast<long>(hashes.size() % 16));
+    };
     std::vector<engine::RequestId> ids;
     for (size_t i = 0; i < requests.size(); ++i) {
       ids.push_back(h.submit(requests[i]).id());
-      h.step();
+      step();
       if (i % abort_every == 0) h.abort(ids[i / 2]);
     }
     h.faults().clear();
-    h.drain(100'000);
+    for (int32_t i = 0; i < 100'000 && !h.engine().idle(); ++i) step();
+    RC_ASSERT(h.engine().idle());
+    h.check_baseline();
     assert_clean(h);
-    return std::make_pair(h.trace_hash(), h.engine().metrics().counters.steps_failed > 0);
+    return std::make_pair(hashes, h.engine().metrics().counters.steps_failed > 0);
   };
-  const auto first = run();
+  const auto first = run(false);
+  const auto second = run(true);
   RC_TAG(first.second ? "with failed steps" : "no failed steps");
-  RC_ASSERT(first == run());
+  const std::vector<uint64_t>& a = first.first;
+  const std::vector<uint64_t>& b = second.first;
+  const auto diverged = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  if (diverged.first != a.end() || diverged.second != b.end()) {
+    RC_FAIL("the runs diverge at step " + std::to_string(diverged.first - a.begin() + 1) + " of " +
+            std::to_string(a.size()) + " / " + std::to_string(b.size()));
+  }
+}
+
+// Stop ids: a request given the oracle's k-th token as a stop id (sometimes with a second,
+// random one) emits exactly the oracle's tokens up to the first stop id among them and ends
+// Stop there; a request that meets none runs to max_tokens and ends Length (one the pools can
+// never hold is rejected without a token). Other requests share its steps.
+RC_GTEST_PROP(Properties, StopIdEndsTheRequest, ()) {
+  const Scenario s = *gen_scenario();
+  const int32_t vocab = s.model.vocab_size;
+  engine::Request target = *gen_request(vocab);
+  const auto oracle = sim::oracle_outputs(target, target.max_tokens, s.model.sliding_window, vocab);
+  target.stop_ids.clear();
+  const int32_t at = *rc::gen::inRange(-1, target.max_tokens);  // -1: a stop id never met
+  if (at >= 0) target.stop_ids.push_back(oracle[at]);
+  if (at < 0 || *rc::gen::inRange(0, 3) == 0) {
+    target.stop_ids.push_back(*rc::gen::inRange(0, vocab));
+  }
+  const auto others = *rc::gen::container<std::vector<engine::Request>>(*rc::gen::inRange(0, 5),
+                                                                        gen_request(vocab));
+  std::vector<int32_t> expected;
+  engine::TerminalKind kind = engine::TerminalKind::kLength;
+  for (const int32_t t : oracle) {
+    expected.push_back(t);
+    if (std::find(target.stop_ids.begin(), target.stop_ids.end(), t) != target.stop_ids.end()) {
+      kind = engine::TerminalKind::kStop;
+      break;
+    }
+  }
+  sim::Harness h(s.model, s.config, s.fault_seed);
+  if (h.engine().validate(target)) {  // pools too small for it: no tokens at all
+    expected.clear();
+    kind = engine::TerminalKind::kRejected;
+  }
+  for (const auto& r : others) h.submit(r);
+  const engine::RequestId id = h.submit(target).id();
+  RC_ASSERT(h.drain(100'000));
+  h.check_baseline();
+  assert_clean(h);
+  const sim::RequestRecord& rec = h.records().at(id);
+  RC_CLASSIFY(kind == engine::TerminalKind::kStop, "stopped");
+  RC_CLASSIFY(kind == engine::TerminalKind::kStop && expected.size() == 1, "stopped at once");
+  RC_CLASSIFY(kind == engine::TerminalKind::kRejected, "rejected");
+  RC_ASSERT(rec.output == expected);
+  RC_ASSERT(rec.terminal->kind == kind);
 }
 
 // A request's tokens do not depend on what else shares its steps.

@@ -4,7 +4,9 @@
 set -u
 bin="$1"
 mutants=(skip_rollback_granted frontier_before_device leak_on_abort early_window_release
-         commit_one_family token_after_terminal)
+         commit_one_family token_after_terminal over_max_running decode_rows_uncharged
+         failure_limit_early metrics_wrong_pool local_span_keeps_page ledger_second_terminal
+         token_after_abort rollback_keeps_phase stop_ignored_on_first)
 # The un-mutated engine must pass, or a "caught" mutant would prove nothing.
 if ! RC_PARAMS="max_success=200 noshrink=1" "$bin" >/dev/null 2>&1; then
   echo "FAIL: the properties fail without any mutant"

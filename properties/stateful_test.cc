@@ -1,6 +1,6 @@
 // Model-based (stateful) test: random sequences of submit / abort (live, finished, unknown) /
-// step / step-with-a-fault, with every invariant checked after every command and the drained
-// engine back at baseline at the end.
+// step / a run of steps / step-with-a-fault, with every invariant checked after every command and
+// the drained engine back at baseline at the end.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -30,11 +30,19 @@ struct Submit : Command {
   void apply(Model& m) const override { m.submitted += 1; }
   void run(const Model&, sim::Harness& h) const override { h.submit(request); }
   void show(std::ostream& os) const override {
-    os << "Submit(prompt=" << request.prompt.size() << ", max_tokens=" << request.max_tokens << ")";
+    os << "Submit(";
+    engine::showValue(request, os);
+    os << ")";
   }
 };
 
 enum class AbortTarget { kLive, kFinished, kUnknown };
+
+void showValue(AbortTarget target, std::ostream& os) {
+  os << (target == AbortTarget::kLive       ? "live"
+         : target == AbortTarget::kFinished ? "finished"
+                                            : "unknown");
+}
 
 struct Abort : Command {
   AbortTarget target =
@@ -59,7 +67,9 @@ struct Abort : Command {
     assert_clean(h);
   }
   void show(std::ostream& os) const override {
-    os << "Abort(" << int(target) << ", " << pick << ")";
+    os << "Abort(";
+    showValue(target, os);
+    os << ", " << pick << ")";
   }
 };
 
@@ -71,6 +81,19 @@ struct Step : Command {
     assert_clean(h);
   }
   void show(std::ostream& os) const override { os << "Step"; }
+};
+
+// A run of steps with no command between them, so histories reach long decodes, window
+// releases and preemptions within a case's few commands.
+struct StepRun : Command {
+  int32_t steps = *rc::gen::inRange(2, 40);
+  explicit StepRun(const Model&) {}
+  void apply(Model&) const override {}
+  void run(const Model&, sim::Harness& h) const override {
+    for (int32_t i = 0; i < steps; ++i) h.step();
+    assert_clean(h);
+  }
+  void show(std::ostream& os) const override { os << "StepRun(" << steps << ")"; }
 };
 
 struct StepWithFault : Command {
@@ -91,8 +114,8 @@ RC_GTEST_PROP(Stateful, RandomCommandsKeepEveryInvariant, ()) {
   const Scenario s = *gen_scenario();
   sim::Harness h(s.model, s.config, s.fault_seed);
   Model initial{s.model.vocab_size, 0};
-  rc::state::check(initial, h,
-                   rc::state::gen::execOneOfWithArgs<Submit, Abort, Step, Step, StepWithFault>());
+  rc::state::check(
+      initial, h, rc::state::gen::execOneOfWithArgs<Submit, Abort, Step, StepRun, StepWithFault>());
   h.faults().clear();
   RC_ASSERT(h.drain(100'000));
   h.check_baseline();

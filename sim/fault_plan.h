@@ -45,6 +45,21 @@ class FaultPlan final : public engine::FaultInjector {
   }
 
   uint64_t fired(engine::FaultSite site) const { return fired_[index(site)]; }
+  // Faults fired at the device's sites (everything but the engine's allocation sites): the
+  // only thing that may fail a step.
+  uint64_t device_fired() const {
+    uint64_t n = 0;
+    for (int i = index(engine::FaultSite::kUpload); i < engine::kFaultSiteCount; ++i)
+      n += fired_[i];
+    return n;
+  }
+  // Whether a device site can fire at its next consultation (a rate or a forced fault).
+  bool device_armed() const {
+    for (int i = index(engine::FaultSite::kUpload); i < engine::kFaultSiteCount; ++i) {
+      if (rate_ppm_[i] > 0 || forced_[i] > 0) return true;
+    }
+    return false;
+  }
   uint64_t consulted(engine::FaultSite site) const { return consulted_[index(site)]; }
 
  private:

@@ -1,15 +1,39 @@
 // Harness: the per-step checks shared by properties, the campaign and the fuzzer.
 #include "sim/harness.h"
 
+#include <algorithm>
+#include <atomic>
 #include <sstream>
+#include <stdexcept>
 
+#include "engine/check.h"
 #include "engine/scheduler.h"
+#include "sim/reference.h"
 
 namespace twinstep::sim {
 
 using engine::Family;
 using engine::RequestPhase;
 using engine::TerminalKind;
+
+namespace {
+
+std::atomic<uint64_t> g_steps_in_process{0};
+
+std::string who(engine::RequestId id) {
+  std::ostringstream os;
+  os << id;
+  return os.str();
+}
+
+bool is_stop_id(const engine::Request& request, int32_t token) {
+  return std::find(request.stop_ids.begin(), request.stop_ids.end(), token) !=
+         request.stop_ids.end();
+}
+
+}  // namespace
+
+uint64_t Harness::steps_in_process() { return g_steps_in_process.load(); }
 
 std::optional<std::string> Harness::creation_error(const engine::ModelConfig& model,
                                                    const engine::EngineConfig& config) {
@@ -21,7 +45,7 @@ std::optional<std::string> Harness::creation_error(const engine::ModelConfig& mo
 
 Harness::Harness(const engine::ModelConfig& model, engine::EngineConfig config, uint64_t fault_seed,
                  CostModel cost)
-    : model_(model), faults_(fault_seed), device_(model, &faults_, cost) {
+    : model_(model), config_(config), faults_(fault_seed), device_(model, &faults_, cost) {
   config.faults = &faults_;
   auto engine = engine::Engine::create(model, config, device_);
   TS_CHECK(engine.ok()) << "harness: " << engine.error().message;
@@ -50,6 +74,10 @@ void Harness::abort(engine::RequestId id) {
   if (it != records_.end()) {
     it->second.last_phase = phase_of(id);
     it->second.control.abort();
+    if (!it->second.terminal && !it->second.abort_pending) {
+      it->second.abort_pending = true;
+      aborts_pending_.push_back(id);
+    }
   }
   absorb(0xab00 ^ id.value);
 }
@@ -66,34 +94,64 @@ RequestPhase Harness::phase_of(engine::RequestId id) const {
 void Harness::check_update(const engine::RequestUpdate& update) {
   auto it = records_.find(update.id);
   if (it == records_.end()) {
-    std::ostringstream os;
-    os << "update for " << update.id << ", which was never submitted";
-    violate("ledger", os.str());
+    violate("ledger", "update for " + who(update.id) + ", which was never submitted");
     return;
   }
   RequestRecord& rec = it->second;
   if (rec.terminal) {
-    std::ostringstream os;
-    os << update.id << " got an update after its terminal "
-       << terminal_kind_name(rec.terminal->kind);
-    violate("ledger", os.str());
+    violate("ledger", who(update.id) + " got an update after its terminal " +
+                          terminal_kind_name(rec.terminal->kind));
     return;
   }
+  if (rec.abort_pending && (update.scheduled_tokens > 0 || !update.new_tokens.empty() ||
+                            !update.terminal || update.terminal->kind != TerminalKind::kAborted)) {
+    violate("abort", who(update.id) + " was aborted before this step but got " +
+                         std::to_string(update.scheduled_tokens) + " rows and " +
+                         std::to_string(update.new_tokens.size()) + " tokens, terminal: " +
+                         (update.terminal ? terminal_kind_name(update.terminal->kind) : "none"));
+  }
+  // The frontier moves by exactly the rows the request had, and a preemption drops it.
+  const int32_t expected_kv = update.preempted ? 0 : rec.frontier + update.scheduled_tokens;
+  if (update.kv_len != expected_kv) {
+    violate("frontier", who(update.id) + " reports kv_len " + std::to_string(update.kv_len) +
+                            ", expected " + std::to_string(expected_kv) + " (frontier " +
+                            std::to_string(rec.frontier) + " + " +
+                            std::to_string(update.scheduled_tokens) + " rows" +
+                            (update.preempted ? ", preempted" : "") + ")");
+  }
+  rec.frontier = expected_kv;  // ours, not the reported one: the page account builds on it
   if (update.scheduled_tokens > 0) rec.ever_scheduled = true;
-  if (update.preempted) rec.preemptions += 1;
-  for (const int32_t token : update.new_tokens) {
+  if (update.preempted) {
+    rec.preemptions += 1;
+    preemptions_seen_ += 1;
+  }
+  check_tokens(update, rec);
+  if (update.terminal) check_terminal(update, rec);
+}
+
+// Every token against the oracle; a stop id ends the request with it, nothing runs past
+// max_tokens.
+void Harness::check_tokens(const engine::RequestUpdate& update, RequestRecord& rec) {
+  for (size_t i = 0; i < update.new_tokens.size(); ++i) {
+    const int32_t token = update.new_tokens[i];
     std::vector<int32_t> all = rec.request.prompt;
     all.insert(all.end(), rec.output.begin(), rec.output.end());
     const int32_t expected = oracle_next_token(
         all, static_cast<int32_t>(all.size()) - 1, model_.sliding_window, rec.request.sampling,
         static_cast<int32_t>(rec.output.size()), model_.vocab_size);
     if (token != expected) {
-      std::ostringstream os;
-      os << update.id << " output[" << rec.output.size() << "] = " << token << ", oracle says "
-         << expected;
-      violate("oracle", os.str());
+      violate("oracle", who(update.id) + " output[" + std::to_string(rec.output.size()) + "] = " +
+                            std::to_string(token) + ", oracle says " + std::to_string(expected));
+    }
+    const bool ends_here = i + 1 == update.new_tokens.size() && update.terminal &&
+                           update.terminal->kind == TerminalKind::kStop;
+    if (is_stop_id(rec.request, token) && !ends_here) {
+      violate("stop", who(update.id) + " emitted stop id " + std::to_string(token) + " at output[" +
+                          std::to_string(rec.output.size()) +
+                          "] and did not end there with a stop terminal");
     }
     rec.output.push_back(token);
+    tokens_seen_ += 1;
     const int64_t now = device_.now_ns();
     if (rec.first_token_ns < 0) {
       rec.first_token_ns = now;
@@ -104,30 +162,255 @@ void Harness::check_update(const engine::RequestUpdate& update) {
   }
   if (rec.request.max_tokens > 0 &&
       static_cast<int32_t>(rec.output.size()) > rec.request.max_tokens) {
-    std::ostringstream os;
-    os << update.id << " emitted " << rec.output.size() << " tokens, max_tokens "
-       << rec.request.max_tokens;
-    violate("max-tokens", os.str());
+    violate("max-tokens", who(update.id) + " emitted " + std::to_string(rec.output.size()) +
+                              " tokens, max_tokens " + std::to_string(rec.request.max_tokens));
   }
-  if (update.terminal) {
-    rec.terminal = update.terminal;
-    const TerminalKind kind = update.terminal->kind;
-    if (kind == TerminalKind::kLength &&
-        static_cast<int32_t>(rec.output.size()) != rec.request.max_tokens) {
-      violate("terminal", "length terminal before max_tokens");
+}
+
+void Harness::check_terminal(const engine::RequestUpdate& update, RequestRecord& rec) {
+  rec.terminal = update.terminal;
+  const TerminalKind kind = update.terminal->kind;
+  terminals_seen_[static_cast<int>(kind)] += 1;
+  if (kind == TerminalKind::kLength &&
+      static_cast<int32_t>(rec.output.size()) != rec.request.max_tokens) {
+    violate("terminal", "length terminal before max_tokens");
+  }
+  if (kind == TerminalKind::kStop &&
+      (update.new_tokens.empty() || !is_stop_id(rec.request, update.new_tokens.back()))) {
+    violate("stop", who(update.id) + " ended stop without emitting a stop id in that update");
+  }
+  if (kind == TerminalKind::kAborted && !rec.control.abort_requested()) {
+    violate("terminal", "aborted terminal without an abort");
+  }
+  if (kind == TerminalKind::kFailed) {
+    const uint64_t fired = faults_.device_fired() - device_faults_before_;
+    if (!last_.failed || fired == 0) {
+      violate("failure-limit",
+              who(update.id) + " failed in a step that " +
+                  (last_.failed ? "failed without a device fault firing" : "did not fail"));
+    } else if (rec.consecutive_failures != config_.max_step_failures) {
+      violate("failure-limit", who(update.id) + " failed after " +
+                                   std::to_string(rec.consecutive_failures) +
+                                   " consecutive failed steps, the limit is " +
+                                   std::to_string(config_.max_step_failures));
     }
-    if (kind == TerminalKind::kAborted && !rec.control.abort_requested()) {
-      violate("terminal", "aborted terminal without an abort");
+  }
+  if (!ledger_probed_) probe_engine_ledger(update);
+}
+
+// The engine's own ledger must refuse what the harness's ledger refuses; otherwise the
+// harness's report would hide a weakened engine ledger. Fed this step's real terminal, it must
+// accept it, then refuse a forged update for the same request.
+void Harness::probe_engine_ledger(const engine::RequestUpdate& terminal) {
+  ledger_probed_ = true;
+  struct Refused : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  struct Guard {
+    CheckHandler previous =
+        set_check_handler([](const std::string& m) { throw Refused("engine ledger: " + m); });
+    ~Guard() { set_check_handler(std::move(previous)); }
+  } guard;
+  engine::Ledger ledger;
+  ledger.begin_step();
+  ledger.arrived(terminal.id);
+  ledger.admitted(terminal.id);
+  try {
+    ledger.record(terminal);
+  } catch (const Refused& refused) {
+    violate("engine-ledger", std::string("refused a real terminal: ") + refused.what());
+    return;
+  }
+  try {
+    ledger.record(engine::RequestUpdate{.id = terminal.id, .new_tokens = {0}});
+  } catch (const Refused&) {
+    return;  // as it must
+  }
+  violate("engine-ledger",
+          "the engine's ledger accepted an update for " + who(terminal.id) + " after its terminal");
+}
+
+// Per request in the plan the device ran: a failed step counts one more consecutive failure, a
+// successful one ends the run of them.
+void Harness::count_plan_failures(uint64_t plans_before) {
+  if (device_.plans_received() == plans_before) return;
+  for (const engine::RequestId id : device_.last_plan_requests()) {
+    auto it = records_.find(id);
+    if (it == records_.end()) continue;  // check_step_bounds reports it
+    it->second.consecutive_failures = last_.failed ? it->second.consecutive_failures + 1 : 0;
+  }
+}
+
+// The configured bounds of a step, against the plan the device was handed.
+void Harness::check_step_bounds(uint64_t plans_before) {
+  const uint64_t plans = device_.plans_received() - plans_before;
+  if (plans != (last_.device_ran ? 1u : 0u)) {
+    violate("bounds", "the device received " + std::to_string(plans) + " plans in a step that " +
+                          (last_.device_ran ? "ran" : "did not run") + " it");
+  }
+  const int32_t running = static_cast<int32_t>(engine_->scheduler().running().size());
+  if (running > config_.max_running) {
+    violate("bounds", std::to_string(running) + " requests running, max_running " +
+                          std::to_string(config_.max_running));
+  }
+  if (plans == 0) return;
+  const int32_t rows = device_.last_plan_rows();
+  const int32_t seqs = static_cast<int32_t>(device_.last_plan_requests().size());
+  if (rows > config_.max_step_tokens || rows != last_.rows) {
+    violate("bounds", "the plan had " + std::to_string(rows) + " rows (outputs say " +
+                          std::to_string(last_.rows) + "), max_step_tokens " +
+                          std::to_string(config_.max_step_tokens));
+  }
+  if (seqs > config_.max_running) {
+    violate("bounds", "the plan had " + std::to_string(seqs) + " requests, max_running " +
+                          std::to_string(config_.max_running));
+  }
+  if (!last_.failed) {
+    int32_t scheduled = 0;
+    for (const engine::RequestUpdate& u : last_.updates) scheduled += u.scheduled_tokens;
+    if (scheduled != rows) {
+      violate("bounds", "updates report " + std::to_string(scheduled) +
+                            " scheduled rows, the plan had " + std::to_string(rows));
     }
+  }
+  for (const engine::RequestId id : device_.last_plan_requests()) {
+    if (records_.count(id) == 0) violate("bounds", "the plan names unknown " + who(id));
+  }
+}
+
+// A request whose plan failed max_step_failures times in a row must end Failed in that step.
+void Harness::check_failure_limit() {
+  if (!last_.failed) return;
+  for (const engine::RequestId id : device_.last_plan_requests()) {
+    auto it = records_.find(id);
+    if (it == records_.end() || it->second.terminal) continue;
+    if (it->second.consecutive_failures >= config_.max_step_failures) {
+      violate("failure-limit",
+              who(id) + " reached " + std::to_string(it->second.consecutive_failures) +
+                  " consecutive failed steps (limit " + std::to_string(config_.max_step_failures) +
+                  ") and is still live");
+    }
+  }
+}
+
+// Each live request against the reference model: the frontier the outputs reported, the
+// pages both families must hold there, the queue its phase belongs to; the pools against the
+// sum.
+void Harness::check_page_account() {
+  const engine::Scheduler& s = engine_->scheduler();
+  const int32_t p = config_.page_size;
+  const int32_t w = model_.sliding_window;
+  int32_t expected_total[engine::kFamilyCount] = {};
+  for (const auto& [id, r] : s.requests()) {
+    auto rec = records_.find(id);
+    if (rec == records_.end()) continue;  // check_update reported it
+    const int32_t frontier = rec->second.frontier;
+    const int32_t tokens =
+        static_cast<int32_t>(rec->second.request.prompt.size() + rec->second.output.size());
+    if (r.frontier != frontier || frontier >= tokens) {
+      violate("frontier", who(id) + " has frontier " + std::to_string(r.frontier) +
+                              ", the outputs say " + std::to_string(frontier) + " of " +
+                              std::to_string(tokens) + " tokens");
+    }
+    for (const Family f : engine::kFamilies) {
+      const ExpectedPages want = expected_pages(f, frontier, p, w);
+      const engine::KvState& kv = r.kv_of(f);
+      const int32_t held = static_cast<int32_t>(kv.pages.size());
+      expected_total[static_cast<int>(f)] += want.count;
+      if (held != want.count || (want.count > 0 && kv.first_page != want.first)) {
+        violate("page-account",
+                who(id) + " " + family_name(f) + " holds pages [" + std::to_string(kv.first_page) +
+                    ", " + std::to_string(kv.first_page + held) + ") at frontier " +
+                    std::to_string(frontier) + "; the reference model says [" +
+                    std::to_string(want.first) + ", " + std::to_string(want.first + want.count) +
+                    ") (page " + std::to_string(p) + ", window " + std::to_string(w) + ")");
+      }
+    }
+  }
+  // Admitted requests are in prefill or decode; waiting and preempted ones wait.
+  auto check_queue = [&](engine::RequestId id, bool admitted_queue) {
+    auto it = s.requests().find(id);
+    if (it == s.requests().end()) {
+      violate("queue-phase", who(id) + " is queued but not a live request");
+      return;
+    }
+    const RequestPhase phase = it->second.phase;
+    const bool admitted = phase == RequestPhase::kPrefill || phase == RequestPhase::kDecode;
+    if (admitted != admitted_queue) {
+      violate("queue-phase", who(id) + " is in phase " + request_phase_name(phase) + " but " +
+                                 (admitted_queue ? "running" : "waiting"));
+    }
+  };
+  for (const engine::RequestId id : s.running()) check_queue(id, true);
+  for (const engine::RequestId id : s.waiting()) check_queue(id, false);
+  for (const Family f : engine::kFamilies) {
+    const int32_t held = s.pool(f).held_count();
+    if (held != expected_total[static_cast<int>(f)]) {
+      violate("page-account", std::string(family_name(f)) + " pool holds " + std::to_string(held) +
+                                  " pages, the reference model " +
+                                  std::to_string(expected_total[static_cast<int>(f)]));
+    }
+  }
+}
+
+// The load feed against the pools, the queues, the configuration and the outputs.
+void Harness::check_metrics(const engine::Metrics& m) {
+  const engine::Scheduler& s = engine_->scheduler();
+  auto expect = [&](const char* what, const char* family, uint64_t got, uint64_t want) {
+    if (got != want) {
+      violate("metrics", std::string("metrics.") + family + what + " is " + std::to_string(got) +
+                             ", expected " + std::to_string(want));
+    }
+  };
+  expect("running", "", m.running, s.running().size());
+  expect("waiting", "", m.waiting, s.waiting().size());
+  uint64_t ended = 0;
+  for (const uint64_t n : terminals_seen_) ended += n;
+  expect("running + waiting", "", uint64_t(m.running) + m.waiting, records_.size() - ended);
+  for (const Family f : engine::kFamilies) {
+    const engine::FamilyLoad& load = m.family(f);
+    const int fi = static_cast<int>(f);
+    const char* name = f == Family::kGlobal ? "global." : "local.";
+    const int32_t configured = f == Family::kGlobal ? config_.pages_global : config_.pages_local;
+    expect("pages_used", name, load.pages_used, s.pool(f).held_count());
+    expect("pages_total", name, load.pages_total, configured);
+    // The peak is taken inside the step (before window pages go back), so it may exceed what
+    // any step ended with; it never falls, and never exceeds the pool.
+    const int32_t floor = std::max(pages_peak_seen_[fi], load.pages_used);
+    if (load.pages_peak < floor || load.pages_peak > configured) {
+      violate("metrics", std::string("metrics.") + name + "pages_peak is " +
+                             std::to_string(load.pages_peak) + ", expected in [" +
+                             std::to_string(floor) + ", " + std::to_string(configured) + "]");
+    }
+    pages_peak_seen_[fi] = load.pages_peak;
+  }
+  const engine::Counters& k = m.counters;
+  expect("submitted", "counters.", k.submitted, records_.size());
+  expect("steps", "counters.", k.steps, steps_);
+  expect("steps_failed", "counters.", k.steps_failed, steps_failed_seen_);
+  expect("tokens_generated", "counters.", k.tokens_generated, tokens_seen_);
+  expect("preemptions", "counters.", k.preemptions, preemptions_seen_);
+  for (int i = 0; i < 5; ++i) {
+    expect(terminal_kind_name(static_cast<TerminalKind>(i)), "counters.terminals.", k.terminals[i],
+           terminals_seen_[i]);
   }
 }
 
 const engine::StepOutputs& Harness::step() {
   steps_ += 1;
+  g_steps_in_process.fetch_add(1, std::memory_order_relaxed);
+  device_faults_before_ = faults_.device_fired();
+  ledger_probed_ = false;
+  const uint64_t plans_before = device_.plans_received();
+  // Only a device fault fails a step; snapshot (O(pages held)) only while one can fire.
+  std::optional<FailedStepSnapshot> before;
+  if (faults_.device_armed()) before = snapshot_for_failed_step(engine_->scheduler());
   last_ = engine_->step();
   absorb(last_.step_index);
   absorb(last_.failed ? 0xfa11 : 0x0c);
   absorb(static_cast<uint64_t>(last_.rows));
+  steps_failed_seen_ += last_.failed ? 1 : 0;
+  count_plan_failures(plans_before);
   for (const engine::RequestUpdate& update : last_.updates) {
     absorb(update.id.value);
     absorb(static_cast<uint64_t>(update.scheduled_tokens) << 32 |
@@ -137,7 +420,25 @@ const engine::StepOutputs& Harness::step() {
     if (update.terminal) absorb(0x7e00 + static_cast<uint64_t>(update.terminal->kind));
     check_update(update);
   }
+  for (const engine::RequestId id : aborts_pending_) {
+    RequestRecord& rec = records_.at(id);
+    rec.abort_pending = false;
+    if (!rec.terminal || rec.terminal->kind != TerminalKind::kAborted) {
+      violate("abort-latency", who(id) + " was aborted before step " + std::to_string(steps_) +
+                                   " and is not ended Aborted after it");
+    }
+  }
+  aborts_pending_.clear();
+  if (last_.failed && before) {
+    if (auto moved = moved_in_failed_step(*before, engine_->scheduler())) {
+      violate("failed-step-moved-state", std::move(*moved));
+    }
+  }
+  check_step_bounds(plans_before);
+  check_failure_limit();
+  check_page_account();
   const engine::Metrics m = engine_->metrics();
+  check_metrics(m);
   absorb(static_cast<uint64_t>(m.global.pages_used) << 32 |
          static_cast<uint32_t>(m.local.pages_used));
   for (std::string& v : engine_->check_invariants()) violate("state", std::move(v));

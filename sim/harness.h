@@ -1,7 +1,13 @@
 // Harness: drives an Engine on a SimDevice and checks, after every step, everything the
-// properties and the campaign assert: page conservation and the frontier account (via
-// Engine::check_invariants), one terminal per request and nothing after it (an independent
-// ledger), every emitted token against the oracle, and a trace hash of the whole run.
+// properties, the campaign and the fuzz target assert. Independent of the engine's own helpers:
+// one terminal per request and nothing after it (its own ledger, and a probe that the engine's
+// ledger refuses a forged update), every token against the oracle, stop and length semantics,
+// the page account of both families from the reference model (sim/reference.h) and the
+// frontiers the outputs reported, every configured bound (max_running, max_step_tokens, the
+// consecutive-failure limit), Failed only after a fault, nothing but an Aborted terminal for a
+// request aborted between steps, metrics() against pools, queues and the outputs, and a failed
+// step leaving requests and queues as they were. Then Engine::check_invariants, and a trace
+// hash of the whole run.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +42,10 @@ struct RequestRecord {
   int64_t first_token_ns = -1;
   int64_t last_token_ns = -1;
   std::vector<int64_t> token_gaps_ns;
+  // Tracked from the outputs alone, for the reference model and the failure limit.
+  int32_t frontier = 0;
+  int32_t consecutive_failures = 0;  // failed steps in a row whose plan held this request
+  bool abort_pending = false;        // abort() called; the next step must end it Aborted
 };
 
 class Harness {
@@ -66,19 +76,39 @@ class Harness {
   uint64_t steps() const { return steps_; }
   // The phase a live request is in (from the scheduler); kDone once finished.
   engine::RequestPhase phase_of(engine::RequestId id) const;
+  // Engine steps taken by every harness of this process (the properties report it).
+  static uint64_t steps_in_process();
 
  private:
   void violate(std::string invariant, std::string detail);
   void check_update(const engine::RequestUpdate& update);
+  void check_tokens(const engine::RequestUpdate& update, RequestRecord& rec);
+  void check_terminal(const engine::RequestUpdate& update, RequestRecord& rec);
+  void count_plan_failures(uint64_t plans_before);
+  void check_step_bounds(uint64_t plans_before);
+  void check_failure_limit();
+  void check_page_account();
+  void check_metrics(const engine::Metrics& m);
+  void probe_engine_ledger(const engine::RequestUpdate& terminal);
   void absorb(uint64_t word);
 
   engine::ModelConfig model_;
+  engine::EngineConfig config_;  // as configured, not as the engine reports it
   FaultPlan faults_;
   SimDevice device_;
   std::unique_ptr<engine::Engine> engine_;
   std::map<engine::RequestId, RequestRecord> records_;
   std::vector<Violation> violations_;
   engine::StepOutputs last_;
+  uint64_t device_faults_before_ = 0;              // FaultPlan::device_fired() before this step
+  bool ledger_probed_ = false;                     // this step's engine-ledger probe ran
+  std::vector<engine::RequestId> aborts_pending_;  // aborted since the last step, not ended
+  // Totals of what the outputs carried, for the counters in metrics().
+  uint64_t terminals_seen_[5] = {};
+  uint64_t tokens_seen_ = 0;
+  uint64_t preemptions_seen_ = 0;
+  uint64_t steps_failed_seen_ = 0;
+  int32_t pages_peak_seen_[engine::kFamilyCount] = {};
   uint64_t trace_hash_ = 0x6a09e667f3bcc908ULL;
   uint64_t steps_ = 0;
 };

@@ -146,6 +146,10 @@ uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t 
 }
 
 engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engine::StepPlan& plan) {
+  plans_received_ += 1;
+  last_plan_rows_ = plan.num_rows();
+  last_plan_requests_.clear();
+  for (const engine::PlanSeq& seq : plan.seqs) last_plan_requests_.push_back(seq.request);
   if (auto error = validate(plan)) return engine::unexpected(std::move(*error));
   // A failed step still costs time: the base cost, plus the rows once they were launched.
   auto fault = [&](FaultSite site) {

@@ -45,6 +45,11 @@ class SimDevice final : public engine::Device {
   // Lets a harness charge idle time (e.g. waiting for arrivals) to the virtual clock.
   void advance_ns(int64_t ns) { now_ns_ += ns; }
   uint64_t steps_executed() const { return steps_executed_; }
+  // What the last execute() was handed, recorded before validation and faults: the harness
+  // checks the step bounds and the failure limit against the plan itself, not the outputs.
+  uint64_t plans_received() const { return plans_received_; }
+  int32_t last_plan_rows() const { return last_plan_rows_; }
+  const std::vector<engine::RequestId>& last_plan_requests() const { return last_plan_requests_; }
 
  private:
   struct Record {
@@ -67,6 +72,9 @@ class SimDevice final : public engine::Device {
   bool bound_ = false;
   int64_t now_ns_ = 0;
   uint64_t steps_executed_ = 0;
+  uint64_t plans_received_ = 0;
+  int32_t last_plan_rows_ = 0;
+  std::vector<engine::RequestId> last_plan_requests_;  // [plan.seqs.size()], plan order
 };
 
 }  // namespace twinstep::sim

@@ -90,20 +90,6 @@ engine::SamplingParams random_sampling(Rng& rng, bool sampled) {
   return s;
 }
 
-// The first `count` tokens the oracle says `request` will emit (no stop ids applied).
-std::vector<int32_t> oracle_outputs(const Request& request, int32_t count, int32_t window,
-                                    int32_t vocab) {
-  std::vector<int32_t> all = request.prompt;
-  std::vector<int32_t> out;
-  for (int32_t i = 0; i < count; ++i) {
-    const int32_t t = oracle_next_token(all, static_cast<int32_t>(all.size()) - 1, window,
-                                        request.sampling, i, vocab);
-    out.push_back(t);
-    all.push_back(t);
-  }
-  return out;
-}
-
 Request valid_request(const WorkloadSpec& spec, const RequestLimits& limits, Rng& rng) {
   const int32_t max_total = limits.max_total();
   TS_CHECK(max_total >= 2) << "limits admit no request: max_total=" << max_total;
@@ -126,6 +112,19 @@ Request valid_request(const WorkloadSpec& spec, const RequestLimits& limits, Rng
 }
 
 }  // namespace
+
+std::vector<int32_t> oracle_outputs(const Request& request, int32_t count, int32_t window,
+                                    int32_t vocab) {
+  std::vector<int32_t> all = request.prompt;
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < count; ++i) {
+    const int32_t t = oracle_next_token(all, static_cast<int32_t>(all.size()) - 1, window,
+                                        request.sampling, i, vocab);
+    out.push_back(t);
+    all.push_back(t);
+  }
+  return out;
+}
 
 std::optional<Request> invalid_request(RejectReason reason, const RequestLimits& limits, Rng& rng) {
   Request r;

@@ -71,6 +71,11 @@ struct PlannedRequest {
 std::vector<PlannedRequest> plan_workload(const WorkloadSpec& spec, const RequestLimits& limits,
                                           Rng& rng);
 
+// The first `count` tokens the oracle says `request` will emit (no stop ids applied): the way
+// to give a request a stop id it really meets.
+std::vector<int32_t> oracle_outputs(const engine::Request& request, int32_t count, int32_t window,
+                                    int32_t vocab);
+
 // A request that the engine must reject with `reason`, or nullopt when the limits make the
 // reason unreachable (e.g. never-fits when the pools hold the whole context).
 std::optional<engine::Request> invalid_request(engine::RejectReason reason,
