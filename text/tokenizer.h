@@ -12,6 +12,8 @@
 // Encode, like HF `Tokenizer.encode(text, add_special_tokens)`: added tokens (special or not)
 // are matched first on the raw text, leftmost-longest; the text between them is normalized,
 // pre-tokenized and BPE-merged. Decode, like HF `decode(ids, skip_special_tokens)`.
+// A loaded Tokenizer is immutable: its const methods may run on several threads at once
+// (encode's scratch buffers are thread_local).
 #pragma once
 
 #include <cstdint>
