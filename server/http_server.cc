@@ -24,6 +24,7 @@
 #include <iostream>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -335,10 +336,10 @@ class Session : public std::enable_shared_from_this<Session> {
     ApiError error = read_failure_error(failure, server_.options.max_body_bytes, ec.message());
     // The stream is out of sync with the protocol: answer, then close.
     close_after_flush_ = true;
-    request_id_ = server_.next_id("req-");
-    head_ = false;
     std::string body = error_body(error);
-    std::string response = head_for(error.status, "application/json", body.size()) + body;
+    // Its own id: request_id_ may still be the exchange's, whose response is not sent yet.
+    std::string id = server_.next_id("req-");
+    std::string response = head_for(error.status, "application/json", body.size(), {}, id) + body;
     if (exchange_) {
       deferred_ = std::move(response);  // after the stream in progress
       discard_read();
@@ -396,6 +397,11 @@ class Session : public std::enable_shared_from_this<Session> {
                text(http::field::authorization), request.body()},
               server_.route);
     head_ = routed.head;
+    if (!server_.options.fault_throw_path.empty() &&
+        request.target() == server_.options.fault_throw_path) {
+      throw std::runtime_error("fault site: a handler threw for " +
+                               server_.options.fault_throw_path);
+    }
     switch (routed.kind) {
       case RouteKind::kRespond:
         return send(routed.status, routed.content_type, routed.body, routed.allow);
@@ -603,11 +609,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   std::string head_for(int status, std::string_view content_type, size_t length,
-                       std::string_view allow = {}) {
+                       std::string_view allow = {},
+                       std::optional<std::string_view> request_id = std::nullopt) {
     server_.count_response(status);
     std::string date = http_date(std::chrono::system_clock::now());
-    return response_head(
-        {status, content_type, length, false, !close_after_flush_, allow, request_id_, date});
+    return response_head({status, content_type, length, false, !close_after_flush_, allow,
+                          request_id.value_or(request_id_), date});
   }
 
   std::string stream_header() const {

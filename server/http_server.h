@@ -40,6 +40,9 @@ struct ServerOptions {
   // Non-empty: every route except /health needs "Authorization: Bearer <api_key>".
   std::string api_key;
   std::string model_id = "twinstep-sim";
+  // Fault site for tests: a request for exactly this path throws inside its handler, as a
+  // bug would ("" = never). What must happen: that connection closes, the server serves on.
+  std::string fault_throw_path;
   // For fields a request leaves out (generation_config.json's, else OpenAI's).
   engine::SamplingParams sampling_defaults = openai_sampling_defaults();
   EngineLoopOptions loop;

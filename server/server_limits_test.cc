@@ -7,6 +7,7 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -217,6 +218,27 @@ TEST_F(ServerTest, HeadDateRequestIdsAndModelById) {
   std::string second = json::parse(post({{"prompt", {1, 2}}, {"max_tokens", 1}}).body)["id"];
   EXPECT_EQ(first.rfind("cmpl-", 0), 0u) << first;
   EXPECT_NE(first, second);
+}
+
+TEST_F(ServerTest, AnExceptionInAHandlerClosesOnlyItsConnection) {
+  ServerOptions options;
+  options.fault_throw_path = "/boom";
+  start(options);
+  // A stream in progress on another connection is not disturbed.
+  server_->loop().hold_after(0);
+  json body = {{"prompt", {4, 5}}, {"max_tokens", 6}, {"stream", true}, {"ignore_eos", true}};
+  auto stream = std::async(std::launch::async,
+                           [&] { return client::run_completions(port_, {{body.dump()}}, 1); });
+  ASSERT_TRUE(eventually([&] { return server_->loop().live_requests() == 1; }));
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_EQ(client::raw_exchange(port_, "GET /boom HTTP/1.1\r\nHost: x\r\n\r\n"), "");
+    EXPECT_EQ(server_->http_counters().internal_errors, uint64_t(i));
+  }
+  server_->loop().release_hold();
+  auto results = stream.get();
+  EXPECT_TRUE(results[0].done) << results[0].error;
+  EXPECT_EQ(streamed(results[0]).size(), 6u);
+  EXPECT_EQ(client::request(port_, "GET", "/health").status, 200);
 }
 
 TEST_F(ServerTest, ApiKeyIsRequiredEverywhereButHealth) {
