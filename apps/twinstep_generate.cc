@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -248,6 +249,37 @@ std::vector<std::vector<int32_t>> text_prompt_ids(const Options& o, const TextSi
   return prompts;
 }
 
+// Text out: a detokenizer per prompt, special tokens (the stop token) left out. One prompt
+// streams its text as the steps produce it.
+class TextOutput {
+ public:
+  TextOutput(const TextSide& side, const std::vector<engine::RequestId>& ids)
+      : stream_(side.tokenizer && ids.size() == 1) {
+    if (!side.tokenizer) return;
+    for (engine::RequestId id : ids) {
+      detokenizers_.emplace(id, text::Detokenizer(*side.tokenizer, {.skip_special_tokens = true}));
+    }
+  }
+  bool active() const { return !detokenizers_.empty(); }
+  void on_tokens(engine::RequestId id, std::span<const int32_t> tokens) {
+    const auto d = detokenizers_.find(id);
+    if (d == detokenizers_.end()) return;
+    for (const int32_t token : tokens) d->second.push_into(token, texts_[id]);
+    if (stream_) write(std::exchange(texts_[id], {}));
+  }
+  // The rest of the prompt's text, then a newline.
+  void print(engine::RequestId id) { write(texts_[id] + detokenizers_.at(id).finish() + "\n"); }
+
+ private:
+  static void write(const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  }
+  bool stream_;
+  std::map<engine::RequestId, text::Detokenizer> detokenizers_;
+  std::map<engine::RequestId, std::string> texts_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,17 +366,7 @@ int main(int argc, char** argv) {
     r.stop_ids.insert(r.stop_ids.end(), text_side.stop_ids.begin(), text_side.stop_ids.end());
     ids.push_back(engine.value()->submit(std::move(r)).id());
   }
-  // Text out: a detokenizer per prompt, special tokens (the stop token) left out. One prompt
-  // streams its text as the steps produce it.
-  std::map<engine::RequestId, text::Detokenizer> detokenizers;
-  std::map<engine::RequestId, std::string> texts;
-  const bool stream = text_side.tokenizer && ids.size() == 1;
-  if (text_side.tokenizer) {
-    for (engine::RequestId id : ids) {
-      detokenizers.emplace(id,
-                           text::Detokenizer(*text_side.tokenizer, {.skip_special_tokens = true}));
-    }
-  }
+  TextOutput text_out(text_side, ids);
   std::map<engine::RequestId, std::vector<int32_t>> out;
   std::map<engine::RequestId, engine::Terminal> terminal;
   int failed_steps = 0;
@@ -359,14 +381,7 @@ int main(int argc, char** argv) {
       auto& tokens = out[u.id];
       tokens.insert(tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
       if (u.terminal) terminal[u.id] = *u.terminal;
-      if (const auto d = detokenizers.find(u.id); d != detokenizers.end()) {
-        for (const int32_t token : u.new_tokens) d->second.push_into(token, texts[u.id]);
-        if (stream) {
-          const std::string piece = std::exchange(texts[u.id], {});
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-        }
-      }
+      text_out.on_tokens(u.id, u.new_tokens);
     }
   }
   int rc = 0;
@@ -379,9 +394,8 @@ int main(int argc, char** argv) {
                    engine::terminal_kind_name(it->second.kind), it->second.message.c_str());
       rc = 1;
     }
-    if (const auto d = detokenizers.find(id); d != detokenizers.end()) {
-      const std::string rest = texts[id] + d->second.finish() + "\n";
-      std::fwrite(rest.data(), 1, rest.size(), stdout);
+    if (text_out.active()) {
+      text_out.print(id);
       continue;
     }
     const auto& tokens = out[id];
