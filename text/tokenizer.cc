@@ -107,6 +107,7 @@ struct Candidate {
 struct Scratch {
   std::vector<Symbol> symbols;
   std::vector<Candidate> heap;
+  std::vector<int32_t> small_ids, small_rank, small_new;  // merge_small's arrays
   std::string normalized;
   std::string replaced;
 };
@@ -169,7 +170,46 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<int32_t>& o
     pos += len;
   }
   if (unk_len > 0) add(unk_id, unk_len);
+  if (syms.size() <= kSmallWord) return merge_small(out);
+  merge_heap(out);
+}
 
+// Few symbols: each round, scan for the pair of lowest (rank, position) and merge it. The
+// same merges as merge_heap: a live pair's rank never changes, and a stale heap entry can never
+// pass its check (a merged token's string, hence id, always differs from the pair it replaced).
+void Tokenizer::Impl::merge_small(std::vector<int32_t>& out) const {
+  Scratch& s = scratch();
+  std::vector<int32_t>& ids = s.small_ids;
+  std::vector<int32_t>& rank = s.small_rank;  // [i]: rank of the pair (i, i + 1), or max
+  std::vector<int32_t>& next_id = s.small_new;
+  ids.clear();
+  for (const Symbol& sym : s.symbols) ids.push_back(sym.id);
+  rank.resize(ids.size());
+  next_id.resize(ids.size());
+  const auto pair = [&](size_t i) {
+    const MergeTable::Merge* m = i + 1 < ids.size() ? merges.find(ids[i], ids[i + 1]) : nullptr;
+    rank[i] = m ? m->rank : INT32_MAX;
+    next_id[i] = m ? m->new_id : -1;
+  };
+  for (size_t i = 0; i < ids.size(); ++i) pair(i);
+  while (!ids.empty()) {
+    size_t best = 0;
+    for (size_t i = 1; i < ids.size(); ++i) best = rank[i] < rank[best] ? i : best;
+    if (rank[best] == INT32_MAX) break;
+    ids[best] = next_id[best];
+    ids.erase(ids.begin() + best + 1);
+    rank.erase(rank.begin() + best + 1);
+    next_id.erase(next_id.begin() + best + 1);
+    pair(best);
+    if (best > 0) pair(best - 1);
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+// HF's merge_all: a heap of candidate pairs, lowest rank then leftmost first, stale entries
+// skipped.
+void Tokenizer::Impl::merge_heap(std::vector<int32_t>& out) const {
+  auto& syms = scratch().symbols;
   auto& heap = scratch().heap;
   heap.clear();
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(syms.size()); ++i) {

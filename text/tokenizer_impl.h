@@ -113,6 +113,11 @@ struct Tokenizer::Impl {
 
   void encode_segment(std::string_view raw, std::vector<int32_t>& out) const;
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  // Words of at most kSmallWord symbols merge by linear scans, longer ones through a heap;
+  // both give HF's merges (the fixture test has thousands of words of either size).
+  static constexpr size_t kSmallWord = 48;
+  void merge_small(std::vector<int32_t>& out) const;
+  void merge_heap(std::vector<int32_t>& out) const;
 };
 
 Result<std::unique_ptr<Tokenizer::Impl>, TokenizerError> load_tokenizer_impl(
