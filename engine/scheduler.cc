@@ -566,10 +566,15 @@ std::vector<std::string> Scheduler::check_invariants() const {
     }
     if (held != pl.held_count()) fail(pool_name + "held counter disagrees with page states");
   }
+  // Sorted copies: a search per request instead of a scan of each queue.
+  std::vector<RequestId> running_sorted(running_.begin(), running_.end());
+  std::vector<RequestId> waiting_sorted(waiting_.begin(), waiting_.end());
+  std::sort(running_sorted.begin(), running_sorted.end());
+  std::sort(waiting_sorted.begin(), waiting_sorted.end());
   for (const auto& [rid, r] : requests_) {
-    auto who = [&rid] {
+    auto who = [request = rid] {  // a copy: clang 14 cannot capture a structured binding
       std::ostringstream os;
-      os << rid << ": ";
+      os << request << ": ";
       return os.str();
     };
     if (r.frontier < 0 || r.frontier >= static_cast<int32_t>(r.tokens.size())) {
@@ -590,8 +595,8 @@ std::vector<std::string> Scheduler::check_invariants() const {
     if (static_cast<int32_t>(r.kv_of(Family::kLocal).pages.size()) > local_bound) {
       fail(who() + "local pages exceed the window bound " + std::to_string(local_bound));
     }
-    const bool is_running = std::find(running_.begin(), running_.end(), rid) != running_.end();
-    const bool is_waiting = std::find(waiting_.begin(), waiting_.end(), rid) != waiting_.end();
+    const bool is_running = std::binary_search(running_sorted.begin(), running_sorted.end(), rid);
+    const bool is_waiting = std::binary_search(waiting_sorted.begin(), waiting_sorted.end(), rid);
     if (is_running == is_waiting) fail(who() + "must be exactly one of running or waiting");
     if (is_waiting && r.frontier != 0) fail(who() + "waiting with a non-zero frontier");
   }

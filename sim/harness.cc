@@ -120,6 +120,14 @@ void Harness::check_update(const engine::RequestUpdate& update) {
                             (update.preempted ? ", preempted" : "") + ")");
   }
   rec.frontier = expected_kv;  // ours, not the reported one: the page account builds on it
+  const int32_t context =
+      config_.max_context > 0 ? config_.max_context : model_.max_position_embeddings;
+  const int64_t total = static_cast<int64_t>(rec.request.prompt.size()) + rec.request.max_tokens;
+  if (update.scheduled_tokens > 0 && total > context) {
+    violate("bounds", who(update.id) +
+                          " was scheduled although prompt + max_tokens = " + std::to_string(total) +
+                          " exceeds the context limit " + std::to_string(context));
+  }
   if (update.scheduled_tokens > 0) rec.ever_scheduled = true;
   if (update.preempted) {
     rec.preemptions += 1;
