@@ -95,6 +95,10 @@ def conversations():
         [{"role": "user", "content": {"type": "text", "text": "a dict"}}],
         [{"content": "no role"}],
         [{"role": "user", "content": "a", "name": "extra keys are ignored"}],
+        [{"role": "user", "content": "a"}, {"role": 7, "content": "b"}],
+        [{"role": "user", "content": "a"}, {"role": None, "content": "b"}],
+        [{"role": "system", "content": [{"type": "text", "text": 5}]},
+         {"role": "user", "content": "x"}],
     ]
     # Mostly alternating, with the roles the template lets through at odd positions (system,
     # tool, model) and now and then a break that it rejects.
@@ -105,6 +109,42 @@ def conversations():
             if rng.random() < 0.08:
                 role = rng.choice(["user", "assistant", "system"])
             msgs.append({"role": role, "content": content(rng)})
+        convs.append(msgs)
+    convs += odd_shapes(rng)
+    return convs
+
+
+def odd_shapes(rng):
+    """Messages of odd JSON shapes: roles missing, null or numbers, contents of every JSON
+    type, parts without type or text. (Not: a non-string text in a part, which jinja2 renders
+    as Python's str() of it and the C++ formatter refuses.)"""
+    roles = ["user", "assistant", "system", "tool", None, 7, "MISSING"]
+    contents = ["x", " y ", "", None, 7, True, 2.5, {"type": "text", "text": "d"}, "MISSING",
+                "PARTS"]
+
+    def part():
+        p = {}
+        if rng.random() < 0.8:
+            p["type"] = rng.choice(["text", "image", "audio", 3])
+        if rng.random() < 0.7:
+            p["text"] = rng.choice(["t", "  u  ", ""])
+        return p
+
+    convs = []
+    for _ in range(60):
+        msgs = []
+        for i in range(rng.randint(1, 4)):
+            m = {}
+            role = rng.choice(roles) if rng.random() < 0.35 else ("user" if i % 2 == 0
+                                                                  else "assistant")
+            if role != "MISSING":
+                m["role"] = role
+            c = rng.choice(contents)
+            if c == "PARTS":
+                m["content"] = [part() for _ in range(rng.randint(0, 3))]
+            elif c != "MISSING":
+                m["content"] = c
+            msgs.append(m)
         convs.append(msgs)
     return convs
 

@@ -3,6 +3,10 @@
 #include "text/chat_template.h"
 
 #include <gtest/gtest.h>
+#include <rapidcheck.h>
+#include <rapidcheck/gtest.h>
+
+#include "text/utf8.h"
 
 namespace twinstep::text {
 namespace {
@@ -94,6 +98,32 @@ TEST(ChatTemplate, RefusesTemplatesItDoesNotRecognise) {
   EXPECT_EQ(*old_bos->render(json::parse(R"([{"role": "user", "content": "x"}])"), false),
             "<s><start_of_turn>user\nx<end_of_turn>\n");
   EXPECT_EQ(ChatTemplate::from_config_file("/nonexistent.json").error().code, ChatErrorCode::kIo);
+}
+
+// Any JSON shaped roughly like messages renders or comes back as a typed error: never a crash,
+// and output is valid UTF-8 that starts with <bos>.
+RC_GTEST_PROP(ChatTemplate, AnyMessagesRenderOrFailTyped, ()) {
+  static const ChatTemplate t = gemma3();
+  const auto scalar = rc::gen::element<json>(nullptr, true, 7, 2.5, "", " x ", "user", "assistant",
+                                             "system", "image", "text", "\u3000y\u2028");
+  const auto part = rc::gen::map(rc::gen::pair(scalar, scalar), [](const auto& p) {
+    return json{{"type", p.first}, {"text", p.second}};
+  });
+  const auto content =
+      rc::gen::oneOf(scalar, rc::gen::map(rc::gen::container<std::vector<json>>(part),
+                                          [](const std::vector<json>& v) { return json(v); }));
+  const auto message = rc::gen::map(rc::gen::pair(scalar, content), [](const auto& p) {
+    return json{{"role", p.first}, {"content", p.second}};
+  });
+  const json messages = *rc::gen::map(rc::gen::container<std::vector<json>>(message),
+                                      [](const std::vector<json>& v) { return json(v); });
+  const auto out = t.render(messages, *rc::gen::arbitrary<bool>());
+  if (out.ok()) {
+    RC_ASSERT(out->rfind("<bos>", 0) == 0);
+    RC_ASSERT(utf8_valid(*out));
+  } else {
+    RC_ASSERT(!out.error().message.empty());
+  }
 }
 
 }  // namespace
