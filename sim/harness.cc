@@ -256,6 +256,11 @@ void Harness::check_step_bounds(uint64_t plans_before) {
     violate("bounds", "the device received " + std::to_string(plans) + " plans in a step that " +
                           (last_.device_ran ? "ran" : "did not run") + " it");
   }
+  if (last_.failed && (!last_.device_ran || faults_.device_fired() == device_faults_before_)) {
+    violate("failure-limit",
+            std::string("a step failed although ") +
+                (last_.device_ran ? "no device fault fired" : "the device never ran"));
+  }
   const int32_t running = static_cast<int32_t>(engine_->scheduler().running().size());
   if (running > config_.max_running) {
     violate("bounds", std::to_string(running) + " requests running, max_running " +
