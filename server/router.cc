@@ -175,7 +175,9 @@ Routed error_route(const ApiError& error) {
   return out;
 }
 
-Routed route(const RouteInput& input, const RouteContext& context) {
+namespace {
+
+Routed route_request(const RouteInput& input, const RouteContext& context) {
   const std::string_view path = input.target.substr(0, input.target.find('?'));
   const std::string_view method = input.method;
   const bool get_like = method == "GET" || method == "HEAD";
@@ -207,7 +209,15 @@ Routed route(const RouteInput& input, const RouteContext& context) {
         {404, "not_found_error", "",
          "unknown route " + std::string(method) + " " + std::string(path) + "; " + kKnownRoutes});
   }
-  out.head = method == "HEAD";
+  return out;
+}
+
+}  // namespace
+
+Routed route(const RouteInput& input, const RouteContext& context) {
+  Routed out = route_request(input, context);
+  // Every answer to a HEAD, errors included, is sent without its body.
+  out.head = input.method == "HEAD";
   return out;
 }
 

@@ -52,6 +52,12 @@ TEST(Router, MethodsAndHead) {
   EXPECT_EQ(post.status, 405);
   EXPECT_EQ(post.allow, "GET, HEAD");
   EXPECT_EQ(route({"GET", "/v1/completions", "", ""}, context()).allow, "POST");
+  // A HEAD that gets an error still gets no body (else the client reads it as the next
+  // response).
+  Routed head_error = route({"HEAD", "/v1/completions", "", ""}, context());
+  EXPECT_EQ(head_error.status, 405);
+  EXPECT_TRUE(head_error.head);
+  EXPECT_TRUE(route({"HEAD", "/nowhere", "", ""}, context()).head);
 }
 
 TEST(Router, ModelById) {

@@ -383,6 +383,36 @@ TEST(ServeBinary, OutOfDescriptorsAcceptBacksOffAndRecovers) {
   EXPECT_EQ(log.find("pausing new connections", said + 1), std::string::npos) << log;
 }
 
+// The setting itself (`ulimit -n 64`, default flags, 100 idle connections): the cap
+// is below the descriptor limit, so /health gets a clean 503 at once, and 200 once the idle
+// connections are gone.
+TEST(ServeBinary, DescriptorLimitLowersTheDefaultCapSoRefusalsAre503) {
+  Child server({TWINSTEP_SERVE_BINARY, "--port", "0"}, 64);
+  uint16_t port = start_server(server);
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(silent_socket(port));
+  Child refused({"curl", "-sS", "--max-time", "30", "-w", "%{http_code}", "-o", "/dev/null",
+                 "http://127.0.0.1:" + std::to_string(port) + "/health"});
+  std::vector<std::string> code = refused.rest();
+  refused.wait_exit();
+  ASSERT_FALSE(code.empty());
+  EXPECT_EQ(code.back(), "503");
+  for (int fd : idle) close(fd);
+  std::optional<std::string> ok;
+  for (auto until = Clock::now() + kDeadline; Clock::now() < until;) {
+    Child health(curl_args(port, "/health", nullptr));
+    std::vector<std::string> lines = health.rest();
+    health.wait_exit();
+    if (!lines.empty() && lines[0].find("\"ok\"") != std::string::npos) {
+      ok = lines[0];
+      break;
+    }
+  }
+  EXPECT_TRUE(ok.has_value()) << "/health never answered 200 again";
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  EXPECT_EQ(server.wait_exit(), 0) << server.buffered();
+}
+
 // promtool (Debian's prometheus package, from .ci/deps) accepts /metrics; a missing promtool
 // fails this test.
 TEST(ServeBinary, PromtoolChecksMetrics) {

@@ -1,6 +1,9 @@
 // Flag parsing and backend construction for twinstep-serve; see serve_options.h.
 #include "server/serve_options.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <boost/asio/ip/address.hpp>
 #include <charconv>
 #include <filesystem>
@@ -58,7 +61,8 @@ An OpenAI-compatible completions server (prompts and outputs are token ids).
   --idle-timeout-s N       close a connection that sends no complete request for N s (60)
   --max-queued-bytes N     response bytes queued per connection before a stream pauses (1 MiB)
   --write-timeout-s N      close (and abort) a connection whose client reads nothing for N s (30)
-  --max-connections N      open connections at most; one more gets 503 (1024)
+  --max-connections N      open connections at most; one more gets 503 (1024, or fewer when
+                           the descriptor limit, ulimit -n, leaves less: that minus 32)
   --shutdown-timeout-s N   on SIGTERM, close connections still open N s after the drain (5)
   --api-key KEY            require "Authorization: Bearer KEY" on every route but /health
                            (default: the environment variable TWINSTEP_API_KEY, if set)
@@ -127,7 +131,9 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     return parse_int<size_t>("--max-queued-bytes", v, 4096, size_t{1} << 30,
                              config.server.max_queued_bytes);
   };
+  bool max_connections_given = false;
   flags["--max-connections"] = [&](const std::string& v) {
+    max_connections_given = true;
     return parse_int<size_t>("--max-connections", v, 1, 1'000'000, config.server.max_connections);
   };
   flags["--api-key"] = [&](const std::string& v) -> std::optional<std::string> {
@@ -170,6 +176,7 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     }
     if (auto error = it->second(value)) return unexpected(std::move(*error));
   }
+  if (!max_connections_given) config.server.max_connections = default_max_connections();
   if (config.device == "cuda" && !config.model_dir && !config.help) {
     return unexpected(std::string("--device cuda: expected --model DIR (a checkpoint)"));
   }
@@ -179,6 +186,16 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     if (!name.empty()) config.server.model_id = name;
   }
   return config;
+}
+
+size_t default_max_connections() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return kDefaultMaxConnections;
+  }
+  const auto fds = static_cast<size_t>(limit.rlim_cur);
+  if (fds <= kReservedDescriptors) return 1;
+  return std::min(kDefaultMaxConnections, fds - kReservedDescriptors);
 }
 
 void apply_environment(ServeConfig& config, const char* api_key_env) {

@@ -29,6 +29,13 @@ std::string serve_usage();
 // Every flag takes a value except --help and --random-weights. Unknown flags and bad values are
 // errors that name the flag and what was expected.
 Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>& args);
+// --max-connections when not given: 1024, or the descriptor limit (RLIMIT_NOFILE) less
+// kReservedDescriptors when that is smaller, so that the cap, not an accept failing with
+// EMFILE, is what a flood of connections meets first (and it gets a 503, not silence).
+inline constexpr size_t kDefaultMaxConnections = 1024;
+inline constexpr size_t kReservedDescriptors = 32;  // listener, stdio, /proc reads, the engine
+size_t default_max_connections();
+
 // Settings the environment may give: the API key from TWINSTEP_API_KEY (pass getenv's value,
 // or nullptr), used when --api-key did not set one.
 void apply_environment(ServeConfig& config, const char* api_key_env);

@@ -45,7 +45,9 @@ TEST(ServeOptions, LimitFlags) {
   EXPECT_EQ(config->server.api_key, "k1");
   auto defaults = parse_serve_args({});
   ASSERT_TRUE(defaults.ok());
-  EXPECT_EQ(defaults->server.max_connections, 1024u);
+  EXPECT_EQ(defaults->server.max_connections, default_max_connections());
+  EXPECT_LE(default_max_connections(), kDefaultMaxConnections);
+  EXPECT_GE(default_max_connections(), 1u);
   EXPECT_EQ(defaults->server.write_timeout, std::chrono::seconds(30));
   EXPECT_EQ(defaults->server.shutdown_timeout, std::chrono::seconds(5));
   EXPECT_TRUE(defaults->server.api_key.empty());
