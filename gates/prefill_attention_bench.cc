@@ -58,7 +58,8 @@ struct AttnShape {
 };
 
 struct CaseTimes {
-  double ref_ms, tc_ms, tc64_ms, flops;  // tc64: key_tile 64 (head_dim 256 only), else 0
+  double ref_ms, tc_ms, flops;
+  double tc64_ms = 0, mma32_ms = 0;  // head_dim 256 (default: wgmma): the mma.sync kernels
 };
 
 CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream_t stream) {
@@ -107,11 +108,15 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
     BENCH_OK(kernels::attention_prefill_tc(q, stride, out, q_heads, pv, 0, rv, gv, tv, f.window,
                                            1.0f, stream));
   });
-  if (f.head_dim == 256) {
-    r.tc64_ms = gates::median_ms(stream, 3, 15, [&] {
+  auto variant_ms = [&](kernels::PrefillVariant v) {
+    return gates::median_ms(stream, 3, 15, [&] {
       BENCH_OK(kernels::attention_prefill_tc(q, stride, out, q_heads, pv, 0, rv, gv, tv, f.window,
-                                             1.0f, stream, 64));
+                                             1.0f, stream, v));
     });
+  };
+  if (f.head_dim == 256) {
+    r.tc64_ms = variant_ms(kernels::PrefillVariant::kMmaKeyTile64);
+    r.mma32_ms = variant_ms(kernels::PrefillVariant::kMma);
   }
   for (void* p :
        {static_cast<void*>(pool), static_cast<void*>(q), static_cast<void*>(out),
@@ -149,9 +154,13 @@ int main() {
       std::printf("| %s | %d x %d | %.0f | %.2f | %.1f | %.3f | %.1f | %.1f | %.1fx |\n", f.name,
                   seqs, len, r.flops / 1e9, r.ref_ms, ref_tf, r.tc_ms, tc_tf, 100.0 * tc_tf / peak,
                   r.ref_ms / r.tc_ms);
-      if (r.tc64_ms > 0) {
-        std::printf("|   (key tile 64 instead of 32) | | | | | %.3f | %.1f | | |\n", r.tc64_ms,
-                    r.flops / (r.tc64_ms * 1e-3) / 1e12);
+      for (const auto& [ms, label] : {std::pair{r.tc64_ms, "mma.sync, key tile 64"},
+                                      std::pair{r.mma32_ms, "mma.sync, key tile 32"}}) {
+        if (ms > 0) {
+          std::printf("|   (%s) | | | | | %.3f | %.1f | %.1f | %.1fx |\n", label, ms,
+                      r.flops / (ms * 1e-3) / 1e12, 100.0 * r.flops / (ms * 1e-3) / 1e12 / peak,
+                      r.ref_ms / ms);
+        }
       }
       if (fi == 0) step_ms[shape][0] = r.tc_ms;
       if (fi == 2) step_ms[shape][1] = r.tc_ms;

@@ -43,13 +43,18 @@ struct PrefillTilesView {
 // Same contract as attention_prefill (ops.h): same arguments, same traps (row_seq outside
 // [0, seqs), negative position, unlisted key page, page outside [1, pages_total)), plus a trap
 // on a tile whose rows do not all belong to its seq. `tiles` must cover every row exactly once
-// (plan_prefill_tiles over this step's row_seq with this family's group). key_tile: keys per
-// shared-memory stage; 0 takes the measured default (64 at head_dim <= 128, 32 above); 64 is
-// also built at head_dim 256 for the benchmark's comparison; anything else is kBadArgument.
+// (plan_prefill_tiles over this step's row_seq with this family's group).
+//
+// `variant` picks among the kernels built for a head dim (each gated against the reference;
+// the benchmark compares them): kDefault is the measured fastest, kMma the mma.sync kernel of
+// this file. At head_dim 256 also kMmaKeyTile64 (mma.sync, 64-key stages) and kWgmma (Hopper
+// wgmma, attention_prefill_wgmma.cu), which is kDefault there; a variant not built for the head
+// dim is kBadArgument.
+enum class PrefillVariant { kDefault, kMma, kMmaKeyTile64, kWgmma };
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                   const PagingView& paging, const PrefillTilesView& tiles,
                                   int32_t window, float scale, cudaStream_t stream,
-                                  int32_t key_tile = 0);
+                                  PrefillVariant variant = PrefillVariant::kDefault);
 
 }  // namespace twinstep::kernels

@@ -271,30 +271,27 @@ std::optional<DeviceError> CudaDevice::validate(const engine::StepPlan& plan) co
   return std::nullopt;
 }
 
-Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) {
-  const int32_t R = plan.num_rows();
-  const int32_t S = static_cast<int32_t>(plan.seqs.size());
-  // The packed image: every array 16-byte aligned.
-  struct Part {
-    const void* src;
-    int64_t bytes;
-    int64_t offset = 0;
-  };
-  std::vector<int32_t> logit_rows(plan.num_logits);
-  for (const engine::PlanSeq& seq : plan.seqs) {
-    if (seq.logits_index >= 0) logit_rows[seq.logits_index] = seq.row_begin + seq.row_count - 1;
-  }
-  std::vector<Part> parts = {{plan.tokens.data(), R * 4},
-                             {plan.positions.data(), R * 4},
-                             {plan.row_seq.data(), R * 4},
-                             {logit_rows.data(), int64_t{plan.num_logits} * 4}};
-  // The tensor-core prefill's query tiles, per family (its GQA group); decode-only steps run
-  // the decode launcher and need none.
-  std::vector<PrefillTile> tiles[engine::kFamilyCount];
-  for (Family f : engine::kFamilies) {
-    const int i = static_cast<int>(f);
-    if (S != R) tiles[i] = plan_prefill_tiles(plan.row_seq, prefill_group(f));
-  }
+namespace {
+
+// One array of the packed plan image; every array starts 16-byte aligned.
+struct StagePart {
+  const void* src;
+  int64_t bytes;
+  int64_t offset = 0;
+};
+// Indices into the parts of plan_parts: the per-row arrays, then 4 per family, then the
+// prefill tiles per family.
+constexpr size_t kPartTokens = 0, kPartPositions = 1, kPartRowSeq = 2, kPartLogitRows = 3;
+constexpr size_t kPartFamily0 = 4, kPartsPerFamily = 4, kPartTiles0 = 12;
+
+std::vector<StagePart> plan_parts(const engine::StepPlan& plan,
+                                  const std::vector<int32_t>& logit_rows,
+                                  const std::vector<PrefillTile> (&tiles)[engine::kFamilyCount]) {
+  const int64_t R = plan.num_rows();
+  std::vector<StagePart> parts = {{plan.tokens.data(), R * 4},
+                                  {plan.positions.data(), R * 4},
+                                  {plan.row_seq.data(), R * 4},
+                                  {logit_rows.data(), int64_t{plan.num_logits} * 4}};
   for (Family f : engine::kFamilies) {
     const engine::FamilyPlan& fp = plan.family(f);
     parts.push_back({fp.page_indices.data(), static_cast<int64_t>(fp.page_indices.size()) * 4});
@@ -302,33 +299,59 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
     parts.push_back({fp.seq_first_page.data(), static_cast<int64_t>(fp.seq_first_page.size()) * 4});
     parts.push_back({fp.row_slot.data(), static_cast<int64_t>(fp.row_slot.size()) * 8});
   }
-  for (Family f : engine::kFamilies) {
-    const auto& t = tiles[static_cast<int>(f)];
+  for (const auto& t : tiles) {
     parts.push_back({t.data(), static_cast<int64_t>(t.size() * sizeof(PrefillTile))});
   }
+  TS_CHECK(parts.size() == kPartTiles0 + engine::kFamilyCount) << parts.size() << " parts";
   int64_t total = 0;
-  for (Part& p : parts) {
+  for (StagePart& p : parts) {
     p.offset = total;
     total += align16(p.bytes);
   }
-  if (total > stage_bytes_) {
-    if (host_stage_ != nullptr) cudaFreeHost(host_stage_);
-    if (device_stage_ != nullptr) cudaFree(device_stage_);
-    host_stage_ = device_stage_ = nullptr;
-    stage_bytes_ = 0;
-    const int64_t bytes = std::max<int64_t>(total * 2, 1 << 16);
-    if (cudaError_t err = cudaMallocHost(&host_stage_, bytes); err != cudaSuccess) {
-      host_stage_ = nullptr;
-      return unexpected(cuda_error(err, "cudaMallocHost(plan stage)"));
-    }
-    if (cudaError_t err = cudaMalloc(&device_stage_, bytes); err != cudaSuccess) {
-      device_stage_ = nullptr;
-      return unexpected(cuda_error(err, "cudaMalloc(plan stage)"));
-    }
-    stage_bytes_ = bytes;
+  return parts;
+}
+
+}  // namespace
+
+// Grows the pinned host and device staging buffers to hold `bytes` (twice that, so that slowly
+// growing plans do not reallocate every step).
+engine::Status<DeviceError> CudaDevice::reserve_stage(int64_t bytes) {
+  if (bytes <= stage_bytes_) return engine::Ok{};
+  if (host_stage_ != nullptr) cudaFreeHost(host_stage_);
+  if (device_stage_ != nullptr) cudaFree(device_stage_);
+  host_stage_ = device_stage_ = nullptr;
+  stage_bytes_ = 0;
+  const int64_t grown = std::max<int64_t>(bytes * 2, 1 << 16);
+  if (cudaError_t err = cudaMallocHost(&host_stage_, grown); err != cudaSuccess) {
+    host_stage_ = nullptr;
+    return unexpected(cuda_error(err, "cudaMallocHost(plan stage)"));
   }
+  if (cudaError_t err = cudaMalloc(&device_stage_, grown); err != cudaSuccess) {
+    device_stage_ = nullptr;
+    return unexpected(cuda_error(err, "cudaMalloc(plan stage)"));
+  }
+  stage_bytes_ = grown;
+  return engine::Ok{};
+}
+
+Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) {
+  const int32_t R = plan.num_rows();
+  const int32_t S = static_cast<int32_t>(plan.seqs.size());
+  std::vector<int32_t> logit_rows(plan.num_logits);
+  for (const engine::PlanSeq& seq : plan.seqs) {
+    if (seq.logits_index >= 0) logit_rows[seq.logits_index] = seq.row_begin + seq.row_count - 1;
+  }
+  // The tensor-core prefill's query tiles, per family (its GQA group); decode-only steps run
+  // the decode launcher and need none.
+  std::vector<PrefillTile> tiles[engine::kFamilyCount];
+  for (Family f : engine::kFamilies) {
+    if (S != R) tiles[static_cast<int>(f)] = plan_prefill_tiles(plan.row_seq, prefill_group(f));
+  }
+  const std::vector<StagePart> parts = plan_parts(plan, logit_rows, tiles);
+  const int64_t total = parts.back().offset + align16(parts.back().bytes);
+  if (auto reserved = reserve_stage(total); !reserved.ok()) return unexpected(reserved.error());
   auto* host = static_cast<uint8_t*>(host_stage_);
-  for (const Part& p : parts) {
+  for (const StagePart& p : parts) {
     if (p.bytes > 0) std::memcpy(host + p.offset, p.src, p.bytes);
   }
   if (cudaError_t err =
@@ -339,27 +362,26 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
   auto* dev = static_cast<uint8_t*>(device_stage_);
   auto at = [&](size_t i) { return dev + parts[i].offset; };
   StepViews v;
-  v.tokens = reinterpret_cast<const int32_t*>(at(0));
-  v.rows =
-      RowsView{reinterpret_cast<const int32_t*>(at(1)), reinterpret_cast<const int32_t*>(at(2)), R};
-  v.logit_rows = reinterpret_cast<const int32_t*>(at(3));
+  v.tokens = reinterpret_cast<const int32_t*>(at(kPartTokens));
+  v.rows = RowsView{reinterpret_cast<const int32_t*>(at(kPartPositions)),
+                    reinterpret_cast<const int32_t*>(at(kPartRowSeq)), R};
+  v.logit_rows = reinterpret_cast<const int32_t*>(at(kPartLogitRows));
   v.num_logits = plan.num_logits;
   v.sliding_window = plan.sliding_window;
   v.decode_only = S == R;
   for (Family f : engine::kFamilies) {
     const int i = static_cast<int>(f);
-    const size_t base = 4 + 4 * i;
-    const engine::FamilyPlan& fp = plan.family(f);
+    const size_t base = kPartFamily0 + kPartsPerFamily * i;
     v.paging[i] = PagingView{reinterpret_cast<const uint32_t*>(at(base)),
                              reinterpret_cast<const int32_t*>(at(base + 1)),
                              reinterpret_cast<const int32_t*>(at(base + 2)),
                              reinterpret_cast<const int64_t*>(at(base + 3)),
-                             static_cast<int32_t>(fp.page_indices.size()),
+                             static_cast<int32_t>(plan.family(f).page_indices.size()),
                              S};
     const engine::PoolLayout& layout = layouts_[i];
     v.pools[i] = KvPoolView{pools_[i],        layout.layers,   layout.pages_total,
                             layout.page_size, layout.kv_heads, layout.head_dim};
-    v.prefill_tiles[i] = PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(12 + i)),
+    v.prefill_tiles[i] = PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(kPartTiles0 + i)),
                                           static_cast<int32_t>(tiles[i].size()), prefill_group(f)};
   }
   return v;

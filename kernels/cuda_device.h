@@ -70,6 +70,7 @@ class CudaDevice final : public engine::Device {
   std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
   bool fire(engine::FaultSite site);
   Result<StepViews, engine::DeviceError> upload(const engine::StepPlan& plan);
+  engine::Status<engine::DeviceError> reserve_stage(int64_t bytes);
   // Query heads per KV head of a family's bound pool (the prefill tiles' group).
   int32_t prefill_group(engine::Family family) const {
     return model_->config().num_q_heads / layouts_[static_cast<int>(family)].kv_heads;
