@@ -30,15 +30,18 @@ namespace twinstep::gates {
   } while (0)
 
 // Median milliseconds of `repeats` launches on `stream`, each timed by its own event pair,
-// after `warmup` untimed ones.
-template <class F>
-double median_ms(cudaStream_t stream, int warmup, int repeats, F&& launch) {
+// after `warmup` untimed ones. `before` runs ahead of each timed launch, untimed (e.g. an L2
+// flush).
+template <class F, class B = void (*)()>
+double median_ms(
+    cudaStream_t stream, int warmup, int repeats, F&& launch, B&& before = [] {}) {
   cudaEvent_t start, stop;
   BENCH_CUDA(cudaEventCreate(&start));
   BENCH_CUDA(cudaEventCreate(&stop));
   for (int i = 0; i < warmup; ++i) launch();
   std::vector<float> ms(repeats);
   for (int i = 0; i < repeats; ++i) {
+    before();
     BENCH_CUDA(cudaEventRecord(start, stream));
     launch();
     BENCH_CUDA(cudaEventRecord(stop, stream));
@@ -50,6 +53,15 @@ double median_ms(cudaStream_t stream, int warmup, int repeats, F&& launch) {
   cudaEventDestroy(stop);
   std::sort(ms.begin(), ms.end());
   return ms[repeats / 2];
+}
+
+// A device copy of `host` (cudaMalloc'd; the caller frees it).
+template <class T>
+T* to_device(const std::vector<T>& host) {
+  T* d = nullptr;
+  BENCH_CUDA(cudaMalloc(&d, host.size() * sizeof(T)));
+  BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
 }
 
 }  // namespace twinstep::gates

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <vector>
 
+#include "gates/bench_util.h"
 #include "kernels/attention_decode_split.h"
 #include "kernels/ops.h"
 #include "sim/rng.h"
@@ -21,24 +22,6 @@ namespace {
 
 using twinstep::kernels::bf16;
 namespace kn = twinstep::kernels;
-
-#define BENCH_CUDA(expr)                                                      \
-  do {                                                                        \
-    cudaError_t e_ = (expr);                                                  \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-
-#define BENCH_OK(expr)                                                            \
-  do {                                                                            \
-    auto s_ = (expr);                                                             \
-    if (!s_.ok()) {                                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #expr, s_.error().message.c_str()); \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
 
 constexpr int kWarmup = 2;
 constexpr int kRepeats = 9;
@@ -51,24 +34,10 @@ constexpr int32_t kMaxContext = 32768;
 // Median of kRepeats launches, each after an L2 flush that is not timed.
 template <class F>
 double median_ms(cudaStream_t stream, void* flush, F&& launch) {
-  cudaEvent_t start, stop;
-  BENCH_CUDA(cudaEventCreate(&start));
-  BENCH_CUDA(cudaEventCreate(&stop));
-  for (int i = 0; i < kWarmup; ++i) launch();
-  std::vector<float> ms(kRepeats);
-  for (int i = 0; i < kRepeats; ++i) {
-    if (flush != nullptr) BENCH_CUDA(cudaMemsetAsync(flush, i & 0xff, kFlushBytes, stream));
-    BENCH_CUDA(cudaEventRecord(start, stream));
-    launch();
-    BENCH_CUDA(cudaEventRecord(stop, stream));
-    BENCH_CUDA(cudaEventSynchronize(stop));
-    BENCH_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
-  }
-  BENCH_CUDA(cudaGetLastError());
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[kRepeats / 2];
+  int i = 0;
+  return twinstep::gates::median_ms(stream, kWarmup, kRepeats, launch, [&] {
+    if (flush != nullptr) BENCH_CUDA(cudaMemsetAsync(flush, i++ & 0xff, kFlushBytes, stream));
+  });
 }
 
 // n random bf16 in [-1, 1) on the device: a 64 MiB random block from the host, repeated.
@@ -88,10 +57,7 @@ bf16* random_device(twinstep::sim::Rng& rng, size_t n) {
 
 template <class T>
 T* upload(const std::vector<T>& host) {
-  T* d = nullptr;
-  BENCH_CUDA(cudaMalloc(&d, host.size() * sizeof(T)));
-  BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
+  return twinstep::gates::to_device(host);
 }
 
 struct Family {

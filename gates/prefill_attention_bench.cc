@@ -19,15 +19,8 @@
 namespace {
 
 using namespace twinstep;
+using gates::to_device;
 using kernels::bf16;
-
-template <class T>
-T* to_device(const std::vector<T>& host) {
-  T* d = nullptr;
-  BENCH_CUDA(cudaMalloc(&d, host.size() * sizeof(T)));
-  BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 std::vector<bf16> random_bf16(sim::Rng& rng, size_t n, float scale) {
   std::vector<bf16> v(n);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention_args.h"
 #include "kernels/attention_decode_split.h"
 #include "kernels/common.cuh"
 
@@ -577,37 +578,13 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
                                     void* workspace, int64_t workspace_bytes, int32_t num_sms,
                                     cudaStream_t stream) {
   auto bad = [](const std::string& m) { return bad_argument("attention_decode_split: " + m); };
-  if (!head_dim_supported(pool.head_dim)) {
-    return bad("pool.head_dim " + str(pool.head_dim) + " is not one of 64, 128, 256, 512");
+  if (auto checked = check_attention_args("attention_decode_split", q, q_row_stride, out, q_heads,
+                                          pool, layer, rows, paging, scale);
+      !checked.ok()) {
+    return checked;
   }
-  if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 || pool.pages_total < 2) {
-    return bad("pool needs data, page_size > 0, kv_heads > 0 and pages_total >= 2");
-  }
-  if (layer < 0 || layer >= pool.layers) {
-    return bad("layer " + str(layer) + " outside [0, " + str(pool.layers) + ")");
-  }
-  if (q_heads <= 0 || q_heads % pool.kv_heads != 0) {
-    return bad("q_heads (" + str(q_heads) + ") must be a positive multiple of kv_heads (" +
-               str(pool.kv_heads) + ")");
-  }
-  if (q_row_stride < int64_t{q_heads} * pool.head_dim || q_row_stride % 8 != 0) {
-    return bad("q_row_stride must be >= q_heads*head_dim and a multiple of 8, got " +
-               str(q_row_stride));
-  }
-  if (!aligned16(q) || !aligned16(out) || !aligned16(pool.data) || !aligned16(workspace)) {
-    return bad("q, out, pool.data and workspace must be 16-byte aligned");
-  }
-  if (rows.rows < 0 || paging.seqs < 0 || paging.pages_listed < 0 || rows.rows > 65535) {
-    return bad("rows must be in [0, 65535], seqs and pages_listed >= 0; rows " + str(rows.rows));
-  }
-  if (rows.rows > 0 && (rows.positions == nullptr || rows.row_seq == nullptr ||
-                        paging.seq_page_begin == nullptr || paging.seq_first_page == nullptr ||
-                        (paging.pages_listed > 0 && paging.page_indices == nullptr))) {
-    return bad(
-        "positions, row_seq, page_indices, seq_page_begin and seq_first_page must be "
-        "device pointers");
-  }
-  if (!std::isfinite(scale)) return bad("scale must be finite");
+  if (!aligned16(workspace)) return bad("workspace must be 16-byte aligned");
+  if (rows.rows > 65535) return bad("rows must be in [0, 65535], got " + str(rows.rows));
   if (num_sms <= 0) return bad("num_sms must be > 0, got " + str(num_sms));
   if (rows.rows == 0) return Ok{};
   const int32_t hd = pool.head_dim;
@@ -618,8 +595,7 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
     return bad("workspace of " + str(workspace_bytes) + " bytes, the " + str(splits) +
                " splits of " + str(rows.rows) + " rows need " + str(need));
   }
-  const int64_t per_layer =
-      int64_t{pool.pages_total} * 2 * pool.page_size * pool.kv_heads * pool.head_dim;
+  const int64_t per_layer = pool_layer_elems(pool);
   float* part_acc = static_cast<float*>(workspace);
   const int64_t acc_elems = int64_t{rows.rows} * q_heads * splits * hd;
   SplitArgs a{q,
