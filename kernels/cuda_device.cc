@@ -392,27 +392,96 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute(
   return execute_on(plan, stream_);
 }
 
-engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
-    const engine::StepPlan& plan, cudaStream_t stream) {
+// Work offered on another stream or device, or before bind(), is refused before any work.
+std::optional<DeviceError> CudaDevice::refuse(cudaStream_t stream) const {
   if (stream != stream_) {
-    return device_error(DeviceErrorCode::kBadPlan,
-                        "refused: work offered on a foreign stream; this device runs only on the "
-                        "stream it owns");
+    return DeviceError{DeviceErrorCode::kBadPlan,
+                       "refused: work offered on a foreign stream; this device runs only on the "
+                       "stream it owns"};
   }
   int current = -1;
   if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
-    return unexpected(cuda_error(err, "cudaGetDevice"));
+    return cuda_error(err, "cudaGetDevice");
   }
   if (current != options_.device_ordinal) {
-    return device_error(DeviceErrorCode::kBadPlan, "refused: CUDA device " +
-                                                       std::to_string(current) +
-                                                       " is current, this device runs on device " +
-                                                       std::to_string(options_.device_ordinal));
+    return DeviceError{DeviceErrorCode::kBadPlan, "refused: CUDA device " +
+                                                      std::to_string(current) +
+                                                      " is current, this device runs on device " +
+                                                      std::to_string(options_.device_ordinal)};
   }
-  if (!bound_) return device_error(DeviceErrorCode::kBadPlan, "execute() before bind()");
-  if (auto bad = validate(plan)) return unexpected(std::move(*bad));
+  if (!bound_) return DeviceError{DeviceErrorCode::kBadPlan, "execute() before bind()"};
+  return std::nullopt;
+}
+
+// Greedy rows take the device argmax (one small copy back); otherwise, or when the logits are
+// captured, the logits come to the host and sample_logits draws there. Ends with the step's
+// stream synchronisation.
+engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engine::StepPlan& plan,
+                                                                     const float* logits) {
   engine::DeviceOutput out;
-  if (plan.num_rows() == 0) return out;
+  const int32_t L = plan.num_logits;
+  const int32_t V = model_->config().vocab_size;
+  std::vector<const engine::PlanSeq*> by_slot(L, nullptr);
+  bool all_greedy = true;
+  for (const engine::PlanSeq& seq : plan.seqs) {
+    if (seq.logits_index < 0) continue;
+    by_slot[seq.logits_index] = &seq;
+    all_greedy = all_greedy && seq.sampling.greedy();
+  }
+  out.sampled.assign(L, 0);
+  const bool need_host = options_.capture_logits || !all_greedy;
+  if (L > 0 && !need_host) {
+    if (L > sampled_capacity_) {
+      if (device_sampled_ != nullptr) cudaFree(device_sampled_);
+      device_sampled_ = nullptr;
+      sampled_capacity_ = 0;
+      if (cudaError_t err = cudaMalloc(&device_sampled_, std::max(L, 64) * 4); err != cudaSuccess) {
+        device_sampled_ = nullptr;
+        return unexpected(cuda_error(err, "cudaMalloc(sampled)"));
+      }
+      sampled_capacity_ = std::max(L, 64);
+    }
+    if (auto s = argmax(logits, device_sampled_, L, V, stream_); !s.ok()) {
+      return unexpected(from_kernel(s.error()));
+    }
+    if (cudaError_t err = cudaMemcpyAsync(out.sampled.data(), device_sampled_, L * 4,
+                                          cudaMemcpyDeviceToHost, stream_);
+        err != cudaSuccess) {
+      return unexpected(cuda_error(err, "cudaMemcpyAsync(sampled)"));
+    }
+  }
+  std::vector<float> host_logits;
+  if (L > 0 && need_host) {
+    host_logits.resize(int64_t{L} * V);
+    if (cudaError_t err = cudaMemcpyAsync(host_logits.data(), logits, host_logits.size() * 4,
+                                          cudaMemcpyDeviceToHost, stream_);
+        err != cudaSuccess) {
+      return unexpected(cuda_error(err, "cudaMemcpyAsync(logits)"));
+    }
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaStreamSynchronize(step)"));
+  }
+  if (L > 0 && need_host) {
+    for (int32_t i = 0; i < L; ++i) {
+      const engine::PlanSeq& seq = *by_slot[i];
+      out.sampled[i] = sample_logits(std::span<const float>(host_logits).subspan(int64_t{i} * V, V),
+                                     seq.sampling, seq.output_index);
+    }
+  }
+  if (fire(engine::FaultSite::kSync)) {
+    return unexpected(
+        DeviceError{DeviceErrorCode::kFault, "injected fault: sync", engine::FaultSite::kSync});
+  }
+  if (options_.capture_logits) last_logits_ = std::move(host_logits);
+  return out;
+}
+
+engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
+    const engine::StepPlan& plan, cudaStream_t stream) {
+  if (auto refused = refuse(stream)) return unexpected(std::move(*refused));
+  if (auto bad = validate(plan)) return unexpected(std::move(*bad));
+  if (plan.num_rows() == 0) return engine::DeviceOutput{};
   if (fire(engine::FaultSite::kUpload)) {
     return unexpected(
         DeviceError{DeviceErrorCode::kFault, "injected fault: upload", engine::FaultSite::kUpload});
@@ -438,62 +507,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: after KV write",
                                   engine::FaultSite::kAfterKvWrite});
   }
-  const int32_t L = plan.num_logits;
-  const int32_t V = model_->config().vocab_size;
-  std::vector<const engine::PlanSeq*> by_slot(L, nullptr);
-  bool all_greedy = true;
-  for (const engine::PlanSeq& seq : plan.seqs) {
-    if (seq.logits_index < 0) continue;
-    by_slot[seq.logits_index] = &seq;
-    all_greedy = all_greedy && seq.sampling.greedy();
-  }
-  out.sampled.assign(L, 0);
-  const bool need_host = options_.capture_logits || !all_greedy;
-  if (L > 0 && !need_host) {
-    if (L > sampled_capacity_) {
-      if (device_sampled_ != nullptr) cudaFree(device_sampled_);
-      device_sampled_ = nullptr;
-      sampled_capacity_ = 0;
-      if (cudaError_t err = cudaMalloc(&device_sampled_, std::max(L, 64) * 4); err != cudaSuccess) {
-        device_sampled_ = nullptr;
-        return unexpected(cuda_error(err, "cudaMalloc(sampled)"));
-      }
-      sampled_capacity_ = std::max(L, 64);
-    }
-    if (auto s = argmax(logits.value(), device_sampled_, L, V, stream_); !s.ok()) {
-      return unexpected(from_kernel(s.error()));
-    }
-    if (cudaError_t err = cudaMemcpyAsync(out.sampled.data(), device_sampled_, L * 4,
-                                          cudaMemcpyDeviceToHost, stream_);
-        err != cudaSuccess) {
-      return unexpected(cuda_error(err, "cudaMemcpyAsync(sampled)"));
-    }
-  }
-  std::vector<float> host_logits;
-  if (L > 0 && need_host) {
-    host_logits.resize(int64_t{L} * V);
-    if (cudaError_t err = cudaMemcpyAsync(host_logits.data(), logits.value(),
-                                          host_logits.size() * 4, cudaMemcpyDeviceToHost, stream_);
-        err != cudaSuccess) {
-      return unexpected(cuda_error(err, "cudaMemcpyAsync(logits)"));
-    }
-  }
-  if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
-    return unexpected(cuda_error(err, "cudaStreamSynchronize(step)"));
-  }
-  if (L > 0 && need_host) {
-    for (int32_t i = 0; i < L; ++i) {
-      const engine::PlanSeq& seq = *by_slot[i];
-      out.sampled[i] = sample_logits(std::span<const float>(host_logits).subspan(int64_t{i} * V, V),
-                                     seq.sampling, seq.output_index);
-    }
-  }
-  if (fire(engine::FaultSite::kSync)) {
-    return unexpected(
-        DeviceError{DeviceErrorCode::kFault, "injected fault: sync", engine::FaultSite::kSync});
-  }
-  if (options_.capture_logits) last_logits_ = std::move(host_logits);
-  return out;
+  return sample(plan, logits.value());
 }
 
 Result<std::vector<uint16_t>, DeviceError> CudaDevice::download_pool(Family family) const {

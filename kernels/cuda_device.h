@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +72,9 @@ class CudaDevice final : public engine::Device {
   bool fire(engine::FaultSite site);
   Result<StepViews, engine::DeviceError> upload(const engine::StepPlan& plan);
   engine::Status<engine::DeviceError> reserve_stage(int64_t bytes);
+  std::optional<engine::DeviceError> refuse(cudaStream_t stream) const;
+  engine::Result<engine::DeviceOutput, engine::DeviceError> sample(const engine::StepPlan& plan,
+                                                                   const float* logits);
   // Query heads per KV head of a family's bound pool (the prefill tiles' group).
   int32_t prefill_group(engine::Family family) const {
     return model_->config().num_q_heads / layouts_[static_cast<int>(family)].kv_heads;
