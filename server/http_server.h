@@ -17,6 +17,8 @@
 
 namespace twinstep::server {
 
+struct TextModel;  // server/text_model.h
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;  // 0: an ephemeral port (see Server::port())
@@ -45,6 +47,8 @@ struct ServerOptions {
   std::string fault_throw_path;
   // For fields a request leaves out (generation_config.json's, else OpenAI's).
   engine::SamplingParams sampling_defaults = openai_sampling_defaults();
+  // --tokenizer: text prompts, stop strings, text output and chat. Null: token ids only.
+  std::shared_ptr<const TextModel> text;
   EngineLoopOptions loop;
 };
 

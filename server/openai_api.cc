@@ -45,9 +45,9 @@ std::optional<ApiError> read_token_ids(const json& list, const std::string& para
                           std::to_string(vocab) + " (the vocabulary size)"};
     }
     if (!item.is_number_integer()) {
-      return ApiError{400, "invalid_request_error", param,
-                      at + ": expected a token id (an integer), got " + type_name(item) + " " +
-                          shown(item) + " (the server has no tokenizer; send token ids)"};
+      return ApiError{
+          400, "invalid_request_error", param,
+          at + ": expected a token id (an integer), got " + type_name(item) + " " + shown(item)};
     }
     int64_t id = item.is_number_unsigned() && item.get<uint64_t>() > INT64_MAX
                      ? std::numeric_limits<int64_t>::max()
@@ -62,42 +62,83 @@ std::optional<ApiError> read_token_ids(const json& list, const std::string& para
   return std::nullopt;
 }
 
-// prompt: [ids...] or [[ids...], ...].
-std::optional<ApiError> read_prompts(const json& body, int32_t vocab,
+constexpr const char* kNeedsTokenizer =
+    "this server has no tokenizer: start twinstep-serve with --tokenizer PATH to send text, "
+    "or send token ids";
+
+// Ids the tokenizer made (from a string prompt or chat messages) that the model has no
+// embedding for: Gemma 3's tokenizer has one id more than the model (<image_soft_token>).
+std::optional<ApiError> check_encoded(const std::vector<int32_t>& ids, const ApiLimits& limits,
+                                      const std::string& param, const std::string& where) {
+  for (int32_t id : ids) {
+    if (id >= 0 && id < limits.vocab_size) continue;
+    std::string token = limits.text->token_name(id);
+    return ApiError{400, "invalid_request_error", param,
+                    where + ": the text encodes to token id " + std::to_string(id) + " ('" +
+                        utf8_truncate(token, 40) + "'), outside the model's vocabulary of " +
+                        std::to_string(limits.vocab_size) + " ids; expected text without it"};
+  }
+  return std::nullopt;
+}
+
+// prompt[i] (or prompt) as a string: encoded with the tokenizer's special tokens (<bos>).
+std::optional<ApiError> encode_prompt(const json& item, const std::string& where,
+                                      const ApiLimits& limits, std::vector<int32_t>& out) {
+  if (!limits.text) {
+    return ApiError{400, "invalid_request_error", "prompt",
+                    where + ": got a string; " + kNeedsTokenizer};
+  }
+  limits.text->encode(item.get_ref<const std::string&>(), true, out);
+  return check_encoded(out, limits, "prompt", where);
+}
+
+// prompt: "text", ["text", ...], [ids...] or [[ids...], ...].
+std::optional<ApiError> read_prompts(const json& body, const ApiLimits& limits,
                                      std::vector<std::vector<int32_t>>& prompts) {
+  const int32_t vocab = limits.vocab_size;
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
     return ApiError{400, "invalid_request_error", "prompt",
-                    "prompt: required field is missing; expected an array of token ids or an "
-                    "array of arrays of token ids"};
+                    "prompt: required field is missing; expected a string, an array of strings, "
+                    "an array of token ids or an array of arrays of token ids"};
   }
   const json& prompt = *it;
+  if (prompt.is_string()) {
+    prompts.emplace_back();
+    return encode_prompt(prompt, "prompt", limits, prompts.back());
+  }
   if (!prompt.is_array()) {
     return ApiError{400, "invalid_request_error", "prompt",
-                    std::string("prompt: expected an array of token ids or an array of arrays of "
-                                "token ids, got ") +
-                        type_name(prompt) + " (the server has no tokenizer; send token ids)"};
+                    std::string("prompt: expected a string, an array of strings, an array of "
+                                "token ids or an array of arrays of token ids, got ") +
+                        type_name(prompt)};
   }
   if (prompt.empty()) {
     return ApiError{400, "invalid_request_error", "prompt",
-                    "prompt: must not be empty; expected at least one token id"};
+                    "prompt: must not be empty; expected at least one token id or string"};
   }
-  if (!prompt[0].is_array()) {
+  if (!prompt[0].is_array() && !prompt[0].is_string()) {
     prompts.emplace_back();
     return read_token_ids(prompt, "prompt", "prompt", vocab, prompts.back());
   }
+  const bool strings = prompt[0].is_string();
   for (size_t i = 0; i < prompt.size(); ++i) {
     std::string at = "prompt[" + std::to_string(i) + "]";
-    if (!prompt[i].is_array()) {
+    if (strings ? !prompt[i].is_string() : !prompt[i].is_array()) {
       return ApiError{400, "invalid_request_error", "prompt",
-                      at + ": expected an array of token ids, got " + type_name(prompt[i]) +
-                          " (prompt must be all token ids or all arrays of them)"};
+                      at + ": expected " + (strings ? "a string" : "an array of token ids") +
+                          ", got " + type_name(prompt[i]) +
+                          " (prompt must be all strings, all token ids or all arrays of them)"};
+    }
+    prompts.emplace_back();
+    if (strings) {
+      if (auto error = encode_prompt(prompt[i], at, limits, prompts.back())) return error;
+      continue;
     }
     if (prompt[i].empty()) {
       return ApiError{400, "invalid_request_error", "prompt",
                       at + ": must not be empty; expected at least one token id"};
     }
-    prompts.emplace_back();
     if (auto error = read_token_ids(prompt[i], "prompt", at, vocab, prompts.back())) return error;
   }
   return std::nullopt;
@@ -157,37 +198,62 @@ std::optional<ApiError> read_bool(const json& body, const char* name, bool& out)
   return std::nullopt;
 }
 
-// stop: a token id or an array of them. Strings would need a tokenizer we do not have.
-std::optional<ApiError> read_stop(const json& body, int32_t vocab, std::vector<int32_t>& out) {
+// stop: a token id, a string, or an array of them. Strings need the tokenizer: they are
+// matched on the text (text::TextStream), ids by the engine.
+std::optional<ApiError> read_stop(const json& body, const ApiLimits& limits,
+                                  std::vector<int32_t>& ids, std::vector<std::string>& strings) {
   auto it = body.find("stop");
   if (it == body.end() || it->is_null()) return std::nullopt;
-  if (it->is_number_integer())
-    return read_token_ids(json::array({*it}), "stop", "stop", vocab, out);
-  if (!it->is_array()) {
-    return ApiError{400, "invalid_request_error", "stop",
-                    std::string("stop: expected a token id or an array of token ids, got ") +
-                        type_name(*it) + " " + shown(*it) +
-                        " (stop strings are not supported: the server has no tokenizer)"};
+  const json list = it->is_array() ? *it : json::array({*it});
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& item = list[i];
+    std::string at = it->is_array() ? "stop[" + std::to_string(i) + "]" : "stop";
+    if (item.is_string()) {
+      if (!limits.text) {
+        return ApiError{400, "invalid_request_error", "stop",
+                        at + ": got a string; " + kNeedsTokenizer};
+      }
+      strings.push_back(item.get<std::string>());
+      continue;
+    }
+    if (!item.is_number()) {
+      return ApiError{
+          400, "invalid_request_error", "stop",
+          at + ": expected a string or a token id, got " + type_name(item) + " " + shown(item)};
+    }
+    if (auto e = read_token_ids(json::array({item}), "stop", at, limits.vocab_size, ids)) return e;
   }
-  return read_token_ids(*it, "stop", "stop", vocab, out);
+  if (auto why = limits.text ? limits.text->refuse_stops(strings) : std::nullopt) {
+    return ApiError{400, "invalid_request_error", "stop", "stop: " + *why};
+  }
+  return std::nullopt;
 }
 
 // Fields whose non-default value would change the answer in a way we do not implement.
-std::optional<ApiError> refuse_unsupported(const json& body) {
+std::optional<ApiError> refuse_unsupported(const json& body, Api api) {
   struct Field {
     const char* name;
     json default_value;
   };
   // The penalties and logit_bias are not in the sampler (of either device): refused unless
   // they ask for nothing.
-  const Field fields[] = {{"n", 1},
-                          {"best_of", 1},
-                          {"echo", false},
-                          {"logprobs", 0},
-                          {"presence_penalty", 0},
-                          {"frequency_penalty", 0},
-                          {"logit_bias", json::object()}};
-  for (const Field& field : fields) {
+  const std::vector<Field> completion_fields = {{"n", 1},
+                                                {"best_of", 1},
+                                                {"echo", false},
+                                                {"logprobs", 0},
+                                                {"presence_penalty", 0},
+                                                {"frequency_penalty", 0},
+                                                {"logit_bias", json::object()}};
+  const std::vector<Field> chat_fields = {{"n", 1},
+                                          {"logprobs", false},
+                                          {"top_logprobs", 0},
+                                          {"presence_penalty", 0},
+                                          {"frequency_penalty", 0},
+                                          {"logit_bias", json::object()},
+                                          {"tools", json::array()},
+                                          {"tool_choice", "none"},
+                                          {"response_format", {{"type", "text"}}}};
+  for (const Field& field : api == Api::kChat ? chat_fields : completion_fields) {
     auto it = body.find(field.name);
     if (it == body.end() || it->is_null() || *it == field.default_value) continue;
     return ApiError{400, "invalid_request_error", field.name,
@@ -195,7 +261,7 @@ std::optional<ApiError> refuse_unsupported(const json& body) {
                         field.default_value.dump() + " (or null) is accepted, got " + shown(*it)};
   }
   auto suffix = body.find("suffix");
-  if (suffix != body.end() && !suffix->is_null()) {
+  if (api == Api::kCompletions && suffix != body.end() && !suffix->is_null()) {
     return ApiError{400, "invalid_request_error", "suffix", "suffix: not supported; expected null"};
   }
   return std::nullopt;
@@ -226,7 +292,7 @@ std::optional<ApiError> read_stream_options(const json& body, bool stream, bool&
 // Everything except the prompts and the context check; fills `sampling` and friends.
 std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
                                      engine::Request& shape, CompletionRequest& out) {
-  if (auto e = refuse_unsupported(body)) return e;
+  if (auto e = refuse_unsupported(body, out.api)) return e;
   auto model = body.find("model");
   if (model != body.end() && !model->is_null()) {
     if (!model->is_string()) {
@@ -240,9 +306,13 @@ std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
                       "model_not_found"};
     }
   }
-  int64_t max_tokens = kDefaultMaxTokens;
+  // Chat without a limit gets the rest of the context (0 here; resolved with the prompt).
+  int64_t max_tokens = out.api == Api::kChat ? 0 : kDefaultMaxTokens;
   // No upper bound here: the context check below says the limit with the prompt length.
   if (auto e = read_int(body, "max_tokens", 1, INT32_MAX, max_tokens)) return e;
+  if (out.api == Api::kChat) {
+    if (auto e = read_int(body, "max_completion_tokens", 1, INT32_MAX, max_tokens)) return e;
+  }
   shape.max_tokens = static_cast<int32_t>(max_tokens);
   shape.sampling = limits.sampling_defaults;
   if (auto e = read_number(
@@ -274,7 +344,7 @@ std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
                                                     : static_cast<uint64_t>(seed.get<int64_t>());
     out.seed_given = true;
   }
-  if (auto e = read_stop(body, limits.vocab_size, shape.stop_ids)) return e;
+  if (auto e = read_stop(body, limits, shape.stop_ids, out.stop_strings)) return e;
   bool ignore_eos = false;
   if (auto e = read_bool(body, "ignore_eos", ignore_eos)) return e;
   if (!ignore_eos) {
@@ -359,8 +429,10 @@ Result<engine::SamplingParams, std::string> generation_defaults(std::string_view
   return defaults;
 }
 
-Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
-                                                     const ApiLimits& limits) {
+namespace {
+
+// The body as a JSON object, or the 400 saying why it is not one.
+Result<json, ApiError> parse_body(std::string_view text, const ApiLimits& limits) {
   TS_CHECK(limits.vocab_size > 0 && limits.max_context > 0)
       << "vocab=" << limits.vocab_size << " context=" << limits.max_context;
   // nlohmann's parser, dump and comparisons recurse per level: a deep enough body would
@@ -379,28 +451,92 @@ Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
   if (!body.is_object()) {
     return bad("", std::string("request body: expected a JSON object, got ") + type_name(body));
   }
-  CompletionRequest out;
-  engine::Request shape;
-  if (auto e = read_options(body, limits, shape, out)) return unexpected(std::move(*e));
-  std::vector<std::vector<int32_t>> prompts;
-  if (auto e = read_prompts(body, limits.vocab_size, prompts)) return unexpected(std::move(*e));
+  return body;
+}
+
+// One engine request per prompt, each within the context. A max_tokens of 0 (chat without a
+// limit) becomes the rest of the context.
+std::optional<ApiError> add_prompts(const engine::Request& shape,
+                                    std::vector<std::vector<int32_t>> prompts,
+                                    const ApiLimits& limits, CompletionRequest& out) {
   for (size_t i = 0; i < prompts.size(); ++i) {
-    int64_t total = static_cast<int64_t>(prompts[i].size()) + shape.max_tokens;
-    if (total > limits.max_context) {
-      std::string which = prompts.size() > 1 ? "prompt[" + std::to_string(i) + "]" : "prompt";
-      return unexpected(ApiError{400, "invalid_request_error", "max_tokens",
-                                 "max_tokens: " + which + " (" + std::to_string(prompts[i].size()) +
-                                     " tokens) + max_tokens (" + std::to_string(shape.max_tokens) +
-                                     ") = " + std::to_string(total) +
-                                     " exceeds the context limit of " +
-                                     std::to_string(limits.max_context) + " tokens",
-                                 "context_length_exceeded"});
-    }
     engine::Request request = shape;
+    const auto length = static_cast<int64_t>(prompts[i].size());
+    if (request.max_tokens == 0) {
+      int64_t room = limits.max_request_tokens > 0
+                         ? std::min(limits.max_context, limits.max_request_tokens)
+                         : limits.max_context;
+      request.max_tokens = static_cast<int32_t>(std::max<int64_t>(room - length, 1));
+    }
+    int64_t total = length + request.max_tokens;
+    if (total > limits.max_context) {
+      std::string which = out.api == Api::kChat ? "messages"
+                          : prompts.size() > 1  ? "prompt[" + std::to_string(i) + "]"
+                                                : "prompt";
+      return ApiError{400, "invalid_request_error", "max_tokens",
+                      "max_tokens: " + which + " (" + std::to_string(length) +
+                          " tokens) + max_tokens (" + std::to_string(request.max_tokens) +
+                          ") = " + std::to_string(total) + " exceeds the context limit of " +
+                          std::to_string(limits.max_context) + " tokens",
+                      "context_length_exceeded"};
+    }
     request.prompt = std::move(prompts[i]);
     out.prompts.push_back(std::move(request));
   }
-  TS_CHECK(!out.prompts.empty()) << "parse_completion accepted a request without prompts";
+  TS_CHECK(!out.prompts.empty()) << "a request without prompts was accepted";
+  return std::nullopt;
+}
+
+// messages, through the chat template, as prompt ids (the template writes <bos> itself).
+std::optional<ApiError> read_messages(const json& body, const ApiLimits& limits,
+                                      std::vector<int32_t>& ids) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) {
+    return ApiError{400, "invalid_request_error", "messages",
+                    "messages: required field is missing; expected an array of "
+                    "{\"role\", \"content\"} objects"};
+  }
+  auto rendered = limits.text->render_chat(*it);
+  if (!rendered) return rendered.error();
+  limits.text->encode(*rendered, /*add_special_tokens=*/false, ids);
+  return check_encoded(ids, limits, "messages", "messages");
+}
+
+}  // namespace
+
+Result<CompletionRequest, ApiError> parse_completion(std::string_view text,
+                                                     const ApiLimits& limits) {
+  auto body = parse_body(text, limits);
+  if (!body) return unexpected(body.error());
+  CompletionRequest out;
+  engine::Request shape;
+  if (auto e = read_options(*body, limits, shape, out)) return unexpected(std::move(*e));
+  std::vector<std::vector<int32_t>> prompts;
+  if (auto e = read_prompts(*body, limits, prompts)) return unexpected(std::move(*e));
+  if (auto e = add_prompts(shape, std::move(prompts), limits, out)) return unexpected(*e);
+  return out;
+}
+
+Result<CompletionRequest, ApiError> parse_chat_completion(std::string_view text,
+                                                          const ApiLimits& limits) {
+  if (!limits.text || !limits.text->chat_missing().empty()) {
+    std::string why = limits.text ? limits.text->chat_missing() : kNeedsTokenizer;
+    return bad("messages", "/v1/chat/completions needs a chat template: " + why);
+  }
+  auto body = parse_body(text, limits);
+  if (!body) return unexpected(body.error());
+  CompletionRequest out;
+  out.api = Api::kChat;
+  engine::Request shape;
+  if (auto e = read_options(*body, limits, shape, out)) return unexpected(std::move(*e));
+  for (int32_t id : limits.text->chat_stop_ids()) {
+    bool known =
+        std::find(shape.stop_ids.begin(), shape.stop_ids.end(), id) != shape.stop_ids.end();
+    if (!known && id < limits.vocab_size) shape.stop_ids.push_back(id);
+  }
+  std::vector<std::vector<int32_t>> prompts(1);
+  if (auto e = read_messages(*body, limits, prompts[0])) return unexpected(std::move(*e));
+  if (auto e = add_prompts(shape, std::move(prompts), limits, out)) return unexpected(*e);
   return out;
 }
 
@@ -474,6 +610,38 @@ json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_
   return {{"index", index},
           {"text", tokens_text(tokens, leading_space)},
           {"token_ids", tokens},
+          {"logprobs", nullptr},
+          {"finish_reason", reason ? json(reason) : json(nullptr)}};
+}
+
+json text_choice_json(size_t index, std::string text, const std::vector<int32_t>& tokens,
+                      const char* reason) {
+  return {{"index", index},
+          {"text", std::move(text)},
+          {"token_ids", tokens},
+          {"logprobs", nullptr},
+          {"finish_reason", reason ? json(reason) : json(nullptr)}};
+}
+
+json chat_object(const std::string& id, int64_t created, const std::string& model, json choices,
+                 bool chunk) {
+  return {{"id", id},
+          {"object", chunk ? "chat.completion.chunk" : "chat.completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", std::move(choices)}};
+}
+
+json chat_choice_json(size_t index, std::string content, const char* reason) {
+  return {{"index", index},
+          {"message", {{"role", "assistant"}, {"content", std::move(content)}}},
+          {"logprobs", nullptr},
+          {"finish_reason", reason ? json(reason) : json(nullptr)}};
+}
+
+json chat_delta_json(size_t index, json delta, const char* reason) {
+  return {{"index", index},
+          {"delta", std::move(delta)},
           {"logprobs", nullptr},
           {"finish_reason", reason ? json(reason) : json(nullptr)}};
 }

@@ -1,9 +1,11 @@
-// The OpenAI completions protocol as plain data: parsing a POST /v1/completions body into
-// engine requests (every bad field named), and building the JSON documents the server sends.
-// No sockets here, so every rule is unit-tested without a server.
+// The OpenAI completions protocol as plain data: parsing a POST /v1/completions or
+// /v1/chat/completions body into engine requests (every bad field named), and building the
+// JSON documents the server sends. No sockets here, so every rule is unit-tested without a
+// server. Text (string prompts, stop strings, chat messages) needs ApiLimits::text.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -26,6 +28,24 @@ struct ApiError {
 };
 // The JSON error document. Never throws: text that is not valid UTF-8 is replaced.
 std::string error_body(const ApiError& error);
+
+// What parsing needs of --tokenizer's text side. Abstract so that this file links without
+// text/ (the front-end fuzzer compiles it alone); server/text_model.h implements it.
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  // Appends the ids of `text` (with the post-processor's <bos> when add_special_tokens).
+  virtual void encode(std::string_view text, bool add_special_tokens,
+                      std::vector<int32_t>& out) const = 0;
+  virtual std::string token_name(int32_t id) const = 0;
+  // Why these stop strings cannot be matched, or nullopt when they can.
+  virtual std::optional<std::string> refuse_stops(const std::vector<std::string>& stops) const = 0;
+  // The prompt text of chat messages, or the 400 the template's error becomes.
+  virtual Result<std::string, ApiError> render_chat(const nlohmann::json& messages) const = 0;
+  // Why there is no chat ("" when there is one), and the ids that end an assistant turn.
+  virtual std::string chat_missing() const = 0;
+  virtual std::vector<int32_t> chat_stop_ids() const = 0;
+};
 
 // Deepest array/object nesting of a JSON text, scanning no further once it passes `limit`
 // (then it returns a value > limit). Strings are skipped; the text need not be valid JSON.
@@ -53,6 +73,9 @@ Result<engine::SamplingParams, std::string> generation_defaults(
 struct ApiLimits {
   int32_t vocab_size = 0;
   int32_t max_context = 0;  // prompt + max_tokens must not exceed it
+  // What one request can hold in the engine's pools (0: max_context): a chat request without
+  // a token limit gets this less its prompt, so that the default never exceeds the pools.
+  int32_t max_request_tokens = 0;
   std::string model_id;
   // Added to every request's stop ids unless the body says "ignore_eos": true (as vLLM does),
   // since the engine stops only on the ids it is given.
@@ -60,12 +83,20 @@ struct ApiLimits {
   // Sampling for fields a body leaves out: the model's generation_config.json where it sets
   // them, else OpenAI's (temperature 1, top_p 1), as vLLM does. Seed and top_k 0 = no cut.
   engine::SamplingParams sampling_defaults = openai_sampling_defaults();
+  // --tokenizer's tokenizer and chat template; null: token ids only, text is refused by name.
+  std::shared_ptr<const TextCodec> text;
 };
 
 inline constexpr int32_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
 
+enum class Api { kCompletions, kChat };
+
 struct CompletionRequest {
+  Api api = Api::kCompletions;
   std::vector<engine::Request> prompts;  // one engine request per choice, in prompt order
+  // Stop strings (text mode only), for a text::TextStream per choice; already checked by
+  // text::StopMatcher::create.
+  std::vector<std::string> stop_strings;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a final usage-only chunk
   bool seed_given = false;     // false: the server picks a seed per prompt
@@ -77,6 +108,11 @@ struct CompletionRequest {
 // ignored.
 Result<CompletionRequest, ApiError> parse_completion(std::string_view body,
                                                      const ApiLimits& limits);
+// POST /v1/chat/completions: `messages` rendered with the chat template (its errors are 400s
+// naming messages), then encoded; max_completion_tokens over max_tokens, and without either
+// the rest of the context, as vLLM does. The chat stop ids join the model's eos ids.
+Result<CompletionRequest, ApiError> parse_chat_completion(std::string_view body,
+                                                          const ApiLimits& limits);
 
 // Maps an engine rejection (from Engine::validate or a Rejected terminal) to a 400 naming the
 // field the reason is about. `prompt_index` is the choice it concerns.
@@ -101,6 +137,16 @@ nlohmann::json completion_object(const std::string& id, int64_t created, const s
                                  nlohmann::json choices);
 nlohmann::json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
                            const char* finish_reason);
+// A text-mode choice: `text` is the detokenized output (the ids stay in token_ids).
+nlohmann::json text_choice_json(size_t index, std::string text, const std::vector<int32_t>& tokens,
+                                const char* finish_reason);
+
+// chat.completion (chunk = false) or chat.completion.chunk.
+nlohmann::json chat_object(const std::string& id, int64_t created, const std::string& model,
+                           nlohmann::json choices, bool chunk);
+nlohmann::json chat_choice_json(size_t index, std::string content, const char* finish_reason);
+// A streamed choice: `delta` is {"role", "content"} first, then {"content"}, last {}.
+nlohmann::json chat_delta_json(size_t index, nlohmann::json delta, const char* finish_reason);
 
 // GET /v1/models/{id}, and GET /v1/models (the list of the one model).
 nlohmann::json model_json(const std::string& model_id, int64_t created, int32_t max_context);

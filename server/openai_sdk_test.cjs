@@ -2,7 +2,10 @@
 // installed by .ci/deps outside the source tree; NODE_PATH points at it): completions,
 // streaming with and without include_usage, models, and errors raised as the SDK's typed
 // errors (BadRequestError, NotFoundError, AuthenticationError) with a wrong and a missing
-// API key. Usage: node openai_sdk_test.cjs TWINSTEP_SERVE_BINARY. A missing SDK fails.
+// API key. A second server, `--model gemma4-12b --tokenizer DIR` (the Gemma 3 tokenizer from
+// .ci/deps), takes text: completions.create({prompt: 'Hello'}) and chat.completions.create,
+// streaming and not. Usage: node openai_sdk_test.cjs TWINSTEP_SERVE_BINARY TOKENIZER_DIR. A
+// missing SDK or tokenizer fails.
 'use strict';
 const assert = require('node:assert/strict');
 const { spawn } = require('node:child_process');
@@ -12,11 +15,10 @@ const KEY = 'sk-twinstep-sdk-test';
 const tests = [];
 const test = (name, fn) => tests.push({ name, fn });
 
-function startServer(binary) {
+function startServer(binary, extraArgs = []) {
   return new Promise((resolve, reject) => {
-    const child = spawn(binary, ['--port', '0', '--api-key', KEY, '--sim-step-us', '200'], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const args = ['--port', '0', '--api-key', KEY, '--sim-step-us', '200', ...extraArgs];
+    const child = spawn(binary, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     const timer = setTimeout(() => reject(new Error('no listening line in 60 s: ' + out)), 60000);
     child.stdout.on('data', (d) => {
@@ -102,13 +104,22 @@ function register(base) {
   });
 
   test('bad requests raise BadRequestError naming the param', async () => {
-    // A text prompt (Cyrillic here: its echo once cut a character and crashed the server).
+    // A text prompt without --tokenizer (Cyrillic here: its echo once cut a character and
+    // crashed the server); the error says which flag would take it.
     await expectError(
         client.completions.create({
           model: 'twinstep-sim', prompt: ['Привет! Расскажи мне историю о драконе'],
           max_tokens: 16,
         }),
-        OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'prompt'));
+        OpenAI.BadRequestError, 400, (e) => {
+          assert.equal(e.param, 'prompt');
+          assert.match(e.message, /--tokenizer/);
+        });
+    await expectError(
+        client.chat.completions.create({
+          model: 'twinstep-sim', messages: [{ role: 'user', content: 'hi' }],
+        }),
+        OpenAI.BadRequestError, 400, (e) => assert.match(e.message, /--tokenizer/));
     await expectError(
         client.completions.create({ model: 'twinstep-sim', prompt: [1], temperature: 2.5 }),
         OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'temperature'));
@@ -141,13 +152,112 @@ function register(base) {
   });
 }
 
+const TEXT_MODEL = 'gemma4-12b';
+
+function registerText(base) {
+  const client = new OpenAI({ apiKey: KEY, baseURL: base, maxRetries: 0, timeout: 60000 });
+  const chat = {
+    model: TEXT_MODEL, max_tokens: 12, temperature: 0, seed: 4,
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Hi there' }],
+  };
+
+  test('text: completions.create with a string prompt', async () => {
+    const r = await client.completions.create({ model: TEXT_MODEL, prompt: 'Hello',
+                                                max_tokens: 8, ignore_eos: true });
+    assert.equal(r.object, 'text_completion');
+    assert.equal(r.choices.length, 1);
+    assert.equal(typeof r.choices[0].text, 'string');
+    assert.ok(r.choices[0].text.length > 0, 'the text of 8 tokens is not empty');
+    assert.doesNotMatch(r.choices[0].text, /^\d+( \d+)*$/, 'text, not ids joined');
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.deepEqual(r.usage, { prompt_tokens: 2, completion_tokens: 8, total_tokens: 10 });
+    // A list of strings: one choice each.
+    const two = await client.completions.create({ model: TEXT_MODEL, prompt: ['Hello', 'Bonjour'],
+                                                  max_tokens: 3 });
+    assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+  });
+
+  test('text: a stop string ends the completion with finish_reason stop', async () => {
+    const base = { model: TEXT_MODEL, prompt: 'Once', max_tokens: 24, temperature: 0, seed: 9,
+                   ignore_eos: true };
+    const free = (await client.completions.create(base)).choices[0].text;
+    const chars = Array.from(free);
+    assert.ok(chars.length > 8, free);
+    const stop = chars.slice(4, 7).join('');
+    const r = await client.completions.create({ ...base, stop: [stop] });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].text, free.slice(0, free.indexOf(stop)));
+    assert.ok(!r.choices[0].text.includes(stop));
+  });
+
+  test('text: chat.completions.create', async () => {
+    const r = await client.chat.completions.create(chat);
+    assert.equal(r.object, 'chat.completion');
+    assert.match(r.id, /^chatcmpl-/);
+    assert.equal(r.model, TEXT_MODEL);
+    assert.equal(r.choices.length, 1);
+    assert.equal(r.choices[0].index, 0);
+    assert.equal(r.choices[0].message.role, 'assistant');
+    assert.equal(typeof r.choices[0].message.content, 'string');
+    assert.ok(['length', 'stop'].includes(r.choices[0].finish_reason));
+    assert.ok(r.usage.prompt_tokens > 5);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  });
+
+  test('text: chat.completions.create streaming: role first, then content', async () => {
+    const whole = await client.chat.completions.create(chat);
+    const stream = await client.chat.completions.create({
+      ...chat, stream: true, stream_options: { include_usage: true },
+    });
+    const chunks = [];
+    for await (const chunk of stream) chunks.push(chunk);
+    for (const c of chunks) assert.equal(c.object, 'chat.completion.chunk');
+    assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+    let content = '';
+    let finish = null;
+    for (const c of chunks) {
+      for (const choice of c.choices) {
+        content += choice.delta.content ?? '';
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+    }
+    assert.equal(content, whole.choices[0].message.content);
+    assert.equal(finish, whole.choices[0].finish_reason);
+    const last = chunks[chunks.length - 1];
+    assert.deepEqual(last.choices, []);
+    assert.deepEqual(last.usage, whole.usage);
+  });
+
+  test('text: chat template errors raise BadRequestError naming messages', async () => {
+    await expectError(
+        client.chat.completions.create({
+          model: TEXT_MODEL,
+          messages: [{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }],
+        }),
+        OpenAI.BadRequestError, 400, (e) => {
+          assert.equal(e.param, 'messages');
+          assert.match(e.message, /alternate/);
+        });
+    // <image_soft_token> encodes to id 262144, past the model's 262144 ids.
+    await expectError(
+        client.completions.create({ model: TEXT_MODEL, prompt: '<image_soft_token>' }),
+        OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'prompt'));
+  });
+}
+
 async function main() {
   const binary = process.argv[2];
-  assert.ok(binary, 'usage: node openai_sdk_test.cjs TWINSTEP_SERVE_BINARY');
+  const tokenizer = process.argv[3];
+  assert.ok(binary && tokenizer,
+            'usage: node openai_sdk_test.cjs TWINSTEP_SERVE_BINARY TOKENIZER_DIR');
   console.log('openai SDK ' + require('openai/version').VERSION);
   const { child, port } = await startServer(binary);
   const exited = new Promise((resolve) => child.on('exit', (code) => resolve(code)));
+  const text = await startServer(
+      binary, ['--model', TEXT_MODEL, '--tokenizer', tokenizer, '--max-context', '4096']);
+  const textExited = new Promise((resolve) => text.child.on('exit', (code) => resolve(code)));
   register(`http://127.0.0.1:${port}/v1`);
+  registerText(`http://127.0.0.1:${text.port}/v1`);
   let failed = 0;
   for (const t of tests) {
     try {
@@ -159,12 +269,17 @@ async function main() {
     }
   }
   child.kill('SIGTERM');
-  const code = await exited;
-  if (code !== 0) {
-    failed += 1;
-    console.log('not ok - twinstep-serve exited ' + code + ' after SIGTERM');
+  text.child.kill('SIGTERM');
+  let passed = tests.length - failed;
+  for (const [name, code] of [['', await exited], [' --tokenizer', await textExited]]) {
+    if (code === 0) {
+      passed += 1;
+    } else {
+      failed += 1;
+      console.log(`not ok - twinstep-serve${name} exited ${code} after SIGTERM`);
+    }
   }
-  console.log(`${tests.length - failed + (code === 0 ? 1 : 0)} passed, ${failed} failed`);
+  console.log(`${passed} passed, ${failed} failed`);
   process.exit(failed === 0 ? 0 : 1);
 }
 

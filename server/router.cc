@@ -67,7 +67,8 @@ Routed json_route(int status, const json& document) {
 }
 
 constexpr const char* kKnownRoutes =
-    "known: POST /v1/completions, GET /v1/models, GET /v1/models/{id}, GET /health, "
+    "known: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id}, "
+    "GET /health, "
     "GET /metrics";
 
 Routed only(std::string_view method, std::string_view path, const char* allowed) {
@@ -189,9 +190,11 @@ Routed route_request(const RouteInput& input, const RouteContext& context) {
                            ? "missing API key: send the header 'Authorization: Bearer KEY'"
                            : "incorrect API key provided in the Authorization header",
                        "invalid_api_key"});
-  } else if (path == "/v1/completions") {
+  } else if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (method != "POST") return only(method, path, "POST");
-    Result<CompletionRequest, ApiError> parsed = parse_completion(input.body, context.limits);
+    Result<CompletionRequest, ApiError> parsed =
+        path == "/v1/completions" ? parse_completion(input.body, context.limits)
+                                  : parse_chat_completion(input.body, context.limits);
     if (!parsed.ok()) return error_route(parsed.error());
     out.kind = RouteKind::kCompletion;
     out.completion = std::move(parsed.value());

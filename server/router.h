@@ -60,7 +60,7 @@ struct RouteInput {
 
 enum class RouteKind {
   kRespond,     // answer with status/content_type/body below
-  kCompletion,  // POST /v1/completions with a valid body: `completion` holds it
+  kCompletion,  // POST /v1/completions or /v1/chat/completions with a valid body: `completion`
   kHealth,      // GET /health: the session knows whether it is shutting down
   kMetrics,     // GET /metrics: the session renders the load feed
 };

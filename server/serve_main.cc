@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   config.server.sampling_defaults = backend->sampling_defaults;
+  config.server.text = backend->text;
   Server server(*backend->engine, config.server);
   // Signals are handled by the server's io threads; block nothing else.
   auto started = server.start();

@@ -50,9 +50,13 @@ Result<engine::SamplingParams, std::string> read_generation_defaults(const std::
 std::string serve_usage() {
   return R"(usage: twinstep-serve [--device sim|cuda] [--model DIR] [--host 127.0.0.1] [--port 8000]
 
-An OpenAI-compatible completions server (prompts and outputs are token ids).
+An OpenAI-compatible completions server: token ids in and out, or text with --tokenizer.
   --device sim|cuda        simulated device (default) or the CUDA engine (CUDA builds only)
-  --model DIR              HF checkpoint dir (config.json); sim without it: preset sim-tiny
+  --model DIR              HF checkpoint dir (config.json); sim: also a preset (gemma4-12b,
+                           sim-tiny); sim without it: preset sim-tiny
+  --tokenizer PATH         tokenizer.json, or a folder with it and tokenizer_config.json (the
+                           chat template): string prompts, stop strings, text output and
+                           POST /v1/chat/completions
   --random-weights         cuda: seeded random weights of DIR/config.json's geometry
   --model-id NAME          the id /v1/models reports (default: twinstep-sim, or DIR's name)
   --host ADDR --port N     where to listen (port 0: an ephemeral port, printed at start)
@@ -89,6 +93,11 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
   };
   flags["--model"] = [&](const std::string& v) -> std::optional<std::string> {
     config.model_dir = v;
+    return std::nullopt;
+  };
+  flags["--tokenizer"] = [&](const std::string& v) -> std::optional<std::string> {
+    if (v.empty()) return "--tokenizer: expected a path (tokenizer.json or its folder)";
+    config.tokenizer = v;
     return std::nullopt;
   };
   flags["--model-id"] = [&](const std::string& v) -> std::optional<std::string> {
@@ -239,7 +248,15 @@ Result<Backend, std::string> make_backend(const ServeConfig& config) {
     if (config.random_weights) {
       return unexpected(std::string("--random-weights: only meaningful with --device cuda"));
     }
-    if (config.model_dir) {
+    std::error_code ec;
+    const bool preset =
+        config.model_dir && !std::filesystem::is_directory(*config.model_dir, ec) &&
+        std::ranges::count(engine::ModelConfig::preset_names(), *config.model_dir) == 1;
+    if (preset) {
+      auto model = engine::ModelConfig::preset(*config.model_dir);
+      if (!model) return unexpected("--model " + *config.model_dir + ": " + model.error().message);
+      backend.model = std::move(model.value());
+    } else if (config.model_dir) {
       auto model =
           engine::ModelConfig::from_file(std::filesystem::path(*config.model_dir) / "config.json");
       if (!model) return unexpected("--model " + *config.model_dir + ": " + model.error().message);
@@ -255,6 +272,11 @@ Result<Backend, std::string> make_backend(const ServeConfig& config) {
     auto defaults = read_generation_defaults(*config.model_dir);
     if (!defaults) return unexpected("--model " + *config.model_dir + ": " + defaults.error());
     backend.sampling_defaults = defaults.value();
+  }
+  if (config.tokenizer) {
+    auto text = load_text_model(*config.tokenizer);
+    if (!text) return unexpected(text.error());
+    backend.text = std::move(text.value());
   }
   auto engine = engine::Engine::create(backend.model, config.engine, *backend.device);
   if (!engine) return unexpected("engine: " + engine.error().message);

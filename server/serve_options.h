@@ -13,13 +13,15 @@
 #include "engine/engine.h"
 #include "engine/result.h"
 #include "server/http_server.h"
+#include "server/text_model.h"
 
 namespace twinstep::server {
 
 struct ServeConfig {
   std::string device = "sim";  // sim | cuda
   std::optional<std::string> model_dir;
-  bool random_weights = false;  // cuda: weights from a seed instead of the checkpoint
+  bool random_weights = false;           // cuda: weights from a seed instead of the checkpoint
+  std::optional<std::string> tokenizer;  // tokenizer.json or a folder with it (and its config)
   ServerOptions server;
   engine::EngineConfig engine;
   bool help = false;
@@ -52,6 +54,8 @@ struct Backend {
   // Sampling for fields a request leaves out: --model DIR's generation_config.json over
   // OpenAI's defaults.
   engine::SamplingParams sampling_defaults = openai_sampling_defaults();
+  // --tokenizer's tokenizer and chat template (null without it).
+  std::shared_ptr<const TextModel> text;
 };
 // `--device cuda` needs a build with the CUDA device; otherwise this says so.
 Result<Backend, std::string> make_backend(const ServeConfig& config);

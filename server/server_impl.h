@@ -3,6 +3,7 @@
 // that it drives (accept, drain, forced close at shutdown).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -16,6 +17,7 @@
 
 #include "server/http_server.h"
 #include "server/router.h"
+#include "server/text_model.h"
 
 namespace twinstep::server {
 
@@ -59,9 +61,12 @@ struct Server::Impl {
         work(net::make_work_guard(ioc)) {
     route.limits.vocab_size = engine.model().vocab_size;
     route.limits.max_context = engine.max_context();
+    route.limits.max_request_tokens = static_cast<int32_t>(std::min<int64_t>(
+        INT32_MAX, int64_t{engine.metrics().global.pages_total} * engine.config().page_size));
     route.limits.model_id = options.model_id;
     route.limits.eos_token_ids = engine.model().eos_token_ids;
     route.limits.sampling_defaults = options.sampling_defaults;
+    route.limits.text = options.text;
     route.api_key = options.api_key;
     route.started_unix = unix_seconds();
   }

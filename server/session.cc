@@ -22,7 +22,9 @@
 #include "server/openai_api.h"
 #include "server/router.h"
 #include "server/server_impl.h"
+#include "server/text_model.h"
 #include "server/utf8.h"
+#include "text/text_stream.h"
 
 namespace twinstep::server {
 namespace {
@@ -45,10 +47,20 @@ struct Choice {
   size_t sent = 0;                // tokens already streamed
   bool end_sent = false;          // the finishing event is queued
   std::optional<engine::Terminal> terminal;
+  // Text mode (--tokenizer): ids -> text through the stop strings. `text` is what the client
+  // gets, `text_sent` how much of it is streamed. A matched stop string aborts the request;
+  // its terminal (aborted, or whatever the engine reached first) then finishes as "stop".
+  std::optional<text::TextStream> stream;
+  std::string text;
+  size_t text_sent = 0;
+  bool stopped_by_text = false;
+  bool role_sent = false;  // chat streams: the {"role": "assistant"} delta is queued
 };
 
 // A POST /v1/completions in flight on a session.
 struct Exchange {
+  Api api = Api::kCompletions;
+  bool text = false;  // the server has a tokenizer: choices carry text, not joined ids
   std::string id;
   int64_t created = 0;
   bool stream = false;
@@ -304,7 +316,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       return send_error({503, "server_shutting_down", "", "the server is shutting down"});
     }
     auto exchange = std::make_unique<Exchange>();
-    exchange->id = server_.next_id("cmpl-");
+    exchange->api = body.api;
+    exchange->text = server_.options.text != nullptr;
+    exchange->id = server_.next_id(body.api == Api::kChat ? "chatcmpl-" : "cmpl-");
     exchange->created = unix_seconds();
     exchange->stream = body.stream;
     exchange->http11 = http11;
@@ -325,6 +339,12 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     Choice& choice = exchange_->choices[index];
     choice.prompt_tokens = static_cast<int64_t>(request.prompt.size());
     choice.stop_ids = request.stop_ids;
+    if (exchange_->text) {
+      auto stream = text::TextStream::create(server_.options.text->tokenizer, body.stop_strings);
+      TS_CHECK(stream.ok()) << "parse_completion let a bad stop string through: "
+                            << stream.error().message;
+      choice.stream.emplace(std::move(stream.value()));
+    }
     std::optional<engine::RequestControl> control = server_.loop.submit(
         std::move(request), [self = shared_from_this()](engine::RequestUpdate update) {
           self->on_strand(
@@ -349,18 +369,61 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     Choice& choice = exchange_->choices[it->second];
     TS_CHECK(!choice.terminal) << update.id << " got an update after its terminal";
     choice.generated += static_cast<int64_t>(update.new_tokens.size());
-    choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
+    const size_t before = choice.tokens.size();
+    // After a stop string, what the engine made before the abort took effect is not output.
+    if (!choice.stopped_by_text) {
+      choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
+    }
     if (update.terminal) {
       // As OpenAI does with stop sequences: the stop id that ended the choice is not output.
       bool by_stop_id = update.terminal->kind == engine::TerminalKind::kStop &&
-                        choice.tokens.size() > choice.sent &&
+                        !choice.stopped_by_text && choice.tokens.size() > choice.sent &&
                         std::find(choice.stop_ids.begin(), choice.stop_ids.end(),
                                   choice.tokens.back()) != choice.stop_ids.end();
       if (by_stop_id) choice.tokens.pop_back();
+    }
+    if (choice.stream)
+      detokenize(choice, std::min(before, choice.tokens.size()), !!update.terminal);
+    if (update.terminal) {
       choice.terminal = std::move(update.terminal);
       ++exchange_->finished;
     }
     pump();
+  }
+
+  // Feeds tokens[from..] to the choice's TextStream; a stop string ends the choice there.
+  void detokenize(Choice& choice, size_t from, bool last) {
+    if (choice.stopped_by_text) return;
+    for (size_t i = from; i < choice.tokens.size(); ++i) {
+      text::TextStream::Delta delta = choice.stream->push(choice.tokens[i]);
+      choice.text += delta.text;
+      if (delta.stop_index) {
+        choice.tokens.resize(std::max(i + 1, choice.sent));  // the rest is after the stop
+        choice.stopped_by_text = true;
+        choice.control.abort();  // its terminal follows; pages return then
+        return;
+      }
+    }
+    if (!last) return;
+    text::TextStream::Delta delta = choice.stream->finish();
+    choice.text += delta.text;
+    choice.stopped_by_text = delta.stop_index.has_value();
+  }
+
+  // Why a finished choice finished, as OpenAI says it; nullptr when it did not finish.
+  static const char* reason_of(const Choice& choice) {
+    if (choice.stopped_by_text) return "stop";
+    return finish_reason(choice.terminal->kind);
+  }
+
+  // A streamed event of the exchange's kind holding one choice.
+  json chunk(json choice) const {
+    const Exchange& ex = *exchange_;
+    const std::string& model = server_.route.limits.model_id;
+    if (ex.api == Api::kChat) {
+      return chat_object(ex.id, ex.created, model, json::array({std::move(choice)}), true);
+    }
+    return completion_object(ex.id, ex.created, model, json::array({std::move(choice)}));
   }
 
   // Streams what the choices have that is not sent yet, while the connection is under its
@@ -378,23 +441,40 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   void stream_pending(size_t index) {
     Choice& choice = exchange_->choices[index];
-    if (choice.sent < choice.tokens.size()) {
+    if (exchange_->api == Api::kChat) {
+      stream_chat_delta(index);
+    } else if (choice.sent < choice.tokens.size() || choice.text_sent < choice.text.size()) {
       std::vector<int32_t> piece(choice.tokens.begin() + static_cast<ptrdiff_t>(choice.sent),
                                  choice.tokens.end());
       send_event(
-          completion_object(exchange_->id, exchange_->created, server_.route.limits.model_id,
-                            json::array({choice_json(index, piece, choice.sent > 0, nullptr)})));
-      choice.sent = choice.tokens.size();
+          chunk(exchange_->text
+                    ? text_choice_json(index, choice.text.substr(choice.text_sent), piece, nullptr)
+                    : choice_json(index, piece, choice.sent > 0, nullptr)));
     }
+    choice.sent = choice.tokens.size();
+    choice.text_sent = choice.text.size();
     if (!choice.terminal || choice.end_sent) return;
     choice.end_sent = true;
-    if (const char* reason = finish_reason(choice.terminal->kind)) {
-      send_event(completion_object(exchange_->id, exchange_->created, server_.route.limits.model_id,
-                                   json::array({choice_json(index, {}, false, reason)})));
+    if (const char* reason = reason_of(choice)) {
+      send_event(chunk(exchange_->api == Api::kChat ? chat_delta_json(index, json::object(), reason)
+                                                    : choice_json(index, {}, false, reason)));
     } else {
       json body = json::parse(error_body(choice_error(index)));
       body["error"]["index"] = index;
       send_event(body);
+    }
+  }
+
+  // Chat: the role first (as OpenAI sends it, with empty content), then content deltas.
+  void stream_chat_delta(size_t index) {
+    Choice& choice = exchange_->choices[index];
+    if (!choice.role_sent) {
+      choice.role_sent = true;
+      send_event(chunk(chat_delta_json(index, {{"role", "assistant"}, {"content", ""}}, nullptr)));
+    }
+    if (choice.text_sent < choice.text.size()) {
+      send_event(chunk(
+          chat_delta_json(index, {{"content", choice.text.substr(choice.text_sent)}}, nullptr)));
     }
   }
 
@@ -421,8 +501,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     if (!closed_) {
       if (ex.stream) {
         if (ex.include_usage) {
-          json object =
-              completion_object(ex.id, ex.created, server_.route.limits.model_id, json::array());
+          const std::string& model = server_.route.limits.model_id;
+          json object = ex.api == Api::kChat
+                            ? chat_object(ex.id, ex.created, model, json::array(), true)
+                            : completion_object(ex.id, ex.created, model, json::array());
           object["usage"] = usage_json(total_usage());
           send_event(object);
         }
@@ -468,12 +550,17 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     const Exchange& ex = *exchange_;
     json choices = json::array();
     for (size_t i = 0; i < ex.choices.size(); ++i) {
-      const char* reason = finish_reason(ex.choices[i].terminal->kind);
+      const Choice& c = ex.choices[i];
+      const char* reason = reason_of(c);
       if (!reason) return send_error(choice_error(i));
-      choices.push_back(choice_json(i, ex.choices[i].tokens, false, reason));
+      choices.push_back(ex.api == Api::kChat ? chat_choice_json(i, c.text, reason)
+                        : ex.text            ? text_choice_json(i, c.text, c.tokens, reason)
+                                             : choice_json(i, c.tokens, false, reason));
     }
-    json object =
-        completion_object(ex.id, ex.created, server_.route.limits.model_id, std::move(choices));
+    const std::string& model = server_.route.limits.model_id;
+    json object = ex.api == Api::kChat
+                      ? chat_object(ex.id, ex.created, model, std::move(choices), false)
+                      : completion_object(ex.id, ex.created, model, std::move(choices));
     object["usage"] = usage_json(total_usage());
     send(200, "application/json", dump(object));
   }

@@ -1,0 +1,269 @@
+// The server with --tokenizer (issue 14), over real sockets on 127.0.0.1 against the simulated
+// device with the 12B geometry (vocabulary 262144) and the real Gemma 3 tokenizer from
+// .ci/deps: string prompts equal their ids, text is the decode of the ids, stop strings cut
+// the text across token boundaries and end with "stop", chat renders with the template (its
+// errors are 400s naming messages), and an id past the model's vocabulary is a 400. Without a
+// tokenizer, text is refused naming --tokenizer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "server/http_client.h"
+#include "server/http_server.h"
+#include "server/test_server.h"
+#include "server/text_model.h"
+#include "text/utf8.h"
+
+namespace twinstep::server {
+namespace {
+
+using namespace twinstep::server::test_support;
+
+// Loaded once: the 33 MB tokenizer.json takes a while to parse.
+std::shared_ptr<const TextModel> gemma3_text() {
+  static const std::shared_ptr<const TextModel> model = [] {
+    auto loaded = load_text_model(TWINSTEP_TOKENIZER_DIR);
+    TS_CHECK(loaded.ok()) << loaded.error() << " (run .ci/deps to install the tokenizer)";
+    return loaded.value();
+  }();
+  return model;
+}
+
+// The data of every SSE event of a streamed body, [DONE] left out.
+std::vector<json> sse_documents(const std::string& body) {
+  std::vector<json> out;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    size_t end = body.find("\n\n", at);
+    std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") continue;
+    out.push_back(json::parse(data, nullptr, false));
+    EXPECT_FALSE(out.back().is_discarded()) << data;
+  }
+  return out;
+}
+
+class TextServerTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    auto model = engine::ModelConfig::preset("gemma4-12b");
+    ASSERT_TRUE(model.ok());
+    model_ = model.value();
+    device_ = std::make_unique<sim::SimDevice>(model_);
+    engine::EngineConfig config;
+    config.max_context = 4096;
+    auto created = engine::Engine::create(model_, config, *device_);
+    ASSERT_TRUE(created.ok()) << created.error().message;
+    engine_ = std::move(created.value());
+    ServerOptions options;
+    options.text = gemma3_text();
+    server_ = std::make_unique<Server>(*engine_, options);
+    ASSERT_TRUE(server_->start().ok());
+    port_ = server_->port();
+  }
+  const text::Tokenizer& tokenizer() const { return gemma3_text()->tokenizer; }
+  client::Response post_to(const std::string& path, const json& body) {
+    return client::request(port_, "POST", path, body.dump());
+  }
+  // A stream's choice-0 text (completions) or content (chat), checking each piece is UTF-8.
+  std::string streamed_text(const std::vector<json>& events, bool chat) {
+    std::string text;
+    for (const json& event : events) {
+      for (const json& choice : event["choices"]) {
+        const json& piece = chat ? choice["delta"].value("content", json("")) : choice["text"];
+        EXPECT_TRUE(text::utf8_valid(piece.get<std::string>())) << piece;
+        text += piece.get<std::string>();
+      }
+    }
+    return text;
+  }
+  std::string decode(const json& ids) const {
+    return tokenizer().decode(ids.get<std::vector<int32_t>>(), {.skip_special_tokens = true});
+  }
+};
+
+TEST_F(TextServerTest, StringPromptsEqualTheirIdsAndTextIsTheDecode) {
+  json by_text = {{"prompt", "Hello"},
+                  {"max_tokens", 12},
+                  {"temperature", 0},
+                  {"ignore_eos", true},
+                  {"seed", 5}};
+  json by_ids = by_text;
+  by_ids["prompt"] = {2, 9259};  // HF: <bos> Hello
+  client::Response a = post(by_text);
+  client::Response b = post(by_ids);
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_EQ(b.status, 200) << b.body;
+  json da = json::parse(a.body), db = json::parse(b.body);
+  EXPECT_EQ(da["choices"][0]["token_ids"], db["choices"][0]["token_ids"]);
+  EXPECT_EQ(da["choices"][0]["token_ids"].size(), 12u);
+  EXPECT_EQ(da["choices"][0]["text"], decode(da["choices"][0]["token_ids"]));
+  EXPECT_EQ(da["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(da["usage"]["prompt_tokens"], 2);
+  // A list of strings: one choice each, in order.
+  json two = by_text;
+  two["prompt"] = {"Hello", "¿Qué tal? 你好 🙂"};
+  client::Response c = post(two);
+  ASSERT_EQ(c.status, 200) << c.body;
+  json dc = json::parse(c.body);
+  ASSERT_EQ(dc["choices"].size(), 2u);
+  EXPECT_EQ(dc["choices"][0]["token_ids"], da["choices"][0]["token_ids"]);
+  EXPECT_EQ(dc["usage"]["prompt_tokens"],
+            2 + tokenizer().encode("¿Qué tal? 你好 🙂", true).size());
+}
+
+TEST_F(TextServerTest, StreamedTextConcatenatesToTheWholeText) {
+  json body = {{"prompt", "Write a poem"},
+               {"max_tokens", 40},
+               {"temperature", 0.9},
+               {"seed", 77},
+               {"ignore_eos", true}};
+  client::Response whole = post(body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json choice = json::parse(whole.body)["choices"][0];
+  body["stream"] = true;
+  client::Response streamed = post(body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::vector<json> events = sse_documents(streamed.body);
+  EXPECT_EQ(streamed_text(events, false), choice["text"]);
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
+}
+
+// Where `text` has a character boundary at or after `at`.
+size_t boundary_at(const std::string& text, size_t at) {
+  while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
+  return at;
+}
+
+TEST_F(TextServerTest, StopStringsAreCutAcrossTokensNeverSentAndFinishAsStop) {
+  json body = {{"prompt", "Once upon a time"},
+               {"max_tokens", 48},
+               {"temperature", 0},
+               {"seed", 11},
+               {"ignore_eos", true}};
+  client::Response free_run = post(body);
+  ASSERT_EQ(free_run.status, 200) << free_run.body;
+  const std::string full = json::parse(free_run.body)["choices"][0]["text"];
+  ASSERT_GT(full.size(), 24u) << full;
+  // A stop string from the middle of the text, of a few characters: it may span tokens.
+  size_t from = boundary_at(full, full.size() / 2);
+  size_t to = boundary_at(full, from + 5);
+  ASSERT_LT(from, to);
+  const std::string stop = full.substr(from, to - from);
+  const std::string expected = full.substr(0, full.find(stop));
+  body["stop"] = {stop, "never in the text \x01"};
+  for (bool stream : {false, true}) {
+    body["stream"] = stream;
+    client::Response r = post(body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    if (stream) {
+      std::vector<json> events = sse_documents(r.body);
+      EXPECT_EQ(streamed_text(events, false), expected) << "stop '" << stop << "'";
+      EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "stop");
+    } else {
+      const json choice = json::parse(r.body)["choices"][0];
+      EXPECT_EQ(choice["text"], expected) << "stop '" << stop << "'";
+      EXPECT_EQ(choice["finish_reason"], "stop");
+    }
+  }
+  // The request was aborted at the stop: its pages come back.
+  EXPECT_TRUE(eventually([&] { return pools_at_baseline(); }));
+  // A bad stop string is a 400 naming stop.
+  body["stop"] = "";
+  expect_error(post(body), 400, "stop", "stop");
+}
+
+TEST_F(TextServerTest, ChatRendersTheTemplateStreamedAndNot) {
+  json messages = {{{"role", "system"}, {"content", "Be brief."}},
+                   {{"role", "user"}, {"content", "Hi there"}}};
+  json body = {{"messages", messages},
+               {"max_completion_tokens", 16},
+               {"temperature", 0},
+               {"seed", 3},
+               {"model", "twinstep-sim"}};
+  client::Response whole = post_to("/v1/chat/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  json doc = json::parse(whole.body);
+  EXPECT_EQ(doc["object"], "chat.completion");
+  EXPECT_EQ(doc["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  const json& message = doc["choices"][0]["message"];
+  EXPECT_EQ(message["role"], "assistant");
+  ASSERT_TRUE(message["content"].is_string());
+  EXPECT_TRUE(doc["choices"][0]["finish_reason"] == "length" ||
+              doc["choices"][0]["finish_reason"] == "stop");
+  auto rendered = gemma3_text()->chat->render(messages, true);
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_EQ(doc["usage"]["prompt_tokens"], tokenizer().encode(*rendered, false).size());
+  EXPECT_GE(doc["usage"]["completion_tokens"], 1);
+
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  client::Response streamed = post_to("/v1/chat/completions", body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::vector<json> events = sse_documents(streamed.body);
+  ASSERT_GE(events.size(), 3u);
+  for (const json& event : events) EXPECT_EQ(event["object"], "chat.completion.chunk");
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(streamed_text(events, true), message["content"]);
+  const json& last_choice = events[events.size() - 2]["choices"][0];
+  EXPECT_EQ(last_choice["finish_reason"], doc["choices"][0]["finish_reason"]);
+  EXPECT_EQ(events.back()["choices"].size(), 0u);
+  EXPECT_EQ(events.back()["usage"], doc["usage"]);
+
+  // Without a token limit: the rest of what one request can hold (here the 4096 context).
+  body = {{"messages", messages}};
+  client::Response unlimited = post_to("/v1/chat/completions", body);
+  ASSERT_EQ(unlimited.status, 200) << unlimited.body;
+  json usage = json::parse(unlimited.body)["usage"];
+  EXPECT_LE(usage["total_tokens"], 4096) << usage;
+  EXPECT_GE(usage["completion_tokens"], 1) << usage;
+}
+
+TEST_F(TextServerTest, ChatTemplateErrorsAre400sNamingMessages) {
+  const json cases[] = {
+      json{{"messages",
+            {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}}}},
+      json{{"messages", "hello"}},
+      json{{"max_tokens", 4}},
+  };
+  for (const json& body : cases) {
+    client::Response r = post_to("/v1/chat/completions", body);
+    expect_error(r, 400, "messages", "messages");
+    EXPECT_EQ(json::parse(r.body)["error"]["type"], "invalid_request_error") << r.body;
+  }
+  // Refused by name, not ignored.
+  json n2 = {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 2}};
+  expect_error(post_to("/v1/chat/completions", n2), 400, "n", "n: not implemented");
+}
+
+TEST_F(TextServerTest, AnIdPastTheModelsVocabularyIsA400AndTheServerServesOn) {
+  // <image_soft_token> is id 262144: in the tokenizer, one past the model's vocabulary.
+  ASSERT_EQ(tokenizer().token_to_id("<image_soft_token>"), 262144);
+  json body = {{"prompt", "look: <image_soft_token>"}, {"max_tokens", 4}};
+  expect_error(post(body), 400, "prompt", "262144");
+  json chat = {{"messages", {{{"role", "user"}, {"content", "<image_soft_token>"}}}},
+               {"max_tokens", 4}};
+  expect_error(post_to("/v1/chat/completions", chat), 400, "messages", "262144");
+  EXPECT_EQ(post({{"prompt", "fine"}, {"max_tokens", 2}}).status, 200);
+}
+
+TEST_F(ServerTest, WithoutATokenizerTextIsRefusedNamingTheFlag) {
+  start();
+  expect_error(post({{"prompt", "Hello"}}), 400, "prompt", "--tokenizer");
+  expect_error(post({{"prompt", {"Hello"}}}), 400, "prompt", "--tokenizer");
+  expect_error(post({{"prompt", {1, 2}}, {"stop", "x"}}), 400, "stop", "--tokenizer");
+  client::Response chat = client::request(port_, "POST", "/v1/chat/completions",
+                                          R"({"messages":[{"role":"user","content":"hi"}]})");
+  expect_error(chat, 400, "messages", "--tokenizer");
+  // Ids still give ids joined by spaces as text.
+  client::Response ids = post({{"prompt", {5, 6}}, {"max_tokens", 3}, {"ignore_eos", true}});
+  ASSERT_EQ(ids.status, 200) << ids.body;
+  json choice = json::parse(ids.body)["choices"][0];
+  EXPECT_EQ(choice["text"], tokens_text(choice["token_ids"].get<std::vector<int32_t>>(), false));
+}
+
+}  // namespace
+}  // namespace twinstep::server
