@@ -248,5 +248,150 @@ TEST(OpenAiApi, GenerationConfigDefaults) {
   EXPECT_EQ(parsed->prompts[0].sampling.top_k, 64);
 }
 
+// A text side for unit tests: every byte is one id (byte + 3), <bos> is 2, a chat turn renders
+// as "role: content\n", and roles must alternate (as Gemma's template demands).
+class ByteCodec final : public TextCodec {
+ public:
+  void encode(std::string_view text, bool add_special_tokens,
+              std::vector<int32_t>& out) const override {
+    if (add_special_tokens) out.push_back(2);
+    for (unsigned char c : text) out.push_back(c + 3);
+  }
+  std::string token_name(int32_t id) const override { return "<" + std::to_string(id) + ">"; }
+  std::optional<std::string> refuse_stops(const std::vector<std::string>& stops) const override {
+    for (const std::string& s : stops) {
+      if (s.empty()) return std::string("an empty stop string never ends anything");
+    }
+    return std::nullopt;
+  }
+  Result<std::string, ApiError> render_chat(const json& messages) const override {
+    if (!messages.is_array()) return unexpected(ApiError{400, "x", "messages", "messages: list"});
+    std::string out;
+    std::string last;
+    for (const json& m : messages) {
+      if (m.value("role", "") == last) {
+        return unexpected(ApiError{400, "x", "messages", "messages: roles must alternate"});
+      }
+      last = m.value("role", "");
+      out += last + ": " + m.value("content", "") + "\n";
+    }
+    return out;
+  }
+  std::string chat_missing() const override { return ""; }
+  std::vector<int32_t> chat_stop_ids() const override { return {106}; }
+};
+
+ApiLimits text_limits() {
+  ApiLimits l = limits();
+  l.vocab_size = 150;  // non-ASCII bytes (>= 147) encode past it
+  l.max_context = 64;
+  l.max_request_tokens = 48;
+  l.text = std::make_shared<ByteCodec>();
+  return l;
+}
+
+TEST(OpenAiApiText, StringPromptsAreEncodedWithBos) {
+  auto one = parse_completion(R"({"prompt":"ab"})", text_limits());
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  EXPECT_EQ(one->prompts[0].prompt, (std::vector<int32_t>{2, 'a' + 3, 'b' + 3}));
+  auto many = parse_completion(R"({"prompt":["a","","c"]})", text_limits());
+  ASSERT_TRUE(many.ok()) << many.error().message;
+  ASSERT_EQ(many->prompts.size(), 3u);
+  EXPECT_EQ(many->prompts[1].prompt, (std::vector<int32_t>{2}));
+  // Ids still work beside a tokenizer; mixing is refused by name.
+  EXPECT_TRUE(parse_completion(R"({"prompt":[[5],[6]]})", text_limits()).ok());
+  auto mixed = parse_completion(R"({"prompt":["a",[5]]})", text_limits());
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.error().param, "prompt");
+  EXPECT_NE(mixed.error().message.find("prompt[1]"), std::string::npos) << mixed.error().message;
+}
+
+TEST(OpenAiApiText, AnEncodedIdPastTheVocabularyIsA400) {
+  auto parsed = parse_completion(R"({"prompt":"ok \u00ff"})", text_limits());
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.error().status, 400);
+  EXPECT_EQ(parsed.error().param, "prompt");
+  EXPECT_NE(parsed.error().message.find("vocabulary of 150"), std::string::npos)
+      << parsed.error().message;
+  auto chat =
+      parse_chat_completion(R"({"messages":[{"role":"user","content":"\u00ff"}]})", text_limits());
+  ASSERT_FALSE(chat.ok());
+  EXPECT_EQ(chat.error().param, "messages");
+}
+
+TEST(OpenAiApiText, StopStringsAndIds) {
+  auto parsed = parse_completion(R"({"prompt":"a","stop":["\n\n",7,"END"]})", text_limits());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->stop_strings, (std::vector<std::string>{"\n\n", "END"}));
+  EXPECT_EQ(parsed->prompts[0].stop_ids, (std::vector<int32_t>{7, 1}));
+  auto single = parse_completion(R"({"prompt":"a","stop":"x"})", text_limits());
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(single->stop_strings, (std::vector<std::string>{"x"}));
+  for (const char* body : {R"({"prompt":"a","stop":""})", R"({"prompt":"a","stop":[{}]})"}) {
+    auto bad = parse_completion(body, text_limits());
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_EQ(bad.error().param, "stop") << body;
+  }
+  // Without a tokenizer a string is refused naming the flag that would take it.
+  ApiError e = error_of(R"({"prompt":[1],"stop":["x"]})");
+  EXPECT_EQ(e.param, "stop");
+  EXPECT_NE(e.message.find("--tokenizer"), std::string::npos) << e.message;
+  EXPECT_NE(error_of(R"({"prompt":"hi"})").message.find("--tokenizer"), std::string::npos);
+}
+
+TEST(OpenAiApiText, ChatRendersLimitsAndRefusals) {
+  auto parsed = parse_chat_completion(
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":9,
+          "max_completion_tokens":5,"stream":true})",
+      text_limits());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->api, Api::kChat);
+  const engine::Request& r = parsed->prompts[0];
+  EXPECT_EQ(r.prompt.size(), std::string("user: hi\n").size());  // no <bos>: the template's
+  EXPECT_EQ(r.max_tokens, 5);  // max_completion_tokens wins over the older max_tokens
+  EXPECT_EQ(r.stop_ids, (std::vector<int32_t>{1, 106}));  // eos, then the end of turn
+  // No limit: what one request can hold (48 here) less the prompt.
+  auto open =
+      parse_chat_completion(R"({"messages":[{"role":"user","content":"hi"}]})", text_limits());
+  ASSERT_TRUE(open.ok()) << open.error().message;
+  EXPECT_EQ(open->prompts[0].max_tokens, 48 - 9);
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"max_tokens":3})", "messages"},
+      {R"({"messages":[{"role":"user"},{"role":"user"}]})", "messages"},
+      {R"({"messages":[{"role":"user"}],"n":2})", "n"},
+      {R"({"messages":[{"role":"user"}],"logprobs":true})", "logprobs"},
+      {R"({"messages":[{"role":"user"}],"tools":[{"type":"function"}]})", "tools"},
+      {R"({"messages":[{"role":"user"}],"response_format":{"type":"json_object"}})",
+       "response_format"},
+      {R"({"messages":[{"role":"user"}],"max_completion_tokens":0})", "max_completion_tokens"},
+      {R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":60})", "max_tokens"},
+  };
+  for (const Case& c : cases) {
+    auto bad = parse_chat_completion(c.body, text_limits());
+    ASSERT_FALSE(bad.ok()) << c.body;
+    EXPECT_EQ(bad.error().status, 400) << c.body;
+    EXPECT_EQ(bad.error().param, c.param) << c.body << " -> " << bad.error().message;
+  }
+  // Without a tokenizer chat is a 400 naming it.
+  auto none = parse_chat_completion(R"({"messages":[]})", limits());
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("--tokenizer"), std::string::npos) << none.error().message;
+}
+
+TEST(OpenAiApiText, ChatDocuments) {
+  json whole = chat_object("c", 1, "m", json::array({chat_choice_json(0, "hey", "stop")}), false);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"], (json{{"role", "assistant"}, {"content", "hey"}}));
+  json chunk = chat_object("c", 1, "m",
+                           json::array({chat_delta_json(0, {{"content", "h"}}, nullptr)}), true);
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(text_choice_json(0, "hi", {4}, "length")["text"], "hi");
+}
+
 }  // namespace
 }  // namespace twinstep::server

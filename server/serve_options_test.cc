@@ -134,5 +134,23 @@ TEST(ServeOptions, MissingModelDirNamesIt) {
   EXPECT_NE(backend.error().find("/nonexistent/dir"), std::string::npos) << backend.error();
 }
 
+TEST(ServeOptions, TokenizerAndPresetModels) {
+  auto config = parse_serve_args({"--model", "gemma4-12b", "--tokenizer", "/nonexistent/tok"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_EQ(config->tokenizer, "/nonexistent/tok");
+  EXPECT_EQ(config->server.model_id, "gemma4-12b");
+  auto backend = make_backend(config.value());
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.error().find("--tokenizer"), std::string::npos) << backend.error();
+  EXPECT_NE(backend.error().find("/nonexistent/tok"), std::string::npos) << backend.error();
+  // The preset's geometry on the sim device (the 12B vocabulary the Gemma 3 tokenizer needs).
+  config->tokenizer.reset();
+  auto preset = make_backend(config.value());
+  ASSERT_TRUE(preset.ok()) << preset.error();
+  EXPECT_EQ(preset->model.vocab_size, 262144);
+  EXPECT_EQ(preset->text, nullptr);
+  EXPECT_FALSE(parse_serve_args({"--tokenizer", ""}).ok());
+}
+
 }  // namespace
 }  // namespace twinstep::server
