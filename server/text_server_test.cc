@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -132,9 +133,13 @@ TEST_F(TextServerTest, StreamedTextConcatenatesToTheWholeText) {
   EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
 }
 
-// Where `text` has a character boundary at or after `at`.
+// Where `text` has a character boundary at or after `at`, and before `at`.
 size_t boundary_at(const std::string& text, size_t at) {
   while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
+  return at;
+}
+size_t boundary_before(const std::string& text, size_t at) {
+  while (at > 0 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) --at;
   return at;
 }
 
@@ -146,13 +151,25 @@ TEST_F(TextServerTest, StopStringsAreCutAcrossTokensNeverSentAndFinishAsStop) {
                {"ignore_eos", true}};
   client::Response free_run = post(body);
   ASSERT_EQ(free_run.status, 200) << free_run.body;
-  const std::string full = json::parse(free_run.body)["choices"][0]["text"];
-  ASSERT_GT(full.size(), 24u) << full;
-  // A stop string from the middle of the text, of a few characters: it may span tokens.
-  size_t from = boundary_at(full, full.size() / 2);
-  size_t to = boundary_at(full, from + 5);
-  ASSERT_LT(from, to);
+  const json choice = json::parse(free_run.body)["choices"][0];
+  const std::string full = choice["text"];
+  const auto ids = choice["token_ids"].get<std::vector<int32_t>>();
+  // A stop string across the boundary of two tokens near the middle: the last two bytes (or
+  // so) of one token's text and the first two of the next's.
+  size_t cut = 0;
+  for (size_t k = ids.size() / 2; k < ids.size() && cut == 0; ++k) {
+    std::string prefix = decode(json(std::vector<int32_t>(ids.begin(), ids.begin() + k)));
+    if (prefix.size() >= 4 && prefix.size() + 4 <= full.size() && full.starts_with(prefix) &&
+        full[prefix.size()] != ' ') {
+      cut = prefix.size();
+    }
+  }
+  ASSERT_GT(cut, 0u) << full;
+  const size_t from = boundary_before(full, cut - 2);
+  const size_t to = boundary_at(full, cut + 2);
   const std::string stop = full.substr(from, to - from);
+  ASSERT_LT(from, cut);
+  ASSERT_GT(to, cut);
   const std::string expected = full.substr(0, full.find(stop));
   body["stop"] = {stop, "never in the text \x01"};
   for (bool stream : {false, true}) {
@@ -164,12 +181,28 @@ TEST_F(TextServerTest, StopStringsAreCutAcrossTokensNeverSentAndFinishAsStop) {
       EXPECT_EQ(streamed_text(events, false), expected) << "stop '" << stop << "'";
       EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "stop");
     } else {
-      const json choice = json::parse(r.body)["choices"][0];
-      EXPECT_EQ(choice["text"], expected) << "stop '" << stop << "'";
-      EXPECT_EQ(choice["finish_reason"], "stop");
+      const json stopped = json::parse(r.body)["choices"][0];
+      EXPECT_EQ(stopped["text"], expected) << "stop '" << stop << "'";
+      EXPECT_EQ(stopped["finish_reason"], "stop");
     }
   }
-  // The request was aborted at the stop: its pages come back.
+  // Per choice: the stop string ends the choice whose text has it; the other runs on.
+  body["stream"] = true;
+  body["prompt"] = {"Once upon a time", "Something else entirely"};
+  client::Response both = post(body);
+  ASSERT_EQ(both.status, 200) << both.body;
+  std::map<size_t, std::string> texts, reasons;
+  for (const json& event : sse_documents(both.body)) {
+    for (const json& c : event["choices"]) {
+      texts[c["index"]] += c["text"].get<std::string>();
+      if (c["finish_reason"].is_string()) reasons[c["index"]] = c["finish_reason"];
+    }
+  }
+  EXPECT_EQ(texts[0], expected);
+  EXPECT_EQ(reasons[0], "stop");
+  EXPECT_EQ(texts[1].find(stop), std::string::npos);
+  EXPECT_EQ(reasons[1], "length");
+  // The requests were aborted at their stops: their pages come back.
   EXPECT_TRUE(eventually([&] { return pools_at_baseline(); }));
   // A bad stop string is a 400 naming stop.
   body["stop"] = "";
