@@ -64,6 +64,7 @@ engine::RequestControl Harness::submit(engine::Request request) {
   record.request = std::move(request);
   record.control = control;
   record.submit_ns = device_.now_ns();
+  for (const int32_t token : record.request.prompt) record.oracle.push(token);
   records_.emplace(control.id(), std::move(record));
   absorb(0x5b00 ^ control.id().value);
   return control;
@@ -142,11 +143,9 @@ void Harness::check_update(const engine::RequestUpdate& update) {
 void Harness::check_tokens(const engine::RequestUpdate& update, RequestRecord& rec) {
   for (size_t i = 0; i < update.new_tokens.size(); ++i) {
     const int32_t token = update.new_tokens[i];
-    std::vector<int32_t> all = rec.request.prompt;
-    all.insert(all.end(), rec.output.begin(), rec.output.end());
-    const int32_t expected = oracle_next_token(
-        all, static_cast<int32_t>(all.size()) - 1, model_.sliding_window, rec.request.sampling,
-        static_cast<int32_t>(rec.output.size()), model_.vocab_size);
+    const int32_t expected =
+        rec.oracle.next_token(model_.sliding_window, rec.request.sampling,
+                              static_cast<int32_t>(rec.output.size()), model_.vocab_size);
     if (token != expected) {
       violate("oracle", who(update.id) + " output[" + std::to_string(rec.output.size()) + "] = " +
                             std::to_string(token) + ", oracle says " + std::to_string(expected));
@@ -159,6 +158,7 @@ void Harness::check_tokens(const engine::RequestUpdate& update, RequestRecord& r
                           "] and did not end there with a stop terminal");
     }
     rec.output.push_back(token);
+    rec.oracle.push(token);
     tokens_seen_ += 1;
     const int64_t now = device_.now_ns();
     if (rec.first_token_ns < 0) {

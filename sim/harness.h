@@ -34,6 +34,7 @@ struct RequestRecord {
   engine::Request request;
   engine::RequestControl control;
   std::vector<int32_t> output;
+  OracleDigest oracle;  // prompt then output: the oracle's next token in O(1)
   std::optional<engine::Terminal> terminal;
   engine::RequestPhase last_phase = engine::RequestPhase::kQueued;
   bool ever_scheduled = false;

@@ -18,10 +18,13 @@ namespace {
 
 constexpr uint64_t kPoison = 0xdeadbeefcafef00dULL;
 
-uint64_t absorb(uint64_t h, int32_t token, int32_t position) {
-  const uint64_t word =
-      (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) | static_cast<uint32_t>(position);
-  return mix64(h ^ word) + 0x632be59bd9b4e019ULL;
+// What reading position j contributes when its record holds `rec_token` at `rec_position`:
+// the record's own term when it is the record of position j, else garbage bound to j (so a
+// record read through the wrong page or slot changes the sum even when the same (token,
+// position) pairs are read in another order).
+uint64_t read_term(int32_t j, int32_t rec_token, int32_t rec_position) {
+  const uint64_t term = oracle_term(rec_token, rec_position);
+  return rec_position == j ? term : mix64(term ^ kPoison ^ static_cast<uint64_t>(j));
 }
 
 // Combines the two families' read-backs and the sampling parameters into a token.
@@ -42,18 +45,38 @@ int32_t finish_token(uint64_t global_hash, uint64_t local_hash,
 
 }  // namespace
 
+uint64_t oracle_term(int32_t token, int32_t position) {
+  const uint64_t word =
+      (static_cast<uint64_t>(static_cast<uint32_t>(token)) << 32) | static_cast<uint32_t>(position);
+  return mix64(word ^ 0x632be59bd9b4e019ULL);
+}
+
 int32_t oracle_next_token(std::span<const int32_t> tokens, int32_t position, int32_t window,
                           const engine::SamplingParams& sampling, int32_t output_index,
                           int32_t vocab_size) {
   TS_CHECK(position >= 0 && position < static_cast<int32_t>(tokens.size()))
       << "position=" << position << " tokens=" << tokens.size();
   uint64_t global_hash = 0;
-  for (int32_t j = 0; j <= position; ++j) global_hash = absorb(global_hash, tokens[j], j);
+  for (int32_t j = 0; j <= position; ++j) global_hash += oracle_term(tokens[j], j);
   uint64_t local_hash = 0;
   for (int32_t j = std::max(0, position - window + 1); j <= position; ++j) {
-    local_hash = absorb(local_hash, tokens[j], j);
+    local_hash += oracle_term(tokens[j], j);
   }
   return finish_token(global_hash, local_hash, sampling, output_index, vocab_size);
+}
+
+void OracleDigest::push(int32_t token) {
+  const int32_t position = static_cast<int32_t>(prefix_.size()) - 1;
+  prefix_.push_back(prefix_.back() + oracle_term(token, position));
+}
+
+int32_t OracleDigest::next_token(int32_t window, const engine::SamplingParams& sampling,
+                                 int32_t output_index, int32_t vocab_size) const {
+  const int32_t position = size() - 1;
+  TS_CHECK(position >= 0) << "no token to continue from";
+  const int32_t first = std::max(0, position - window + 1);
+  return finish_token(prefix_[position + 1], prefix_[position + 1] - prefix_[first], sampling,
+                      output_index, vocab_size);
 }
 
 SimDevice::SimDevice(const engine::ModelConfig& model, engine::FaultInjector* faults,
@@ -135,11 +158,12 @@ uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t 
   for (int32_t j = from; j <= to; ++j) {
     const int32_t logical = j / p - fp.seq_first_page[seq];
     if (logical < 0 || logical >= listed) {
-      h = mix64(h ^ kPoison);  // a page the plan does not list: garbage, as on a real device
+      // A page the plan does not list: garbage, as on a real device.
+      h += mix64(kPoison ^ static_cast<uint64_t>(j));
       continue;
     }
     const Record& rec = pool.records[int64_t{fp.page_indices[begin + logical]} * p + j % p];
-    h = absorb(h, rec.token, rec.position);
+    h += read_term(j, rec.token, rec.position);
     *reads += 1;
   }
   return h;

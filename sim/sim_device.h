@@ -25,10 +25,29 @@ struct CostModel {
 };
 
 // The token a logits row at `position` yields, computed from the plain token list
-// (tokens[0..position] are the request's tokens, prompt then generated).
+// (tokens[0..position] are the request's tokens, prompt then generated): a function of the sum
+// of oracle_term(token, position) over every position (the global family's read) and over the
+// window (the local family's), and of the sampling parameters. The device computes the same
+// sums from what it reads back through the page tables, binding each record to the position it
+// was read for.
 int32_t oracle_next_token(std::span<const int32_t> tokens, int32_t position, int32_t window,
                           const engine::SamplingParams& sampling, int32_t output_index,
                           int32_t vocab_size);
+uint64_t oracle_term(int32_t token, int32_t position);
+
+// The same oracle over a request's growing token list in O(1) a token: prefix sums of
+// oracle_term. The harness keeps one per request (the plain loop above is its own check).
+class OracleDigest {
+ public:
+  void push(int32_t token);  // the token at position size()
+  int32_t size() const { return static_cast<int32_t>(prefix_.size()) - 1; }
+  // oracle_next_token(tokens, size() - 1, ...) for the tokens pushed so far.
+  int32_t next_token(int32_t window, const engine::SamplingParams& sampling, int32_t output_index,
+                     int32_t vocab_size) const;
+
+ private:
+  std::vector<uint64_t> prefix_ = {0};  // prefix_[k] = sum of the terms of positions < k
+};
 
 class SimDevice final : public engine::Device {
  public:

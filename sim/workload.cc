@@ -115,13 +115,13 @@ Request valid_request(const WorkloadSpec& spec, const RequestLimits& limits, Rng
 
 std::vector<int32_t> oracle_outputs(const Request& request, int32_t count, int32_t window,
                                     int32_t vocab) {
-  std::vector<int32_t> all = request.prompt;
+  OracleDigest oracle;
+  for (const int32_t token : request.prompt) oracle.push(token);
   std::vector<int32_t> out;
   for (int32_t i = 0; i < count; ++i) {
-    const int32_t t = oracle_next_token(all, static_cast<int32_t>(all.size()) - 1, window,
-                                        request.sampling, i, vocab);
+    const int32_t t = oracle.next_token(window, request.sampling, i, vocab);
     out.push_back(t);
-    all.push_back(t);
+    oracle.push(t);
   }
   return out;
 }
