@@ -19,12 +19,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "server/choice_text.h"
 #include "server/openai_api.h"
 #include "server/router.h"
 #include "server/server_impl.h"
 #include "server/text_model.h"
 #include "server/utf8.h"
-#include "text/text_stream.h"
 
 namespace twinstep::server {
 namespace {
@@ -47,14 +47,12 @@ struct Choice {
   size_t sent = 0;                // tokens already streamed
   bool end_sent = false;          // the finishing event is queued
   std::optional<engine::Terminal> terminal;
-  // Text mode (--tokenizer): ids -> text through the stop strings. `text` is what the client
-  // gets, `text_sent` how much of it is streamed. A matched stop string aborts the request;
-  // its terminal (aborted, or whatever the engine reached first) then finishes as "stop".
-  std::optional<text::TextStream> stream;
-  std::string text;
-  size_t text_sent = 0;
-  bool stopped_by_text = false;
+  // Text mode (--tokenizer): what the client gets instead of joined ids. A matched stop string
+  // aborts the request; its terminal (aborted, or whatever the engine reached first) then
+  // finishes as "stop".
+  std::optional<ChoiceText> text;
   bool role_sent = false;  // chat streams: the {"role": "assistant"} delta is queued
+  bool stopped_by_text() const { return text && text->stopped(); }
 };
 
 // A POST /v1/completions in flight on a session.
@@ -343,7 +341,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       auto stream = text::TextStream::create(server_.options.text->tokenizer, body.stop_strings);
       TS_CHECK(stream.ok()) << "parse_completion let a bad stop string through: "
                             << stream.error().message;
-      choice.stream.emplace(std::move(stream.value()));
+      choice.text.emplace(std::move(stream.value()));
     }
     std::optional<engine::RequestControl> control = server_.loop.submit(
         std::move(request), [self = shared_from_this()](engine::RequestUpdate update) {
@@ -371,19 +369,18 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     choice.generated += static_cast<int64_t>(update.new_tokens.size());
     const size_t before = choice.tokens.size();
     // After a stop string, what the engine made before the abort took effect is not output.
-    if (!choice.stopped_by_text) {
+    if (!choice.stopped_by_text()) {
       choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
     }
     if (update.terminal) {
       // As OpenAI does with stop sequences: the stop id that ended the choice is not output.
       bool by_stop_id = update.terminal->kind == engine::TerminalKind::kStop &&
-                        !choice.stopped_by_text && choice.tokens.size() > choice.sent &&
+                        !choice.stopped_by_text() && choice.tokens.size() > choice.sent &&
                         std::find(choice.stop_ids.begin(), choice.stop_ids.end(),
                                   choice.tokens.back()) != choice.stop_ids.end();
       if (by_stop_id) choice.tokens.pop_back();
     }
-    if (choice.stream)
-      detokenize(choice, std::min(before, choice.tokens.size()), !!update.terminal);
+    if (choice.text) detokenize(choice, std::min(before, choice.tokens.size()), !!update.terminal);
     if (update.terminal) {
       choice.terminal = std::move(update.terminal);
       ++exchange_->finished;
@@ -393,26 +390,19 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
 
   // Feeds tokens[from..] to the choice's TextStream; a stop string ends the choice there.
   void detokenize(Choice& choice, size_t from, bool last) {
-    if (choice.stopped_by_text) return;
-    for (size_t i = from; i < choice.tokens.size(); ++i) {
-      text::TextStream::Delta delta = choice.stream->push(choice.tokens[i]);
-      choice.text += delta.text;
-      if (delta.stop_index) {
-        choice.tokens.resize(std::max(i + 1, choice.sent));  // the rest is after the stop
-        choice.stopped_by_text = true;
-        choice.control.abort();  // its terminal follows; pages return then
-        return;
-      }
+    if (choice.text->stopped()) return;
+    std::span<const int32_t> fresh(choice.tokens.data() + from, choice.tokens.size() - from);
+    if (std::optional<size_t> at = choice.text->push(fresh)) {
+      choice.tokens.resize(std::max(from + *at + 1, choice.sent));  // the rest is after the stop
+      choice.control.abort();  // its terminal follows; pages return then
+      return;
     }
-    if (!last) return;
-    text::TextStream::Delta delta = choice.stream->finish();
-    choice.text += delta.text;
-    choice.stopped_by_text = delta.stop_index.has_value();
+    if (last) choice.text->finish();
   }
 
   // Why a finished choice finished, as OpenAI says it; nullptr when it did not finish.
   static const char* reason_of(const Choice& choice) {
-    if (choice.stopped_by_text) return "stop";
+    if (choice.stopped_by_text()) return "stop";
     return finish_reason(choice.terminal->kind);
   }
 
@@ -443,16 +433,14 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     Choice& choice = exchange_->choices[index];
     if (exchange_->api == Api::kChat) {
       stream_chat_delta(index);
-    } else if (choice.sent < choice.tokens.size() || choice.text_sent < choice.text.size()) {
+    } else if (choice.sent < choice.tokens.size() || (choice.text && choice.text->has_unsent())) {
       std::vector<int32_t> piece(choice.tokens.begin() + static_cast<ptrdiff_t>(choice.sent),
                                  choice.tokens.end());
-      send_event(
-          chunk(exchange_->text
-                    ? text_choice_json(index, choice.text.substr(choice.text_sent), piece, nullptr)
-                    : choice_json(index, piece, choice.sent > 0, nullptr)));
+      send_event(chunk(choice.text
+                           ? text_choice_json(index, choice.text->take_unsent(), piece, nullptr)
+                           : choice_json(index, piece, choice.sent > 0, nullptr)));
     }
     choice.sent = choice.tokens.size();
-    choice.text_sent = choice.text.size();
     if (!choice.terminal || choice.end_sent) return;
     choice.end_sent = true;
     if (const char* reason = reason_of(choice)) {
@@ -472,9 +460,9 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       choice.role_sent = true;
       send_event(chunk(chat_delta_json(index, {{"role", "assistant"}, {"content", ""}}, nullptr)));
     }
-    if (choice.text_sent < choice.text.size()) {
-      send_event(chunk(
-          chat_delta_json(index, {{"content", choice.text.substr(choice.text_sent)}}, nullptr)));
+    TS_CHECK(choice.text.has_value()) << "a chat choice without its text";
+    if (choice.text->has_unsent()) {
+      send_event(chunk(chat_delta_json(index, {{"content", choice.text->take_unsent()}}, nullptr)));
     }
   }
 
@@ -553,8 +541,8 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       const Choice& c = ex.choices[i];
       const char* reason = reason_of(c);
       if (!reason) return send_error(choice_error(i));
-      choices.push_back(ex.api == Api::kChat ? chat_choice_json(i, c.text, reason)
-                        : ex.text            ? text_choice_json(i, c.text, c.tokens, reason)
+      choices.push_back(ex.api == Api::kChat ? chat_choice_json(i, c.text->text(), reason)
+                        : c.text             ? text_choice_json(i, c.text->text(), c.tokens, reason)
                                              : choice_json(i, c.tokens, false, reason));
     }
     const std::string& model = server_.route.limits.model_id;
