@@ -1,6 +1,6 @@
-// twinstep-serve: the OpenAI-compatible completions server. Prints the address it listens on,
-// serves until SIGINT/SIGTERM, then aborts in-flight requests and exits 0 once the engine's
-// pools are back at their baseline (1 if they are not: a leak).
+// twinstep-serve: the OpenAI-compatible completions (and, with --tokenizer, chat) server. Prints
+// the address it listens on, serves until SIGINT/SIGTERM, then aborts in-flight requests and exits
+// 0 once the engine's pools are back at their baseline (1 if they are not: a leak).
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -37,12 +37,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   server.handle_signals();
+  std::string text = "token ids only";
+  if (const auto& t = backend->text) {
+    text = "tokenizer " + std::to_string(t->tokenizer.vocab_size()) + " ids, chat " +
+           (t->chat ? std::string(t->chat->family()) : std::string("none"));
+    if (!t->chat)
+      std::cerr << "twinstep-serve: no /v1/chat/completions: " << t->chat_missing_why << "\n";
+  }
   const auto& m = backend->engine->metrics();
   std::cout << "twinstep-serve: listening on http://" << config.server.host << ":" << server.port()
             << " (model " << config.server.model_id << ", device " << backend->device->name()
             << ", vocab " << backend->model.vocab_size << ", context "
             << backend->engine->max_context() << ", pages global " << m.global.pages_total
-            << " local " << m.local.pages_total << ")" << std::endl;
+            << " local " << m.local.pages_total << ", " << text << ")" << std::endl;
   ShutdownReport report = server.wait();
   const auto& end = report.drain.metrics;
   std::cout << "twinstep-serve: shut down; aborted " << report.requests_aborted_in_flight
