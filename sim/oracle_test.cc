@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "engine/engine.h"
 #include "sim/rng.h"
 #include "sim/sim_device.h"
 
@@ -46,6 +47,59 @@ TEST(Oracle, EveryTokenAndPositionChangesTheTerm) {
   EXPECT_NE(oracle_term(1234, 57), base);
   EXPECT_NE(oracle_term(56, 1234), base);
   EXPECT_NE(oracle_term(0, 0), oracle_term(-1, -1));
+}
+
+// The two read modes of the simulated device give the same token on every row of a workload
+// with preemption (small pools), chunked prefill, a window smaller and larger than a page run,
+// random and greedy sampling. And the fast mode really takes its shortcut: it reads the same
+// record count (the cost model) but a page digest at a time.
+TEST(Oracle, PageDigestReadsEqualEveryRecordReads) {
+  engine::ModelConfig model = engine::ModelConfig::preset("sim-tiny").value();
+  for (const int32_t window : {3, 24}) {
+    model.sliding_window = window;
+    engine::EngineConfig config;
+    config.page_size = 4;
+    config.pages_global = 48;
+    config.pages_local = 24;
+    config.max_running = 6;
+    config.max_step_tokens = 20;
+    config.max_context = 160;
+    SimDevice fast(model), every(model);
+    every.set_read_mode(SimDevice::ReadMode::kEveryRecord);
+    auto a = engine::Engine::create(model, config, fast).value();
+    auto b = engine::Engine::create(model, config, every).value();
+    Rng rng(window);
+    for (int i = 0; i < 24; ++i) {
+      engine::Request r;
+      const int32_t len = 1 + static_cast<int32_t>(rng.below(60));
+      for (int32_t j = 0; j < len; ++j)
+        r.prompt.push_back(2 + static_cast<int32_t>(rng.below(4000)));
+      r.max_tokens = 1 + static_cast<int32_t>(rng.below(40));
+      if (i % 3 == 0) {
+        r.sampling.temperature = 0.8f;
+        r.sampling.seed = rng.next();
+      }
+      a->submit(r);
+      b->submit(r);
+    }
+    int64_t tokens = 0;
+    for (int step = 0; step < 2000 && !(a->idle() && b->idle()); ++step) {
+      const engine::StepOutputs oa = a->step(), ob = b->step();
+      ASSERT_EQ(oa.updates.size(), ob.updates.size()) << "step " << step;
+      for (size_t u = 0; u < oa.updates.size(); ++u) {
+        ASSERT_EQ(oa.updates[u].id, ob.updates[u].id);
+        ASSERT_EQ(oa.updates[u].new_tokens, ob.updates[u].new_tokens)
+            << "window " << window << " step " << step << " request " << oa.updates[u].id;
+        tokens += static_cast<int64_t>(oa.updates[u].new_tokens.size());
+      }
+    }
+    EXPECT_TRUE(a->idle() && b->idle());
+    EXPECT_GT(tokens, 200) << "the workload generated too little to compare";
+    EXPECT_GT(a->metrics().counters.preemptions, 0u) << "no preemption: pools too large";
+    EXPECT_EQ(fast.now_ns(), every.now_ns()) << "the cost model saw different read counts";
+    EXPECT_GT(fast.pages_read_by_digest(), 100u) << "the fast mode never took its shortcut";
+    EXPECT_EQ(every.pages_read_by_digest(), 0u);
+  }
 }
 
 }  // namespace

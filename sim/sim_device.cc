@@ -2,6 +2,7 @@
 #include "sim/sim_device.h"
 
 #include <bit>
+#include <climits>
 #include <cstring>
 #include <optional>
 
@@ -95,6 +96,15 @@ engine::Status<DeviceError> SimDevice::bind(const engine::PoolLayout& global,
     pool.layout = layout;
     pool.records.assign(static_cast<size_t>(layout.pages_total) * layout.page_size, Record{});
     for (int32_t i = 0; i < layout.page_size; ++i) pool.records[i] = Record{-2, -2};  // padding
+    // Digests of the initial records; no page starts in place (base INT32_MIN matches no slot).
+    pool.terms.resize(pool.records.size());
+    pool.page_sum.assign(layout.pages_total, 0);
+    pool.page_base.assign(layout.pages_total, INT32_MIN);
+    pool.page_in_place.assign(layout.pages_total, 0);
+    for (size_t slot = 0; slot < pool.records.size(); ++slot) {
+      pool.terms[slot] = oracle_term(pool.records[slot].token, pool.records[slot].position);
+      pool.page_sum[slot / layout.page_size] += pool.terms[slot];
+    }
   }
   bound_ = true;
   return engine::Ok{};
@@ -147,6 +157,9 @@ std::optional<DeviceError> SimDevice::validate(const engine::StepPlan& plan) con
 
 bool SimDevice::fire(FaultSite site) { return faults_ != nullptr && faults_->fire(site); }
 
+// Positions [from, to] of seq `seq` read back through the family's page table, record by
+// record (kEveryRecord) or, for pages wholly inside the range and in place, through the page's
+// digest (kPageDigests): the same sum either way.
 uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t seq, int32_t from,
                                 int32_t to, int64_t* reads) const {
   const engine::FamilyPlan& fp = plan.family(f);
@@ -155,18 +168,51 @@ uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t 
   const int32_t begin = fp.seq_page_begin[seq];
   const int32_t listed = fp.seq_page_begin[seq + 1] - begin;
   uint64_t h = 0;
-  for (int32_t j = from; j <= to; ++j) {
+  for (int32_t j = from; j <= to;) {
     const int32_t logical = j / p - fp.seq_first_page[seq];
+    const int32_t page_end = std::min(to, (j / p + 1) * p - 1);  // last position of this page
     if (logical < 0 || logical >= listed) {
       // A page the plan does not list: garbage, as on a real device.
-      h += mix64(kPoison ^ static_cast<uint64_t>(j));
+      for (; j <= page_end; ++j) h += mix64(kPoison ^ static_cast<uint64_t>(j));
       continue;
     }
-    const Record& rec = pool.records[int64_t{fp.page_indices[begin + logical]} * p + j % p];
-    h += read_term(j, rec.token, rec.position);
-    *reads += 1;
+    const int64_t page = fp.page_indices[begin + logical];
+    *reads += page_end - j + 1;
+    if (read_mode_ == ReadMode::kPageDigests && j % p == 0 && page_end - j + 1 == p &&
+        pool.page_base[page] == j && pool.page_in_place[page] == p) {
+      h += pool.page_sum[page];
+      pages_by_digest_ += 1;
+      j = page_end + 1;
+      continue;
+    }
+    for (; j <= page_end; ++j) {
+      const Record& rec = pool.records[page * p + j % p];
+      h += read_term(j, rec.token, rec.position);
+    }
   }
   return h;
+}
+
+void SimDevice::write_record(HostPool& pool, int64_t slot, Record rec) {
+  const int32_t p = pool.layout.page_size;
+  const int64_t page = slot / p;
+  const int32_t o = static_cast<int32_t>(slot % p);
+  const uint64_t term = oracle_term(rec.token, rec.position);
+  pool.page_sum[page] += term - pool.terms[slot];
+  pool.terms[slot] = term;
+  const bool was_in_place = pool.records[slot].position - o == pool.page_base[page];
+  pool.records[slot] = rec;
+  if (rec.position - o == pool.page_base[page]) {
+    pool.page_in_place[page] += was_in_place ? 0 : 1;
+    return;
+  }
+  // A write for another base (the page was handed to another seq or logical page): recount
+  // against the new base, once per such move.
+  pool.page_base[page] = rec.position - o;
+  pool.page_in_place[page] = 0;
+  for (int32_t i = 0; i < p; ++i) {
+    pool.page_in_place[page] += pool.records[page * p + i].position - i == pool.page_base[page];
+  }
 }
 
 engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engine::StepPlan& plan) {
@@ -188,7 +234,7 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     HostPool& pool = pools_[static_cast<int>(f)];
     const engine::FamilyPlan& fp = plan.family(f);
     for (int32_t i = 0; i < plan.num_rows(); ++i) {
-      pool.records[fp.row_slot[i]] = Record{plan.tokens[i], plan.positions[i]};
+      write_record(pool, fp.row_slot[i], Record{plan.tokens[i], plan.positions[i]});
     }
   }
   if (fire(FaultSite::kAfterKvWrite)) return fault(FaultSite::kAfterKvWrite);

@@ -60,6 +60,14 @@ class SimDevice final : public engine::Device {
   engine::Result<engine::DeviceOutput, engine::DeviceError> execute(
       const engine::StepPlan& plan) override;
 
+  // How a row reads its context back (the output is the same either way): kPageDigests sums
+  // each whole, in-place page through a digest kept as records are written (O(pages) a row);
+  // kEveryRecord reads every record (O(tokens) a row), the mode the fast one is tested against.
+  enum class ReadMode { kPageDigests, kEveryRecord };
+  void set_read_mode(ReadMode mode) { read_mode_ = mode; }
+  // Whole pages read through their digest so far (0 in kEveryRecord).
+  uint64_t pages_read_by_digest() const { return pages_by_digest_; }
+
   int64_t now_ns() const { return now_ns_; }
   // Lets a harness charge idle time (e.g. waiting for arrivals) to the virtual clock.
   void advance_ns(int64_t ns) { now_ns_ += ns; }
@@ -77,8 +85,15 @@ class SimDevice final : public engine::Device {
   };
   struct HostPool {
     engine::PoolLayout layout;
-    std::vector<Record> records;  // [pages_total * page_size]
+    std::vector<Record> records;     // [pages_total * page_size]
+    std::vector<uint64_t> terms;     // [pages_total * page_size] oracle_term of each record
+    std::vector<uint64_t> page_sum;  // [pages_total] sum of the page's terms
+    // A page is in place at base B when every slot o holds position B + o: page_in_place
+    // counts the slots that do for page_base (the base of its latest write).
+    std::vector<int32_t> page_base;      // [pages_total]
+    std::vector<int32_t> page_in_place;  // [pages_total]
   };
+  static void write_record(HostPool& pool, int64_t slot, Record rec);
   std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
   bool fire(engine::FaultSite site);
   uint64_t read_family(const engine::StepPlan& plan, engine::Family f, int32_t seq, int32_t from,
@@ -89,6 +104,8 @@ class SimDevice final : public engine::Device {
   CostModel cost_;
   HostPool pools_[engine::kFamilyCount];
   bool bound_ = false;
+  ReadMode read_mode_ = ReadMode::kPageDigests;
+  mutable uint64_t pages_by_digest_ = 0;
   int64_t now_ns_ = 0;
   uint64_t steps_executed_ = 0;
   uint64_t plans_received_ = 0;
