@@ -366,7 +366,10 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     TS_CHECK(it != exchange_->by_request.end()) << "update for a foreign request " << update.id;
     Choice& choice = exchange_->choices[it->second];
     TS_CHECK(!choice.terminal) << update.id << " got an update after its terminal";
-    choice.generated += static_cast<int64_t>(update.new_tokens.size());
+    // After a stop string, usage counts the tokens up to it, however soon the abort lands.
+    if (!choice.stopped_by_text()) {
+      choice.generated += static_cast<int64_t>(update.new_tokens.size());
+    }
     const size_t before = choice.tokens.size();
     // After a stop string, what the engine made before the abort took effect is not output.
     if (!choice.stopped_by_text()) {
@@ -394,6 +397,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     std::span<const int32_t> fresh(choice.tokens.data() + from, choice.tokens.size() - from);
     if (std::optional<size_t> at = choice.text->push(fresh)) {
       choice.tokens.resize(std::max(from + *at + 1, choice.sent));  // the rest is after the stop
+      choice.generated = static_cast<int64_t>(choice.tokens.size());
       choice.control.abort();  // its terminal follows; pages return then
       return;
     }

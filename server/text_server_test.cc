@@ -184,6 +184,8 @@ TEST_F(TextServerTest, StopStringsAreCutAcrossTokensNeverSentAndFinishAsStop) {
       const json stopped = json::parse(r.body)["choices"][0];
       EXPECT_EQ(stopped["text"], expected) << "stop '" << stop << "'";
       EXPECT_EQ(stopped["finish_reason"], "stop");
+      // Usage counts the tokens up to the stop, not what the engine made before the abort.
+      EXPECT_EQ(json::parse(r.body)["usage"]["completion_tokens"], stopped["token_ids"].size());
     }
   }
   // Per choice: the stop string ends the choice whose text has it; the other runs on.
