@@ -376,6 +376,12 @@ TEST(OpenAiApiText, ChatRendersLimitsAndRefusals) {
     EXPECT_EQ(bad.error().status, 400) << c.body;
     EXPECT_EQ(bad.error().param, c.param) << c.body << " -> " << bad.error().message;
   }
+  // Their neutral values are accepted.
+  auto neutral = parse_chat_completion(
+      R"({"messages":[{"role":"user"}],"n":1,"logprobs":false,"tools":[],"tool_choice":"none",
+          "response_format":{"type":"text"},"presence_penalty":0})",
+      text_limits());
+  EXPECT_TRUE(neutral.ok()) << neutral.error().message;
   // Without a tokenizer chat is a 400 naming it.
   auto none = parse_chat_completion(R"({"messages":[]})", limits());
   ASSERT_FALSE(none.ok());
