@@ -7,6 +7,7 @@
 #include "kernels/attention_args.h"
 #include "kernels/attention_decode_split.h"
 #include "kernels/common.cuh"
+#include "kernels/paged_keys.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -70,41 +71,6 @@ struct SplitArgs {
   float* part_acc;  // [rows][q_heads][splits][HD] unnormalised accumulators (splits > 1)
   float2* part_ml;  // [rows][q_heads][splits] (max in log2 units, sum); sum 0 = empty split
 };
-
-struct SeqPages {
-  int32_t begin;  // into page_indices
-  int32_t count;
-  int32_t first;  // logical page number of page_indices[begin]
-};
-
-struct RowKeys {
-  SeqPages pages;
-  int32_t lo;  // first key position attended
-  int32_t hi;  // one past the last (= position + 1)
-};
-
-// The same checks, in the same order, as the reference kernels (kernels/attention.cu).
-__device__ __forceinline__ RowKeys row_keys(const SplitArgs& a, int32_t row) {
-  const int32_t s = a.row_seq[row];
-  TS_DEVICE_REQUIRE(s >= 0 && s < a.seqs);
-  const int32_t b = a.seq_page_begin[s];
-  const int32_t e = a.seq_page_begin[s + 1];
-  TS_DEVICE_REQUIRE(b >= 0 && b <= e && e <= a.pages_listed);
-  const int32_t p = a.positions[row];
-  TS_DEVICE_REQUIRE(p >= 0);
-  const int32_t lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  return {{b, e - b, a.seq_first_page[s]}, lo, p + 1};
-}
-
-// Element offset of key j's K record (kv head 0) within the layer; V is page_size tokens on.
-__device__ __forceinline__ int64_t key_offset(const SplitArgs& a, const SeqPages& sp, int32_t j,
-                                              int64_t token_elems) {
-  const int32_t idx = j / a.page_size - sp.first;
-  TS_DEVICE_REQUIRE(idx >= 0 && idx < sp.count);
-  const uint32_t page = a.page_indices[sp.begin + idx];
-  TS_DEVICE_REQUIRE(page >= 1u && page < static_cast<uint32_t>(a.pages_total));
-  return (static_cast<int64_t>(page) * 2 * a.page_size + j % a.page_size) * token_elems;
-}
 
 // ---- PTX wrappers -----------------------------------------------------------------------
 
