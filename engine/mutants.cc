@@ -25,6 +25,7 @@ constexpr std::string_view kNames[] = {
     "token_after_abort",
     "rollback_keeps_phase",
     "stop_ignored_on_first",
+    "digest_keeps_overwritten",
 };
 static_assert(std::size(kNames) == static_cast<size_t>(Mutant::kCount));
 

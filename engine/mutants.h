@@ -12,21 +12,22 @@ namespace twinstep::engine {
 
 enum class Mutant : int {
   kNone = 0,
-  kSkipRollbackGranted,   // admission: a refused family does not roll back the granted one
-  kFrontierBeforeDevice,  // the frontier advances before the device runs
-  kLeakOnAbort,           // abort forgets to free the request's pages
-  kEarlyWindowRelease,    // a local page is released one step before the window leaves it
-  kCommitOneFamily,       // commit takes the global pages but drops the local reservation
-  kTokenAfterTerminal,    // a finished request gets one more token update
-  kOverMaxRunning,        // admission lets one request more than max_running run
-  kDecodeRowsUncharged,   // decode rows are not charged to the step's token budget
-  kFailureLimitEarly,     // a request is failed one consecutive failure before the limit
-  kMetricsWrongPool,      // metrics() reports the global pool's usage for the local family
-  kLocalSpanKeepsPage,    // the shared local-span helper keeps one page behind the window
-  kLedgerSecondTerminal,  // the engine's ledger accepts an update after a terminal
-  kTokenAfterAbort,       // a decoding request aborted between steps decodes once more
-  kRollbackKeepsPhase,    // a rolled-back admission goes back to waiting in the prefill phase
-  kStopIgnoredOnFirst,    // a stop id is not honoured on a request's first generated token
+  kSkipRollbackGranted,     // admission: a refused family does not roll back the granted one
+  kFrontierBeforeDevice,    // the frontier advances before the device runs
+  kLeakOnAbort,             // abort forgets to free the request's pages
+  kEarlyWindowRelease,      // a local page is released one step before the window leaves it
+  kCommitOneFamily,         // commit takes the global pages but drops the local reservation
+  kTokenAfterTerminal,      // a finished request gets one more token update
+  kOverMaxRunning,          // admission lets one request more than max_running run
+  kDecodeRowsUncharged,     // decode rows are not charged to the step's token budget
+  kFailureLimitEarly,       // a request is failed one consecutive failure before the limit
+  kMetricsWrongPool,        // metrics() reports the global pool's usage for the local family
+  kLocalSpanKeepsPage,      // the shared local-span helper keeps one page behind the window
+  kLedgerSecondTerminal,    // the engine's ledger accepts an update after a terminal
+  kTokenAfterAbort,         // a decoding request aborted between steps decodes once more
+  kRollbackKeepsPhase,      // a rolled-back admission goes back to waiting in the prefill phase
+  kStopIgnoredOnFirst,      // a stop id is not honoured on a request's first generated token
+  kDigestKeepsOverwritten,  // sim: a page digest keeps the term of the record a write replaced
   kCount,
 };
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 
+#include "engine/mutants.h"
 #include "sim/rng.h"
 
 namespace twinstep::sim {
@@ -198,7 +199,7 @@ void SimDevice::write_record(HostPool& pool, int64_t slot, Record rec) {
   const int64_t page = slot / p;
   const int32_t o = static_cast<int32_t>(slot % p);
   const uint64_t term = oracle_term(rec.token, rec.position);
-  pool.page_sum[page] += term - pool.terms[slot];
+  pool.page_sum[page] += TS_MUTANT(kDigestKeepsOverwritten) ? term : term - pool.terms[slot];
   pool.terms[slot] = term;
   const bool was_in_place = pool.records[slot].position - o == pool.page_base[page];
   pool.records[slot] = rec;
