@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -49,6 +50,9 @@ configuration pins (each overrides the seed's draw):
   --config FILE          model geometry from an HF Gemma 4 config.json
   --page-size N  --pages-global N  --pages-local N  --window N
   --max-running N  --max-step-tokens N  --max-context N  --max-step-failures N
+  --cost-model FILE      the step clock's coefficients (twinstep-cost-fit's output), or
+                         none for the three-term clock; default: the built-in H200
+                         calibration (perf/h200_gemma4_12b_cost.json) for gemma4-12b seeds
   --requests N           requests per seed
   --arrival KIND         steady | bursty | flood
   --mean-interarrival-us N
@@ -237,6 +241,16 @@ bool parse_pin(Args& a, Options* out) {
     if (!model) usage_error("--config " + v + ": " + model.error().message);
     o.model_config = std::move(model.value());
     o.model_config_path = v;
+  } else if (flag == "--cost-model") {
+    const std::string v = value();
+    pin(v);
+    if (v == "none") {
+      o.cost_model = nullptr;
+    } else {
+      auto cost = CalibratedCost::from_file(v);
+      if (!cost) usage_error("--cost-model " + cost.error());
+      o.cost_model = std::make_shared<const CalibratedCost>(std::move(cost.value()));
+    }
   } else if (flag == "--page-size") {
     o.page_size = int_pin(1, 4096);
   } else if (flag == "--pages-global") {
@@ -401,6 +415,9 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
                 t.faults_fired[i]);
   }
   std::printf("\n  %-16s wall %.2f s\n", "runner", wall_s);
+  // The figure issue 10 asks for: simulated seconds per wall second (1000x on the 12B).
+  std::printf("  %-16s %.0fx real time (simulated s / wall s)\n", "sim speed",
+              wall_s > 0 ? sim_s / wall_s : 0.0);
   int hit = 0;
   for (const CoverageMark& m : marks) hit += m.hits > 0 ? 1 : 0;
   std::printf("\n== coverage marks: %d/%zu hit ==\n", hit, marks.size());

@@ -224,6 +224,8 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& over
   if (auto s = draw_pools(rng, overrides, &c); !s) return unexpected(s.error());
   draw_limits_and_arrivals(rng, overrides, &c);
   draw_faults(rng, overrides, &c);
+  c.cost.calibrated = overrides.cost_model.value_or(
+      c.model_name == "gemma4-12b" ? default_calibration_12b() : nullptr);
   if (auto s = check_runnable(c); !s) return unexpected(s.error());
   return c;
 }
@@ -272,7 +274,8 @@ nlohmann::json SeedConfig::to_json() const {
           {"fault_ppm", faults},
           {"abort_ppm", abort_ppm},
           {"queued_abort_ppm", queued_abort_ppm},
-          {"safety_steps_max", safety_steps_max}};
+          {"safety_steps_max", safety_steps_max},
+          {"clock", cost.calibrated ? "calibrated " + cost.calibrated->model_name : "three-term"}};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -57,6 +58,10 @@ struct Overrides {
   std::array<std::optional<uint32_t>, engine::kFaultSiteCount> fault_ppm;
   std::optional<uint32_t> abort_ppm, queued_abort_ppm, invalid_ppm, sampled_ppm, stop_ppm;
   std::optional<int64_t> safety_steps;
+  // --cost-model: FILE's coefficients for every seed, or nullptr ("none") for the three-term
+  // clock. Unset: the built-in H200 calibration for seeds on the 12B preset (when the build
+  // has one), the three-term clock otherwise.
+  std::optional<std::shared_ptr<const CalibratedCost>> cost_model;
 };
 
 // Draws the seed's configuration. Fails (with a message naming the knob) when the pins make

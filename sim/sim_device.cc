@@ -83,7 +83,9 @@ int32_t OracleDigest::next_token(int32_t window, const engine::SamplingParams& s
 
 SimDevice::SimDevice(const engine::ModelConfig& model, engine::FaultInjector* faults,
                      CostModel cost)
-    : model_(model), faults_(faults), cost_(cost) {}
+    : model_(model), faults_(faults), cost_(cost) {
+  if (cost_.calibrated != nullptr) clock_.emplace(model_, cost_.calibrated);
+}
 
 engine::Status<DeviceError> SimDevice::bind(const engine::PoolLayout& global,
                                             const engine::PoolLayout& local) {
@@ -225,7 +227,11 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
   // A failed step still costs time: the base cost, plus the rows once they were launched.
   auto fault = [&](FaultSite site) {
     const bool launched = site == FaultSite::kAfterKvWrite || site == FaultSite::kSync;
-    now_ns_ += cost_.base_ns + (launched ? cost_.per_row_ns * plan.num_rows() : 0);
+    if (clock_) {
+      now_ns_ += launched ? clock_->step_ns(plan) : clock_->refused_ns();
+    } else {
+      now_ns_ += cost_.base_ns + (launched ? cost_.per_row_ns * plan.num_rows() : 0);
+    }
     return engine::unexpected(DeviceError{
         DeviceErrorCode::kFault, "injected fault at " + std::string(fault_site_name(site)), site});
   };
@@ -253,7 +259,9 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
         finish_token(gh, lh, seq.sampling, seq.output_index, model_.vocab_size);
   }
   if (fire(FaultSite::kSync)) return fault(FaultSite::kSync);
-  out.cost_ns = cost_.base_ns + cost_.per_row_ns * plan.num_rows() + cost_.per_kv_read_ns * reads;
+  out.cost_ns =
+      clock_ ? clock_->step_ns(plan)
+             : cost_.base_ns + cost_.per_row_ns * plan.num_rows() + cost_.per_kv_read_ns * reads;
   now_ns_ += out.cost_ns;
   steps_executed_ += 1;
   return out;

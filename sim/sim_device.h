@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,14 +16,17 @@
 #include "engine/config.h"
 #include "engine/device.h"
 #include "engine/fault.h"
+#include "sim/cost_model.h"
 
 namespace twinstep::sim {
 
-// Step time = base + per row + per KV record read; nanoseconds of virtual time.
+// Step time = base + per row + per KV record read; nanoseconds of virtual time. With
+// `calibrated` set, the calibrated model (sim/cost_model.h) replaces the three terms.
 struct CostModel {
   int64_t base_ns = 150'000;
   int64_t per_row_ns = 2'000;
   int64_t per_kv_read_ns = 5;
+  std::shared_ptr<const CalibratedCost> calibrated;
 };
 
 // The token a logits row at `position` yields, computed from the plain token list
@@ -102,6 +107,7 @@ class SimDevice final : public engine::Device {
   engine::ModelConfig model_;
   engine::FaultInjector* faults_;
   CostModel cost_;
+  std::optional<CalibratedClock> clock_;  // from cost_.calibrated
   HostPool pools_[engine::kFamilyCount];
   bool bound_ = false;
   ReadMode read_mode_ = ReadMode::kPageDigests;

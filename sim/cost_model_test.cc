@@ -1,0 +1,371 @@
+// The calibrated cost model: NNLS against known solutions and an exhaustive search, the step
+// features against hand counts on the 12B geometry, the calibration file's checks, the fit
+// recovering planted coefficients, and the simulated device charging what the model predicts.
+#include "sim/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "engine/engine.h"
+#include "sim/rng.h"
+#include "sim/sim_device.h"
+
+namespace twinstep::sim {
+namespace {
+
+using Matrix = std::vector<std::vector<double>>;
+
+double uniform(Rng& rng) { return static_cast<double>(rng.next() >> 11) * 0x1.0p-53; }
+
+Matrix random_matrix(Rng& rng, int rows, int cols) {
+  Matrix a(rows, std::vector<double>(cols));
+  for (auto& row : a) {
+    for (double& v : row) v = uniform(rng) * 2 - 1;
+  }
+  return a;
+}
+
+double residual(const Matrix& a, const std::vector<double>& b, const std::vector<double>& x) {
+  double sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double r = b[i];
+    for (size_t j = 0; j < x.size(); ++j) r -= a[i][j] * x[j];
+    sum += r * r;
+  }
+  return std::sqrt(sum);
+}
+
+// Unconstrained least squares on a column subset by normal equations (Gauss-Jordan): the
+// reference is deliberately another method than the QR inside nnls.
+std::vector<double> subset_lsq(const Matrix& a, const std::vector<double>& b, unsigned mask,
+                               int n) {
+  std::vector<int> cols;
+  for (int j = 0; j < n; ++j) {
+    if (mask & (1u << j)) cols.push_back(j);
+  }
+  const size_t k = cols.size();
+  Matrix m(k, std::vector<double>(k + 1, 0.0));
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (size_t p = 0; p < k; ++p) {
+      for (size_t q = 0; q < k; ++q) m[p][q] += a[i][cols[p]] * a[i][cols[q]];
+      m[p][k] += a[i][cols[p]] * b[i];
+    }
+  }
+  for (size_t p = 0; p < k; ++p) {
+    size_t pivot = p;
+    for (size_t r = p + 1; r < k; ++r) {
+      if (std::abs(m[r][p]) > std::abs(m[pivot][p])) pivot = r;
+    }
+    std::swap(m[p], m[pivot]);
+    for (size_t r = 0; r < k; ++r) {
+      if (r == p) continue;
+      const double f = m[r][p] / m[p][p];
+      for (size_t c = p; c <= k; ++c) m[r][c] -= f * m[p][c];
+    }
+  }
+  std::vector<double> x(n, 0.0);
+  for (size_t p = 0; p < k; ++p) x[cols[p]] = m[p][k] / m[p][p];
+  return x;
+}
+
+TEST(Nnls, RecoversAKnownNonnegativeSolution) {
+  Rng rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    const Matrix a = random_matrix(rng, 40, 6);
+    std::vector<double> truth = {0.0, 2.5, 0.0, 1e-3, 7.0, 0.0};
+    std::vector<double> b(a.size(), 0.0);
+    for (size_t i = 0; i < a.size(); ++i) {
+      for (size_t j = 0; j < truth.size(); ++j) b[i] += a[i][j] * truth[j];
+    }
+    const std::vector<double> x = nnls(a, b);
+    for (size_t j = 0; j < truth.size(); ++j) {
+      EXPECT_NEAR(x[j], truth[j], 1e-9) << "trial " << trial << " coefficient " << j;
+    }
+  }
+}
+
+// Where the unconstrained optimum is infeasible, NNLS equals the best feasible subset
+// solution found by trying every subset.
+TEST(Nnls, EqualsTheExhaustiveSubsetSearch) {
+  Rng rng(11);
+  constexpr int n = 5;
+  int constrained = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const Matrix a = random_matrix(rng, 25, n);
+    std::vector<double> b(a.size());
+    for (double& v : b) v = uniform(rng) * 4 - 2;
+    double best = residual(a, b, std::vector<double>(n, 0.0));
+    std::vector<double> best_x(n, 0.0);
+    for (unsigned mask = 1; mask < (1u << n); ++mask) {
+      const std::vector<double> x = subset_lsq(a, b, mask, n);
+      if (std::any_of(x.begin(), x.end(), [](double v) { return v < 0; })) continue;
+      const double r = residual(a, b, x);
+      if (r < best) {
+        best = r;
+        best_x = x;
+      }
+    }
+    constrained += std::count(best_x.begin(), best_x.end(), 0.0) > 0 ? 1 : 0;
+    const std::vector<double> x = nnls(a, b);
+    for (const double v : x) EXPECT_GE(v, 0.0) << "trial " << trial;
+    EXPECT_NEAR(residual(a, b, x), best, 1e-9 * (1 + best)) << "trial " << trial;
+    for (int j = 0; j < n; ++j) EXPECT_NEAR(x[j], best_x[j], 1e-7) << "trial " << trial;
+  }
+  EXPECT_GT(constrained, 10) << "the trials must exercise the constraint";
+}
+
+// Columns of very different scale (bytes ~1e10 beside counts ~1) and an exact duplicate.
+TEST(Nnls, HandlesScaleAndCollinearColumns) {
+  Rng rng(3);
+  Matrix a = random_matrix(rng, 30, 3);
+  for (auto& row : a) {
+    row[0] = std::abs(row[0]) * 1e10;
+    row.push_back(row[1]);  // column 3 duplicates column 1
+  }
+  std::vector<double> b(a.size());
+  for (size_t i = 0; i < a.size(); ++i) b[i] = 3e-10 * a[i][0] + 0.5 * a[i][1] + 2.0 * a[i][2];
+  const std::vector<double> x = nnls(a, b);
+  EXPECT_NEAR(x[0], 3e-10, 1e-18);
+  EXPECT_NEAR(x[1] + x[3], 0.5, 1e-9);
+  EXPECT_NEAR(x[2], 2.0, 1e-9);
+  EXPECT_LT(residual(a, b, x), 1e-9);
+}
+
+engine::ModelConfig gemma12b() { return engine::ModelConfig::preset("gemma4-12b").value(); }
+
+double term(const CostFeatures& f, CostTerm t) { return f[static_cast<int>(t)]; }
+
+TEST(CostFeatures, DecodeStepReadsEveryVisibleKeyOnce) {
+  const engine::ModelConfig m = gemma12b();
+  const CostGeometry g(m);
+  StepShape step;
+  step.sliding_window = 1024;
+  step.page_entries = 300;
+  step.seqs = {{99, 1, true}, {4999, 1, true}};
+  const CostFeatures f = g.features(step);
+  // Global: 8 layers x K+V x 1 head x 512 dims x 2 bytes a token; local: 40 x 2 x 8 x 256 x 2.
+  const double global_token = 8.0 * 2 * 1 * 512 * 2;
+  const double local_token = 40.0 * 2 * 8 * 256 * 2;
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kKvReadBytesGlobal), (100 + 5000) * global_token);
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kKvReadBytesLocal), (100 + 1024) * local_token);
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kKvWriteBytesLocal), 2 * local_token);
+  EXPECT_EQ(term(f, CostTerm::kAttnFlopsGlobal), 0.0) << "decode runs split-KV, not tiles";
+  EXPECT_EQ(term(f, CostTerm::kLaunchesPrefillPath), 0.0);
+  EXPECT_GT(term(f, CostTerm::kLaunchesDecodePath), 48 * 10);
+  EXPECT_EQ(term(f, CostTerm::kLogitsRows), 2.0);
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kLmHeadBytes), 2.0 * 262144 * 3840);
+  EXPECT_EQ(term(f, CostTerm::kPageEntries), 300.0);
+  EXPECT_EQ(term(f, CostTerm::kSeqs), 2.0);
+}
+
+TEST(CostFeatures, PrefillCountsTheKernelsTiles) {
+  const engine::ModelConfig m = gemma12b();
+  const CostGeometry g(m);
+  StepShape step;
+  step.sliding_window = 1024;
+  step.seqs = {{0, 64, false}};
+  const CostFeatures f = g.features(step);
+  // Local, group 2: 128 pairs = 2 tiles of 32 rows; tile 0 reads 1 key stage, tile 1 two.
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kAttnFlopsLocal), 4.0 * 64 * 256 * (32 + 64) * 8 * 40);
+  // Global, group 16: 16 tiles of 4 rows; tile t ends at row 4t + 3, so it reads
+  // (4t + 3) / 32 + 1 stages.
+  double stages = 0;
+  for (int t = 0; t < 16; ++t) stages += (4 * t + 3) / 32 + 1;
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kAttnFlopsGlobal), 4.0 * 64 * 512 * 32 * stages * 1 * 8);
+  EXPECT_EQ(term(f, CostTerm::kKvReadBytesGlobal), 0.0);
+  EXPECT_EQ(term(f, CostTerm::kLogitsRows), 0.0);
+  EXPECT_EQ(term(f, CostTerm::kLmHeadBytes), 0.0);
+  EXPECT_GT(term(f, CostTerm::kLaunchesPrefillPath), 0.0);
+
+  // The window skips whole key stages: a 32-row chunk at 4096 reads 1024 + 31 keys' stages
+  // locally (33 stages for a tile straddling), the whole context globally.
+  StepShape chunk;
+  chunk.sliding_window = 1024;
+  chunk.seqs = {{4096, 32, true}};
+  const CostFeatures c = g.features(chunk);
+  // One local tile (64 pairs = 32 rows): lo = 4096 - 1023 = 3073 (stage 96), hi 4127 (128).
+  EXPECT_DOUBLE_EQ(term(c, CostTerm::kAttnFlopsLocal), 4.0 * 64 * 256 * (33 * 32) * 8 * 40);
+  double global_stages = 0;
+  for (int t = 0; t < 8; ++t) global_stages += (4096 + 4 * t + 3) / 32 + 1;
+  EXPECT_DOUBLE_EQ(term(c, CostTerm::kAttnFlopsGlobal), 4.0 * 64 * 512 * 32 * global_stages * 8);
+}
+
+TEST(CostFeatures, LinearTermsFollowTheRows) {
+  const engine::ModelConfig m = gemma12b();
+  const CostGeometry g(m);
+  StepShape one, many;
+  one.sliding_window = many.sliding_window = 1024;
+  one.seqs = {{10, 1, true}};
+  many.seqs = {{0, 4096, true}};
+  const CostFeatures a = g.features(one);
+  const CostFeatures b = g.features(many);
+  EXPECT_EQ(term(a, CostTerm::kWeightBytes), term(b, CostTerm::kWeightBytes));
+  EXPECT_DOUBLE_EQ(term(b, CostTerm::kLinearFlops), 4096 * term(a, CostTerm::kLinearFlops));
+  // One row is bandwidth-bound (the weights at the nominal rate); 4096 rows compute-bound.
+  EXPECT_NEAR(term(a, CostTerm::kLinearRoofline),
+              term(a, CostTerm::kWeightBytes) / kNominalBandwidth, 1e-4);
+  EXPECT_NEAR(term(b, CostTerm::kLinearRoofline), term(b, CostTerm::kLinearFlops) / kNominalFlops,
+              1e-3);
+  // About 11e9 linear parameters in the 12B's layers (the LM head apart).
+  EXPECT_GT(term(a, CostTerm::kWeightBytes), 2 * 10e9);
+  EXPECT_LT(term(a, CostTerm::kWeightBytes), 2 * 12e9);
+}
+
+CalibratedCost some_cost() {
+  CalibratedCost c;
+  for (int i = 0; i < kCostTermCount; ++i) c.ns_per_unit[i] = 0.5 * (i + 1);
+  c.model_name = "gemma4-12b";
+  c.provenance = {{"gpu", "test"}};
+  return c;
+}
+
+TEST(CalibratedCost, JsonRoundTripsAndRefusesBadFiles) {
+  const CalibratedCost c = some_cost();
+  auto back = CalibratedCost::from_json(c.to_json());
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(back->ns_per_unit, c.ns_per_unit);
+  EXPECT_EQ(back->model_name, "gemma4-12b");
+
+  nlohmann::json missing = c.to_json();
+  missing["coefficients_ns"].erase("attn_flops_local");
+  ASSERT_FALSE(CalibratedCost::from_json(missing).ok());
+  EXPECT_NE(CalibratedCost::from_json(missing).error().find("attn_flops_local"), std::string::npos);
+  nlohmann::json unknown = c.to_json();
+  unknown["coefficients_ns"]["warp_drive"] = 1.0;
+  EXPECT_FALSE(CalibratedCost::from_json(unknown).ok());
+  nlohmann::json negative = c.to_json();
+  negative["coefficients_ns"]["step"] = -1.0;
+  EXPECT_FALSE(CalibratedCost::from_json(negative).ok());
+  nlohmann::json format = c.to_json();
+  format["format"] = "something-else";
+  EXPECT_FALSE(CalibratedCost::from_json(format).ok());
+  EXPECT_FALSE(CalibratedCost::from_file("/nonexistent/cost.json").ok());
+}
+
+TEST(CalibratedCost, TheBuiltInCalibrationParsesWhenPresent) {
+  const auto cost = default_calibration_12b();
+  if (cost == nullptr) GTEST_SKIP() << "this build has no perf/h200_gemma4_12b_cost.json";
+  EXPECT_EQ(cost->model_name, "gemma4-12b");
+  EXPECT_TRUE(cost->provenance.contains("git_rev"));
+  EXPECT_GT(cost->ns_per_unit[static_cast<int>(CostTerm::kStep)] +
+                cost->ns_per_unit[static_cast<int>(CostTerm::kLaunchesDecodePath)],
+            0.0);
+}
+
+TEST(StepShape, JsonRoundTrips) {
+  StepShape s;
+  s.sliding_window = 512;
+  s.page_entries = 77;
+  s.seqs = {{0, 100, false}, {300, 1, true}};
+  auto back = StepShape::from_json(s.to_json());
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(back->to_json(), s.to_json());
+  EXPECT_FALSE(StepShape::from_json(nlohmann::json{{"window", 1}}).ok());
+  nlohmann::json bad = s.to_json();
+  bad["seqs"][0][1] = 0;
+  EXPECT_FALSE(StepShape::from_json(bad).ok());
+}
+
+// Records made from planted coefficients on a spread of shapes: the fit predicts them back.
+TEST(FitCost, RecoversPlantedCoefficients) {
+  const engine::ModelConfig m = gemma12b();
+  const CostGeometry g(m);
+  CalibratedCost planted;
+  auto set = [&](CostTerm t, double v) { planted.ns_per_unit[static_cast<int>(t)] = v; };
+  set(CostTerm::kStep, 400e3);
+  set(CostTerm::kLaunchesDecodePath, 2e3);
+  set(CostTerm::kLinearRoofline, 1.3e9);
+  set(CostTerm::kKvReadBytesLocal, 1.0 / 3.2);
+  set(CostTerm::kKvReadBytesGlobal, 1.0 / 2.5);
+  set(CostTerm::kAttnFlopsLocal, 1.0 / 180e3);
+  set(CostTerm::kAttnFlopsGlobal, 1.0 / 120e3);
+  set(CostTerm::kLogitsRows, 3e3);
+  Rng rng(9);
+  std::vector<StepRecord> records;
+  for (int i = 0; i < 120; ++i) {
+    StepShape s;
+    s.sliding_window = 1024;
+    const int batch = 1 + static_cast<int>(rng.below(128));
+    const bool decode = rng.below(2) == 0;
+    for (int k = 0; k < (decode ? batch : 1 + batch % 4); ++k) {
+      const int32_t ctx = static_cast<int32_t>(rng.below(8000));
+      s.seqs.push_back({ctx, decode ? 1 : 1 + static_cast<int32_t>(rng.below(2048)), true});
+    }
+    records.push_back({"synthetic", s, planted.predict_ns(g.features(s)) * 1e-6});
+  }
+  const FitResult fit = fit_cost(m, records);
+  EXPECT_LT(quantile(fit.rel_err, 1.0), 1e-6);
+  EXPECT_EQ(fit.cost.fit["records"], 120);
+  for (const double v : fit.cost.ns_per_unit) EXPECT_GE(v, 0.0);
+}
+
+TEST(Quantile, NearestRank) {
+  EXPECT_EQ(quantile({}, 0.5), 0.0);
+  EXPECT_EQ(quantile({3, 1, 2}, 0.5), 2.0);
+  EXPECT_EQ(quantile({1, 2, 3, 4}, 0.5), 2.0);
+  EXPECT_EQ(quantile({1, 2, 3, 4}, 0.95), 4.0);
+  EXPECT_EQ(quantile({5}, 0.0), 5.0);
+}
+
+// Forwards to a device and keeps the last plan it was handed.
+class Recording final : public engine::Device {
+ public:
+  explicit Recording(engine::Device& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  engine::Status<engine::DeviceError> bind(const engine::PoolLayout& g,
+                                           const engine::PoolLayout& l) override {
+    return inner_.bind(g, l);
+  }
+  engine::Result<engine::DeviceOutput, engine::DeviceError> execute(
+      const engine::StepPlan& plan) override {
+    last = plan;
+    return inner_.execute(plan);
+  }
+  engine::StepPlan last;
+
+ private:
+  engine::Device& inner_;
+};
+
+// The simulated device charges the calibrated clock's prediction for exactly the plan it ran.
+TEST(CalibratedClock, SimDeviceChargesThePrediction) {
+  engine::ModelConfig model = engine::ModelConfig::preset("sim-tiny").value();
+  auto cost = std::make_shared<const CalibratedCost>(some_cost());
+  CostModel cm;
+  cm.calibrated = cost;
+  SimDevice device(model, nullptr, cm);
+  Recording recording(device);
+  engine::EngineConfig config;
+  config.page_size = 4;
+  config.pages_global = 64;
+  config.pages_local = 64;
+  config.max_running = 4;
+  config.max_step_tokens = 16;
+  auto engine = engine::Engine::create(model, config, recording);
+  ASSERT_TRUE(engine.ok()) << engine.error().message;
+  for (int r = 0; r < 3; ++r) {
+    engine::Request req;
+    req.prompt.assign(10 + 7 * r, 5);
+    req.max_tokens = 6;
+    (*engine)->submit(std::move(req));
+  }
+  const CalibratedClock clock(model, cost);
+  int steps = 0;
+  int64_t before = device.now_ns();
+  while (!(*engine)->idle() && steps < 100) {
+    const engine::StepOutputs out = (*engine)->step();
+    ASSERT_FALSE(out.failed) << out.error;
+    ++steps;
+    if (out.rows == 0) continue;
+    EXPECT_EQ(out.cost_ns, clock.step_ns(recording.last)) << "step " << steps;
+    EXPECT_EQ(out.cost_ns, device.now_ns() - before);
+    EXPECT_GT(out.cost_ns, clock.refused_ns());
+    before = device.now_ns();
+  }
+  EXPECT_GT(steps, 3);
+}
+
+}  // namespace
+}  // namespace twinstep::sim
