@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "gates/bench_util.h"
@@ -52,7 +53,7 @@ struct AttnShape {
 
 struct CaseTimes {
   double ref_ms, tc_ms, flops;
-  double tc64_ms = 0, mma32_ms = 0;  // head_dim 256 (default: wgmma): the mma.sync kernels
+  std::vector<std::pair<const char*, double>> variants;  // the other kernels of the head dim
 };
 
 CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream_t stream) {
@@ -107,9 +108,19 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
                                              1.0f, stream, v));
     });
   };
+  using V = kernels::PrefillVariant;
   if (f.head_dim == 256) {
-    r.tc64_ms = variant_ms(kernels::PrefillVariant::kMmaKeyTile64);
-    r.mma32_ms = variant_ms(kernels::PrefillVariant::kMma);
+    for (const auto& [v, label] :
+         {std::pair{V::kWgmmaPairKeyTile64, "wgmma, 2 warpgroups, key tile 64"},
+          std::pair{V::kWgmmaPairKeyTile32, "wgmma, 2 warpgroups, key tile 32"},
+          std::pair{V::kWgmma, "wgmma, 1 warpgroup, key tile 32"},
+          std::pair{V::kMmaKeyTile64, "mma.sync, key tile 64"},
+          std::pair{V::kMma, "mma.sync, key tile 32"}}) {
+      r.variants.emplace_back(label, variant_ms(v));
+    }
+  } else if (f.head_dim == 512) {
+    r.variants.emplace_back("wgmma, 2 warpgroups splitting dims", variant_ms(V::kWgmmaSplitDims));
+    r.variants.emplace_back("mma.sync, pair exchange", variant_ms(V::kMma));
   }
   for (void* p :
        {static_cast<void*>(pool), static_cast<void*>(q), static_cast<void*>(out),
@@ -147,13 +158,10 @@ int main() {
       std::printf("| %s | %d x %d | %.0f | %.2f | %.1f | %.3f | %.1f | %.1f | %.1fx |\n", f.name,
                   seqs, len, r.flops / 1e9, r.ref_ms, ref_tf, r.tc_ms, tc_tf, 100.0 * tc_tf / peak,
                   r.ref_ms / r.tc_ms);
-      for (const auto& [ms, label] : {std::pair{r.tc64_ms, "mma.sync, key tile 64"},
-                                      std::pair{r.mma32_ms, "mma.sync, key tile 32"}}) {
-        if (ms > 0) {
-          std::printf("|   (%s) | | | | | %.3f | %.1f | %.1f | %.1fx |\n", label, ms,
-                      r.flops / (ms * 1e-3) / 1e12, 100.0 * r.flops / (ms * 1e-3) / 1e12 / peak,
-                      r.ref_ms / ms);
-        }
+      for (const auto& [label, ms] : r.variants) {
+        std::printf("|   (%s) | | | | | %.3f | %.1f | %.1f | %.1fx |\n", label, ms,
+                    r.flops / (ms * 1e-3) / 1e12, 100.0 * r.flops / (ms * 1e-3) / 1e12 / peak,
+                    r.ref_ms / ms);
       }
       if (fi == 0) step_ms[shape][0] = r.tc_ms;
       if (fi == 2) step_ms[shape][1] = r.tc_ms;

@@ -1,10 +1,10 @@
 // kernels/attention_prefill_tc.cu: the tensor-core paged prefill attention of
-// attention_prefill_tc.h. One block per (query tile, KV head); 4 warps of 16 (row, head) pairs
-// each. head_dim 512 keeps a 16 x 512 fp32 accumulator per warp out of reach of the register
-// file (256 registers a thread), so there the output dimension is split over two warpgroups:
-// warps w and w + 4 own the same 16 pairs, each computes the full scores (QK^T over 512) and
-// half of the output (P.V over 256 dims). That doubles the QK^T work of the global layers but
-// needs no exchange of P between warps; measured in perf/NOTES.md.
+// attention_prefill_tc.h: the tile plan, the dispatch over head dims and variants, and the
+// mma.sync kernels. One block per (query tile, KV head); 4 warps of 16 (row, head) pairs each.
+// head_dim 512 keeps a 16 x 512 fp32 accumulator per warp out of reach of the register file
+// (256 registers a thread), so there two warps own the same 16 pairs, each with half of the
+// output dims; they score half of the keys each and swap row maxima and P through shared memory.
+// The wgmma kernels (head_dim 256 and 512) are in attention_prefill_wgmma.cu.
 #include <climits>
 
 #include "engine/check.h"
@@ -101,6 +101,12 @@ __global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
   store_pairs<HD, BN, DSPLIT, NO>(a, pr, x, l_run, o);
 }
 
+bool variant_built(PrefillVariant v, int32_t head_dim) {
+  if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
+  if (head_dim == 512) return v == PrefillVariant::kWgmmaSplitDims;
+  return head_dim == 256 && v != PrefillVariant::kWgmmaSplitDims;
+}
+
 template <int HD, int BN, int DSPLIT>
 KernelStatus launch_tc(const TcArgs& a, cudaStream_t stream) {
   using S = TcShape<HD, BN, DSPLIT>;
@@ -136,11 +142,10 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
                         std::to_string(rows.rows) +
                         " rows (expected plan_prefill_tiles of the rows, on the device)");
   }
-  const bool mma_only = variant == PrefillVariant::kDefault || variant == PrefillVariant::kMma;
-  if (!mma_only && pool.head_dim != 256) {
+  if (!variant_built(variant, pool.head_dim)) {
     return bad_argument("attention_prefill_tc: variant " +
-                        std::to_string(static_cast<int>(variant)) +
-                        " is built for head_dim 256 only, got " + std::to_string(pool.head_dim));
+                        std::to_string(static_cast<int>(variant)) + " is not built for head_dim " +
+                        std::to_string(pool.head_dim));
   }
   if (rows.rows == 0) return Ok{};
   const TcArgs a{q,
@@ -170,13 +175,21 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
     case 128:
       return launch_tc<128, 64, 1>(a, stream);
     case 256:
-      if (variant == PrefillVariant::kDefault || variant == PrefillVariant::kWgmma) {
-        return launch_prefill_wgmma256(a, stream);
+      switch (variant) {
+        case PrefillVariant::kMma:
+          return launch_tc<256, 32, 1>(a, stream);
+        case PrefillVariant::kMmaKeyTile64:
+          return launch_tc<256, 64, 1>(a, stream);
+        case PrefillVariant::kWgmma:
+          return launch_prefill_wgmma256(a, stream);
+        case PrefillVariant::kWgmmaPairKeyTile32:
+          return launch_prefill_wgmma256_pair(a, 32, stream);
+        default:  // kDefault, kWgmmaPairKeyTile64
+          return launch_prefill_wgmma256_pair(a, 64, stream);
       }
-      if (variant == PrefillVariant::kMmaKeyTile64) return launch_tc<256, 64, 1>(a, stream);
-      return launch_tc<256, 32, 1>(a, stream);
     case 512:
-      return launch_tc<512, 32, 2>(a, stream);
+      if (variant == PrefillVariant::kMma) return launch_tc<512, 32, 2>(a, stream);
+      return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims
     default:
       TS_UNREACHABLE() << "head_dim " << pool.head_dim << " passed check_attention_args";
   }

@@ -47,10 +47,20 @@ struct PrefillTilesView {
 //
 // `variant` picks among the kernels built for a head dim (each gated against the reference;
 // the benchmark compares them): kDefault is the measured fastest, kMma the mma.sync kernel of
-// this file. At head_dim 256 also kMmaKeyTile64 (mma.sync, 64-key stages) and kWgmma (Hopper
-// wgmma, attention_prefill_wgmma.cu), which is kDefault there; a variant not built for the head
-// dim is kBadArgument.
-enum class PrefillVariant { kDefault, kMma, kMmaKeyTile64, kWgmma };
+// this file (every head dim). At head_dim 256 also kMmaKeyTile64 (mma.sync, 64-key stages),
+// kWgmma (Hopper wgmma, one warpgroup per tile, attention_prefill_wgmma.cu) and
+// kWgmmaPairKeyTile32 / 64 (two warpgroups sharing each K/V stage over two tiles of one seq);
+// at head_dim 512 kWgmmaSplitDims (two warpgroups, each owning half of the dims). A variant not
+// built for the head dim is kBadArgument. Measured in perf/NOTES.md.
+enum class PrefillVariant {
+  kDefault,
+  kMma,
+  kMmaKeyTile64,
+  kWgmma,
+  kWgmmaPairKeyTile32,
+  kWgmmaPairKeyTile64,
+  kWgmmaSplitDims,
+};
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                   const PagingView& paging, const PrefillTilesView& tiles,

@@ -1,26 +1,32 @@
-// kernels/attention_prefill_wgmma.cu: the head_dim-256 tensor-core prefill attention on Hopper
-// wgmma (sm_90a), same contract and tiles as attention_prefill_tc.cu's mma.sync kernel. One
-// warpgroup (4 warps) per block owns a 64-pair query tile: S = Q K^T is m64n32k16 with both
+// kernels/attention_prefill_wgmma.cu: the tensor-core prefill attention of head_dim 256 and 512
+// on Hopper wgmma (sm_90a), same contract and tiles as attention_prefill_tc.cu's mma.sync
+// kernels. A warpgroup (4 warps) owns 64 (row, head) pairs: S = Q K^T is m64nBNk16 with both
 // operands read by the tensor cores straight from shared memory (descriptors over 128-byte
-// swizzled panels), O += P V is m64n256k16 with P in registers (the accumulator layout of S is
-// the A-register layout) and V read MN-major from the same panels. So K and V are read from
-// shared memory once per warpgroup instead of once per warp (the mma.sync kernel's limit).
+// swizzled panels of 64 dims), O += P V is m64n256k16 with P in registers (the accumulator
+// layout of S is the A-register layout) and V read MN-major from the same panels. Three kernels:
+// - one warpgroup per 64-pair tile (head_dim 256, kWgmma): the first version;
+// - two warpgroups per block over two tiles of one seq (head_dim 256, kWgmmaPair*): they share
+//   every K/V stage, so a key is read from L2 once per 128 pairs instead of once per 64 (the
+//   one-warpgroup kernel moves ~3.5 TB/s from L2 and no more: perf/NOTES.md, session 3);
+// - two warpgroups per 64-pair tile at head_dim 512 (kWgmmaSplitDims): a 64 x 512 fp32
+//   accumulator is 256 registers a thread, so warpgroup w owns dims [256 w, 256 w + 256) of
+//   both products: it scores Q K^T over its dims only, the two partial scores are summed through
+//   shared memory (both warpgroups then hold the same S and run the same softmax), and it
+//   accumulates P V for its output dims. No product is computed twice.
 #include "kernels/attention_tc.cuh"
 
 namespace twinstep::kernels::tc {
 namespace {
 
-constexpr int kHd = 256;
-constexpr int kBn = 32;  // keys per stage
-constexpr int kThreads = 128;
-constexpr int kSmemBytes = 1024 + (kPrefillTileM * kHd + 4 * kBn * kHd) * 2 + 2 * kBn * 8;
+constexpr int kWgThreads = 128;  // one warpgroup
+constexpr int kPanel = 64;       // dims per 128-byte swizzled panel
 
-// Tiles of `rows` x kHd bf16 as kHd / 64 panels of rows x 64 (128-byte rows), 16-byte chunk c
+// Tiles of `rows` x HD bf16 as HD / 64 panels of rows x 64 (128-byte rows), 16-byte chunk c
 // of row r at chunk c ^ (r % 8) of its row: the 128-byte swizzle wgmma expects, so panels start
 // 1024-byte aligned. Element offset of (row, chunk of 8 elements).
 template <int ROWS>
 __device__ __forceinline__ int sw128(int row, int chunk) {
-  return (chunk / 8) * ROWS * 64 + row * 64 + (((chunk % 8) ^ (row % 8)) << 3);
+  return (chunk / 8) * ROWS * kPanel + row * kPanel + (((chunk % 8) ^ (row % 8)) << 3);
 }
 
 // Shared-memory matrix descriptor, 128-byte swizzle: start >> 4, leading and stride byte
@@ -50,8 +56,8 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
 
 // d += A(smem, desc) . B(smem, desc): wgmma m64n32k16, bf16 in, fp32 accumulate;
 // scale_d 0 overwrites d. A K-major, B K-major (no transposes).
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a_desc,
-                                                   uint64_t b_desc, int scale_d) {
+__device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a_desc, uint64_t b_desc,
+                                         int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
@@ -60,6 +66,24 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t a_
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+}
+
+// The same at m64n64k16 (64 keys a stage).
+__device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc,
+                                         int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(a_desc), "l"(b_desc), "r"(scale_d));
 }
 
@@ -108,65 +132,80 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[32][4], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
 }
 
+// Stage loads by all THREADS threads of the block: BN keys x HD dims of K and of V through the
+// key offsets (off < 0: zero fill, nothing read).
+template <int HD, int BN, int THREADS>
 __device__ __forceinline__ void load_kv_sw(const TcArgs& a, const int64_t* off_s, bf16* k_s,
                                            bf16* v_s) {
-  const int64_t v_off = static_cast<int64_t>(a.page_size) * a.kv_heads * kHd;
-  for (int c = threadIdx.x; c < kBn * (kHd / 8); c += kThreads) {
-    const int key = c / (kHd / 8), chunk = c % (kHd / 8);
+  const int64_t v_off = static_cast<int64_t>(a.page_size) * a.kv_heads * HD;
+  for (int c = threadIdx.x; c < BN * (HD / 8); c += THREADS) {
+    const int key = c / (HD / 8), chunk = c % (HD / 8);
     const int64_t off = off_s[key];
     const bf16* src = off >= 0 ? a.layer_base + off + chunk * 8 : a.layer_base;
     const int bytes = off >= 0 ? 16 : 0;
-    cp_async16(k_s + sw128<kBn>(key, chunk), src, bytes);
-    cp_async16(v_s + sw128<kBn>(key, chunk), off >= 0 ? src + v_off : src, bytes);
+    cp_async16(k_s + sw128<BN>(key, chunk), src, bytes);
+    cp_async16(v_s + sw128<BN>(key, chunk), off >= 0 ? src + v_off : src, bytes);
   }
 }
 
+// The 64 x HD Q tile of `t` by THREADS threads (tid in [0, THREADS)); zeros past the run, and
+// everywhere when !live (a warpgroup that sits out a pass must not feed garbage to the MMAs).
+template <int HD, int THREADS>
 __device__ __forceinline__ void load_q_sw(const TcArgs& a, const PrefillTile& t, int32_t kv_head,
-                                          bf16* q_s) {
-  const int32_t pairs = t.run_rows * a.group;
-  for (int c = threadIdx.x; c < kPrefillTileM * (kHd / 8); c += kThreads) {
-    const int r = c / (kHd / 8), chunk = c % (kHd / 8);
+                                          bool live, int tid, bf16* q_s) {
+  const int32_t pairs = live ? t.run_rows * a.group : 0;
+  for (int c = tid; c < kPrefillTileM * (HD / 8); c += THREADS) {
+    const int r = c / (HD / 8), chunk = c % (HD / 8);
     const int32_t m = t.m_begin + r;
     const bf16* src = a.q;
     if (m < pairs) {
       const int64_t row = t.row_begin + m / a.group;
       const int64_t head = kv_head * a.group + m % a.group;
-      src = a.q + row * a.q_row_stride + head * kHd + chunk * 8;
+      src = a.q + row * a.q_row_stride + head * HD + chunk * 8;
     }
     cp_async16(q_s + sw128<kPrefillTileM>(r, chunk), src, m < pairs ? 16 : 0);
   }
 }
 
-// One stage: S over kHd / 16 k-steps, the online softmax, P V over kBn / 16 k-steps.
-__device__ __forceinline__ void attend_stage_wg(const TcArgs& a, const PairRows& pr, int32_t j0,
-                                                const bf16* q_s, const bf16* k_s, const bf16* v_s,
-                                                float (&m_run)[2], float (&l_run)[2],
-                                                float (&o)[kHd / 8][4]) {
-  float s[kBn / 8][4];
+// One warpgroup's S = Q K^T over 256 dims (16 k-steps): q_base and k_base point at the first of
+// its four panels in a 64-row Q tile and a BN-row K stage.
+template <int BN>
+__device__ __forceinline__ void scores_wg(const bf16* q_base, const bf16* k_base,
+                                          float (&s)[BN / 8][4]) {
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kHd / 16; ++kk) {
+  for (int kk = 0; kk < 16; ++kk) {
     // k-step kk: panel kk / 4, 32 bytes per k-step inside its 128-byte rows.
-    const uint64_t qd = sw128_desc(q_s + (kk / 4) * kPrefillTileM * 64 + (kk % 4) * 16, 16, 1024);
-    const uint64_t kd = sw128_desc(k_s + (kk / 4) * kBn * 64 + (kk % 4) * 16, 16, 1024);
-    wgmma_m64n32k16_ss(s, qd, kd, kk > 0 ? 1 : 0);
+    const uint64_t qd =
+        sw128_desc(q_base + (kk / 4) * kPrefillTileM * kPanel + (kk % 4) * 16, 16, 1024);
+    const uint64_t kd = sw128_desc(k_base + (kk / 4) * BN * kPanel + (kk % 4) * 16, 16, 1024);
+    wgmma_ss(s, qd, kd, kk > 0 ? 1 : 0);
   }
   wgmma_commit();
   wgmma_wait_all();
   fence_operands(s);
+}
+
+// The online softmax of the stage's scores, then O += P V over its BN keys for the 256 output
+// dims whose first panel v_base points at.
+template <int BN>
+__device__ __forceinline__ void softmax_pv_wg(const TcArgs& a, const PairRows& pr, int32_t j0,
+                                              float (&s)[BN / 8][4], const bf16* v_base,
+                                              float (&m_run)[2], float (&l_run)[2],
+                                              float (&o)[32][4]) {
   float mx[2];
-  mask_scale_max<kBn>(a, pr, j0, s, mx);
-  fold_softmax<kBn, kHd / 8>(mx, s, m_run, l_run, o);
-  uint32_t pa[kBn / 16][4];
+  mask_scale_max<BN>(a, pr, j0, s, mx);
+  fold_softmax<BN, 32>(mx, s, m_run, l_run, o);
+  uint32_t pa[BN / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < kBn / 16; ++kk) p_fragment<kBn>(s, kk, pa[kk]);
+  for (int kk = 0; kk < BN / 16; ++kk) p_fragment<BN>(s, kk, pa[kk]);
   fence_operands(o);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kBn / 16; ++kk) {
-    // Keys 16 kk ..: rows 16 kk of every panel; panels kBn * 128 bytes apart along N (dims),
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    // Keys 16 kk ..: rows 16 kk of every panel; panels BN * 128 bytes apart along N (dims),
     // 8-row groups 1024 bytes apart along K (keys).
-    const uint64_t vd = sw128_desc(v_s + kk * 16 * 64, kBn * 128, 1024);
+    const uint64_t vd = sw128_desc(v_base + kk * 16 * kPanel, BN * 128, 1024);
     wgmma_m64n256k16_rs(o, pa[kk], vd);
   }
   wgmma_commit();
@@ -174,16 +213,65 @@ __device__ __forceinline__ void attend_stage_wg(const TcArgs& a, const PairRows&
   fence_operands(o);
 }
 
+// Normalises one warpgroup's accumulator (256 dims from dim0) by the row sums, completed over
+// the quad that holds a row, and stores its live pairs.
+template <int HD>
+__device__ __forceinline__ void store_wg(const TcArgs& a, const PairRows& pr, float (&l_run)[2],
+                                         const float (&o)[32][4], int dim0) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pr.row[i] < 0) continue;
+    const float inv = 1.0f / l_run[i];  // >= 1: a pair always attends its own key
+    bf16* dst = a.out + (static_cast<int64_t>(pr.row[i]) * a.q_heads + pr.head[i]) * HD + dim0 +
+                (lane % 4) * 2;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    }
+  }
+}
+
+__device__ __forceinline__ PairRows dead_rows() {
+  PairRows pr;
+  for (int i = 0; i < 2; ++i) {
+    pr.row[i] = -1;
+    pr.head[i] = 0;
+    pr.pos[i] = -1;  // attends nothing: lo 0 > pos
+    pr.lo[i] = 0;
+  }
+  return pr;
+}
+
+__device__ __forceinline__ bf16* align1024(uint8_t* p) {
+  return reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(p) + 1023) / 1024 * 1024);
+}
+
+__device__ __forceinline__ void stage_ready() {
+  cp_async_wait<1>();
+  // The copies landed through the generic proxy; the tensor cores read through the async one.
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+}
+
+// ---- one warpgroup per 64-pair tile, head_dim 256 (kWgmma) --------------------------------
+
+constexpr int kHd1 = 256, kBn1 = 32;
+constexpr int kSmem1 = 1024 + (kPrefillTileM * kHd1 + 4 * kBn1 * kHd1) * 2 + 2 * kBn1 * 8;
+
 // grid (tile_count, kv_heads), block x takes tile tile_count - 1 - x, as the mma.sync kernel.
-__global__ void __launch_bounds__(kThreads) attention_prefill_wgmma_kernel(TcArgs a) {
+__global__ void __launch_bounds__(kWgThreads) attention_prefill_wgmma_kernel(TcArgs a) {
   extern __shared__ uint8_t smem_raw[];
-  bf16* q_s = reinterpret_cast<bf16*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 *
-                                      1024);                         // swizzle atoms aligned
-  bf16* k_s = q_s + kPrefillTileM * kHd;                             // [2][kBn * kHd]
-  bf16* v_s = k_s + 2 * kBn * kHd;                                   // [2][kBn * kHd]
-  int64_t* off_s = reinterpret_cast<int64_t*>(v_s + 2 * kBn * kHd);  // [2][kBn]
+  bf16* q_s = align1024(smem_raw);                                     // swizzle atoms aligned
+  bf16* k_s = q_s + kPrefillTileM * kHd1;                              // [2][kBn1 * kHd1]
+  bf16* v_s = k_s + 2 * kBn1 * kHd1;                                   // [2][kBn1 * kHd1]
+  int64_t* off_s = reinterpret_cast<int64_t*>(v_s + 2 * kBn1 * kHd1);  // [2][kBn1]
   __shared__ int32_t range_s[2];
-  __shared__ __align__(16) PairExchange<kBn, 1> x;  // the store's interface; unused at DSPLIT 1
 
   const PrefillTile t = a.tiles[a.tile_count - 1 - blockIdx.x];
   const int32_t kv_head = blockIdx.y;
@@ -196,51 +284,240 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_wgmma_kernel(TcArg
   const PairRows pr = pair_rows(a, t, kv_head, warp * 16 + lane / 4);
   const int2 range = tile_key_range(pr, range_s);
   const int32_t klo = range.x, khi = range.y;
-  const int32_t j_start = (klo / kBn) * kBn;
-  const int32_t n_tiles = (khi - j_start + kBn - 1) / kBn;
+  const int32_t j_start = (klo / kBn1) * kBn1;
+  const int32_t n_tiles = (khi - j_start + kBn1 - 1) / kBn1;
 
   auto offsets = [&](int32_t j0, int64_t* dst) {
-    key_offsets<kHd, kBn, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
+    key_offsets<kHd1, kBn1, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
   };
   offsets(j_start, off_s);
-  offsets(j_start + kBn, off_s + kBn);
+  offsets(j_start + kBn1, off_s + kBn1);
   __syncthreads();
-  load_q_sw(a, t, kv_head, q_s);
-  load_kv_sw(a, off_s, k_s, v_s);
+  load_q_sw<kHd1, kWgThreads>(a, t, kv_head, true, threadIdx.x, q_s);
+  load_kv_sw<kHd1, kBn1, kWgThreads>(a, off_s, k_s, v_s);
   cp_async_commit();
   __syncthreads();  // off_s[0] is rewritten below
 
-  float o[kHd / 8][4];
+  float o[32][4];
 #pragma unroll
-  for (int n = 0; n < kHd / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   for (int32_t i = 0; i < n_tiles; ++i) {
     const int st = i & 1;
     if (i + 1 < n_tiles) {
-      load_kv_sw(a, off_s + (st ^ 1) * kBn, k_s + (st ^ 1) * kBn * kHd, v_s + (st ^ 1) * kBn * kHd);
+      load_kv_sw<kHd1, kBn1, kWgThreads>(a, off_s + (st ^ 1) * kBn1, k_s + (st ^ 1) * kBn1 * kHd1,
+                                         v_s + (st ^ 1) * kBn1 * kHd1);
     }
     cp_async_commit();
-    if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn, off_s + st * kBn);
-    cp_async_wait<1>();
-    // The copies landed through the generic proxy; the tensor cores read through the async one.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    attend_stage_wg(a, pr, j_start + i * kBn, q_s, k_s + st * kBn * kHd, v_s + st * kBn * kHd,
-                    m_run, l_run, o);
+    if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn1, off_s + st * kBn1);
+    stage_ready();
+    float s[kBn1 / 8][4];
+    scores_wg<kBn1>(q_s, k_s + st * kBn1 * kHd1, s);
+    softmax_pv_wg<kBn1>(a, pr, j_start + i * kBn1, s, v_s + st * kBn1 * kHd1, m_run, l_run, o);
     __syncthreads();  // stage st is reloaded next iteration
   }
-  store_pairs<kHd, kBn, 1, kHd / 8>(a, pr, x, l_run, o);
+  store_wg<kHd1>(a, pr, l_run, o, 0);
+}
+
+// ---- two warpgroups over two tiles of one seq, head_dim 256 (kWgmmaPair*) ------------------
+
+template <int BN>
+struct PairShape {
+  static constexpr int kThreads = 2 * kWgThreads;
+  // Q of both warpgroups, K[2] and V[2] stages, key offsets[2]; 1024 for the alignment.
+  static constexpr int kSmemBytes =
+      1024 + (2 * kPrefillTileM * 256 + 4 * BN * 256) * 2 + 2 * BN * 8;
+};
+
+// Block b (counted from the grid's end, so the causal tiles with the most keys start first)
+// takes tiles 2b (warpgroup 0) and 2b + 1 (warpgroup 1). Same seq: one pass over the union of
+// their key ranges, each K/V stage read once for both. Different seqs (a run boundary; their
+// page tables differ): two passes, one per tile, the other warpgroup idle (dead rows, zero Q).
+template <int BN>
+__global__ void __launch_bounds__(2 * kWgThreads, 1) attention_prefill_wgmma_pair_kernel(TcArgs a) {
+  constexpr int kHd = 256;
+  extern __shared__ uint8_t smem_raw[];
+  bf16* q_s = align1024(smem_raw);                                  // [2 wg][64 * kHd]
+  bf16* k_s = q_s + 2 * kPrefillTileM * kHd;                        // [2][BN * kHd]
+  bf16* v_s = k_s + 2 * BN * kHd;                                   // [2][BN * kHd]
+  int64_t* off_s = reinterpret_cast<int64_t*>(v_s + 2 * BN * kHd);  // [2][BN]
+  __shared__ int32_t range_s[2];
+
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;
+  const int32_t t0 = 2 * ((a.tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x));
+  const bool has1 = t0 + 1 < a.tile_count;
+  const PrefillTile tile0 = a.tiles[t0], tile1 = a.tiles[has1 ? t0 + 1 : t0];
+  const bool one_seq = has1 && tile1.seq == tile0.seq;
+  const int passes = has1 && !one_seq ? 2 : 1;
+  const int32_t kv_head = blockIdx.y;
+  bf16* my_q = q_s + wg * kPrefillTileM * kHd;
+
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool live = wg == 0 ? pass == 0 : has1 && (one_seq ? pass == 0 : pass == 1);
+    const PrefillTile t = wg == 0 ? tile0 : tile1;  // selects, not an indexed (local) array
+    const int32_t seq = pass == 0 ? tile0.seq : tile1.seq;
+    TS_DEVICE_REQUIRE(seq >= 0 && seq < a.seqs && t.run_rows > 0);
+    const int32_t pb = a.seq_page_begin[seq];
+    const int32_t pe = a.seq_page_begin[seq + 1];
+    TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= a.pages_listed);
+    const int32_t first_page = a.seq_first_page[seq];
+    const PairRows pr = live ? pair_rows(a, t, kv_head, warp_wg * 16 + lane / 4) : dead_rows();
+    const int2 range = tile_key_range(pr, range_s);  // over the live warpgroups' pairs
+    const int32_t klo = range.x, khi = range.y;
+    const int32_t j_start = (klo / BN) * BN;
+    const int32_t n_tiles = (khi - j_start + BN - 1) / BN;
+
+    auto offsets = [&](int32_t j0, int64_t* dst) {
+      key_offsets<kHd, BN, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
+    };
+    offsets(j_start, off_s);
+    offsets(j_start + BN, off_s + BN);
+    __syncthreads();
+    load_q_sw<kHd, kWgThreads>(a, t, kv_head, live, tid, my_q);
+    load_kv_sw<kHd, BN, 2 * kWgThreads>(a, off_s, k_s, v_s);
+    cp_async_commit();
+    __syncthreads();  // off_s[0] is rewritten below
+
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    for (int32_t i = 0; i < n_tiles; ++i) {
+      const int st = i & 1;
+      if (i + 1 < n_tiles) {
+        load_kv_sw<kHd, BN, 2 * kWgThreads>(a, off_s + (st ^ 1) * BN, k_s + (st ^ 1) * BN * kHd,
+                                            v_s + (st ^ 1) * BN * kHd);
+      }
+      cp_async_commit();
+      if (i + 2 < n_tiles) offsets(j_start + (i + 2) * BN, off_s + st * BN);
+      stage_ready();
+      float s[BN / 8][4];
+      scores_wg<BN>(my_q, k_s + st * BN * kHd, s);
+      softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_s + st * BN * kHd, m_run, l_run, o);
+      __syncthreads();  // stage st is reloaded next iteration
+    }
+    store_wg<kHd>(a, pr, l_run, o, 0);  // dead rows store nothing
+    cp_async_wait<0>();                 // the last (empty) group: nothing left in flight
+    __syncthreads();                    // the next pass rewrites Q, stages, offsets, range
+  }
+}
+
+// ---- two warpgroups per tile over split dims, head_dim 512 (kWgmmaSplitDims) --------------
+
+constexpr int kHd2 = 512, kBn2 = 32;
+// Q, K[2], V[2], the partial scores of both warpgroups, key offsets[2]; 1024 for the alignment.
+constexpr int kSmem2 = 1024 + (kPrefillTileM * kHd2 + 4 * kBn2 * kHd2) * 2 +
+                       2 * (kBn2 / 8) * kWgThreads * 16 + 2 * kBn2 * 8;
+
+// grid (tile_count, kv_heads), block x takes tile tile_count - 1 - x.
+__global__ void __launch_bounds__(2 * kWgThreads, 1) attention_prefill_wgmma512_kernel(TcArgs a) {
+  extern __shared__ uint8_t smem_raw[];
+  bf16* q_s = align1024(smem_raw);                                 // [64 * kHd2], 8 panels
+  bf16* k_s = q_s + kPrefillTileM * kHd2;                          // [2][kBn2 * kHd2]
+  bf16* v_s = k_s + 2 * kBn2 * kHd2;                               // [2][kBn2 * kHd2]
+  float4* x_s = reinterpret_cast<float4*>(v_s + 2 * kBn2 * kHd2);  // [2 wg][kBn2 / 8][128]
+  int64_t* off_s = reinterpret_cast<int64_t*>(x_s + 2 * (kBn2 / 8) * kWgThreads);  // [2][kBn2]
+  __shared__ int32_t range_s[2];
+
+  const PrefillTile t = a.tiles[a.tile_count - 1 - blockIdx.x];
+  const int32_t kv_head = blockIdx.y;
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;
+  TS_DEVICE_REQUIRE(t.seq >= 0 && t.seq < a.seqs && t.run_rows > 0);
+  const int32_t pb = a.seq_page_begin[t.seq];
+  const int32_t pe = a.seq_page_begin[t.seq + 1];
+  TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= a.pages_listed);
+  const int32_t first_page = a.seq_first_page[t.seq];
+  const PairRows pr = pair_rows(a, t, kv_head, warp_wg * 16 + lane / 4);  // same in both wgs
+  const int2 range = tile_key_range(pr, range_s);
+  const int32_t klo = range.x, khi = range.y;
+  const int32_t j_start = (klo / kBn2) * kBn2;
+  const int32_t n_tiles = (khi - j_start + kBn2 - 1) / kBn2;
+
+  auto offsets = [&](int32_t j0, int64_t* dst) {
+    key_offsets<kHd2, kBn2, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
+  };
+  offsets(j_start, off_s);
+  offsets(j_start + kBn2, off_s + kBn2);
+  __syncthreads();
+  load_q_sw<kHd2, 2 * kWgThreads>(a, t, kv_head, true, threadIdx.x, q_s);
+  load_kv_sw<kHd2, kBn2, 2 * kWgThreads>(a, off_s, k_s, v_s);
+  cp_async_commit();
+  __syncthreads();  // off_s[0] is rewritten below
+
+  const int panel0 = wg * 4;  // this warpgroup's dims: panels 4 wg .. 4 wg + 3
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int32_t i = 0; i < n_tiles; ++i) {
+    const int st = i & 1;
+    if (i + 1 < n_tiles) {
+      load_kv_sw<kHd2, kBn2, 2 * kWgThreads>(
+          a, off_s + (st ^ 1) * kBn2, k_s + (st ^ 1) * kBn2 * kHd2, v_s + (st ^ 1) * kBn2 * kHd2);
+    }
+    cp_async_commit();
+    if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn2, off_s + st * kBn2);
+    stage_ready();
+    const bf16* k_st = k_s + st * kBn2 * kHd2;
+    float s[kBn2 / 8][4];
+    scores_wg<kBn2>(q_s + panel0 * kPrefillTileM * kPanel, k_st + panel0 * kBn2 * kPanel, s);
+    // Sum the two halves of the dot products; float addition commutes, so both warpgroups get
+    // the same bits and run the same softmax.
+#pragma unroll
+    for (int n = 0; n < kBn2 / 8; ++n) {
+      x_s[(wg * (kBn2 / 8) + n) * kWgThreads + tid] =
+          make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < kBn2 / 8; ++n) {
+      const float4 other = x_s[((wg ^ 1) * (kBn2 / 8) + n) * kWgThreads + tid];
+      s[n][0] += other.x;
+      s[n][1] += other.y;
+      s[n][2] += other.z;
+      s[n][3] += other.w;
+    }
+    softmax_pv_wg<kBn2>(a, pr, j_start + i * kBn2, s,
+                        v_s + st * kBn2 * kHd2 + panel0 * kBn2 * kPanel, m_run, l_run, o);
+    __syncthreads();  // stage st is reloaded and x_s rewritten next iteration
+  }
+  store_wg<kHd2>(a, pr, l_run, o, wg * 256);
+}
+
+// One cudaFuncSetAttribute per kernel (a static per instantiation), then the launch.
+template <auto* kKernel, int kSmem>
+KernelStatus launch(dim3 grid, int threads, const TcArgs& a, cudaStream_t stream,
+                    const char* name) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) return cuda_status(attr, name);
+  kKernel<<<grid, threads, kSmem, stream>>>(a);
+  return launch_status(name);
 }
 
 }  // namespace
 
 KernelStatus launch_prefill_wgmma256(const TcArgs& a, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      attention_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(prefill wgmma)");
-  dim3 grid(a.tile_count, a.kv_heads);
-  attention_prefill_wgmma_kernel<<<grid, kThreads, kSmemBytes, stream>>>(a);
-  return launch_status("attention_prefill_wgmma_kernel");
+  return launch<attention_prefill_wgmma_kernel, kSmem1>(
+      dim3(a.tile_count, a.kv_heads), kWgThreads, a, stream, "attention_prefill_wgmma_kernel");
+}
+
+KernelStatus launch_prefill_wgmma256_pair(const TcArgs& a, int32_t key_tile, cudaStream_t stream) {
+  const dim3 grid((a.tile_count + 1) / 2, a.kv_heads);
+  if (key_tile == 64) {
+    return launch<attention_prefill_wgmma_pair_kernel<64>, PairShape<64>::kSmemBytes>(
+        grid, PairShape<64>::kThreads, a, stream, "attention_prefill_wgmma_pair_kernel<64>");
+  }
+  return launch<attention_prefill_wgmma_pair_kernel<32>, PairShape<32>::kSmemBytes>(
+      grid, PairShape<32>::kThreads, a, stream, "attention_prefill_wgmma_pair_kernel<32>");
+}
+
+KernelStatus launch_prefill_wgmma512(const TcArgs& a, cudaStream_t stream) {
+  return launch<attention_prefill_wgmma512_kernel, kSmem2>(dim3(a.tile_count, a.kv_heads),
+                                                           2 * kWgThreads, a, stream,
+                                                           "attention_prefill_wgmma512_kernel");
 }
 
 }  // namespace twinstep::kernels::tc

@@ -403,7 +403,11 @@ __device__ __forceinline__ void store_pairs(const TcArgs& a, const PairRows& pr,
   }
 }
 
-// The wgmma kernel of head_dim 256 (attention_prefill_wgmma.cu).
+// The wgmma kernels (attention_prefill_wgmma.cu): head_dim 256 with one warpgroup per tile, and
+// with two warpgroups over two tiles (key_tile 32 or 64 keys a stage); head_dim 512 with two
+// warpgroups splitting the dims of one tile.
 KernelStatus launch_prefill_wgmma256(const TcArgs& a, cudaStream_t stream);
+KernelStatus launch_prefill_wgmma256_pair(const TcArgs& a, int32_t key_tile, cudaStream_t stream);
+KernelStatus launch_prefill_wgmma512(const TcArgs& a, cudaStream_t stream);
 
 }  // namespace twinstep::kernels::tc
