@@ -30,6 +30,17 @@ struct DeviceOutput {
   int64_t cost_ns = 0;           // simulated or measured time of the step
 };
 
+// What a device reports about itself for metrics() and /metrics (all zero on a device without
+// CUDA graphs, such as the simulated one).
+struct DeviceStats {
+  int64_t graph_bytes = 0;  // device memory the decode graphs took, before the pools were sized
+  int32_t graph_buckets = 0;
+  uint64_t graph_replays = 0;
+  uint64_t graph_padded_rows = 0;
+  uint64_t graph_eager_decode_steps = 0;  // decode-only steps that ran eagerly
+  uint64_t graph_misses = 0;              // of which: no bucket or stage could take them
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -39,6 +50,7 @@ class Device {
   // Runs one step. On error, the engine treats the step as not having happened: any KV the
   // device wrote lies beyond every committed frontier and is overwritten by the retry.
   virtual Result<DeviceOutput, DeviceError> execute(const StepPlan& plan) = 0;
+  virtual DeviceStats stats() const { return {}; }
 };
 
 }  // namespace twinstep::engine

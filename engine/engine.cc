@@ -113,7 +113,9 @@ Result<std::unique_ptr<Engine>, EngineError> Engine::create(const ModelConfig& m
         EngineError{EngineErrorCode::kDevice,
                     "device " + device.name() + " refused the pools: " + bound.error().message});
   }
+  engine->device_ = &device;
   engine->metrics_ = s.metrics();
+  engine->metrics_.device = device.stats();
   return engine;
 }
 
@@ -141,6 +143,7 @@ StepOutputs Engine::step() {
     std::lock_guard lock(inbox_->mutex);
     snapshot.waiting += static_cast<int32_t>(inbox_->arrivals.size());
   }
+  snapshot.device = device_->stats();
   std::lock_guard lock(metrics_mutex_);
   metrics_ = snapshot;
   return out;

@@ -121,6 +121,7 @@ struct Metrics {
   FamilyLoad global;
   FamilyLoad local;
   Counters counters;
+  DeviceStats device;  // the device's own report (Device::stats) after the last step
   const FamilyLoad& family(Family f) const { return f == Family::kGlobal ? global : local; }
 };
 
@@ -175,6 +176,7 @@ class Engine {
   struct Inbox;
   std::unique_ptr<Inbox> inbox_;
   std::unique_ptr<Scheduler> scheduler_;
+  Device* device_ = nullptr;
   mutable std::mutex metrics_mutex_;
   Metrics metrics_;
 };

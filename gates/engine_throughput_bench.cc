@@ -372,8 +372,9 @@ int main() {
       cost.linear_params() / 1e9, double(config.vocab_size) * config.hidden_size / 1e9,
       cost.weight_bytes() / 1e9);
 
-  // Pools hold every decode request's whole context in both families (no preemption).
-  const int max_tokens = 192;
+  // Pools hold every decode request's whole context in both families (no preemption). Each
+  // batch size runs 25 steps with the decode graphs and 25 without.
+  const int max_tokens = 320;
   const int pages_per_request = (kDecodePrompt + max_tokens + kPageSize - 1) / kPageSize + 1;
   engine::EngineConfig ec;
   ec.page_size = kPageSize;
@@ -384,9 +385,29 @@ int main() {
   ec.pages_local = kDecodeMaxBatch * pages_per_request;
   ec.max_running = kDecodeMaxBatch;
   ec.max_step_tokens = kMaxStepTokens;
+  // Decode CUDA graphs (issue 13 item 2), captured before the pools exist.
+  {
+    kernels::DecodeGraphConfig g;
+    g.max_step_rows = ec.max_step_tokens;
+    g.max_logits = ec.max_running;
+    g.max_context = kLongPrompt + kLongTokens + kPageSize;
+    g.page_size = ec.page_size;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto enabled = device.enable_decode_graphs(g);
+    if (!enabled.ok()) die("decode graphs: %s", enabled.error().message.c_str());
+    const kernels::DecodeGraphStats gs = device.decode_graph_stats();
+    std::printf("decode graphs: %d buckets up to %d rows captured in %.2f s, %.1f MiB of device "
+                "memory (measured before the pools were sized)\n",
+                gs.buckets, gs.largest_bucket,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                gs.graph_bytes / 1048576.0);
+  }
   auto created = engine::Engine::create(config, ec, device);
   if (!created) die("engine: %s", created.error().message.c_str());
   engine::Engine& e = *created.value();
+  std::printf("decode graphs re-captured over the pools: %.2f MiB more, %llu re-instantiated\n",
+              device.decode_graph_stats().rebind_bytes / 1048576.0,
+              static_cast<unsigned long long>(device.decode_graph_stats().reinstantiated));
   size_t free_b = 0, total_b = 0;
   check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   std::printf("pools: %d pages/family of %d tokens; GPU memory free after bind %.1f GiB\n",
@@ -474,6 +495,11 @@ int main() {
       for (int i = batch; i < live; ++i) controls[i].abort();
       live = batch;
       const double med = time_decode(e, cost, batch, "decode b=" + std::to_string(batch), table);
+      device.set_decode_graph_mode(kernels::DecodeGraphMode::kOff);
+      const double eager =
+          time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
+      device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
+      std::printf("  graphs: %.3f ms/step, eager %.3f: %.2fx\n", med, eager, eager / med);
       if (batch == 64) {
         timer.reset();
         kernels::set_forward_phase_observer(&timer);
@@ -508,6 +534,9 @@ int main() {
                 kLongBatch, kLongPrompt, setup_steps,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     time_decode(e, cost, kLongBatch, "decode b=16 32k", table);
+    device.set_decode_graph_mode(kernels::DecodeGraphMode::kOff);
+    time_decode(e, cost, kLongBatch, "  eager b=16 32k", table);
+    device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
     for (auto& c : controls) c.abort();
     drain(e);
   }
@@ -516,6 +545,17 @@ int main() {
   if (!broken.empty()) die("engine invariants after the run: %s", broken.front().c_str());
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(end)");
 
+  const kernels::DecodeGraphStats gs = device.decode_graph_stats();
+  std::printf("\ndecode graphs: %llu replays (%llu padding rows), %llu eager decode steps (%llu "
+              "no bucket, %llu page capacity, %llu observed), %llu invalidations\n",
+              static_cast<unsigned long long>(gs.replays),
+              static_cast<unsigned long long>(gs.padded_rows),
+              static_cast<unsigned long long>(gs.eager_decode_steps),
+              static_cast<unsigned long long>(gs.misses_no_bucket),
+              static_cast<unsigned long long>(gs.misses_page_capacity),
+              static_cast<unsigned long long>(gs.misses_observer),
+              static_cast<unsigned long long>(gs.invalidations));
+  if (gs.invalidations != 0 || gs.replays == 0) die("the decode graphs did not run the decode");
   std::printf("\n== summary (gemma4-12b geometry, random bf16 weights, %s) ==\n", prop.name);
   std::printf("copy bandwidth %.0f GB/s, compute peak assumed %.0f TFLOP/s\n", bandwidth / 1e9,
               kPeakFlops / 1e12);

@@ -38,23 +38,43 @@ Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
     cublasDestroy(handle);
     return unexpected(s.error());
   }
-  return Blas(handle, stream);
+  void* workspace = nullptr;
+  if (auto s = cuda_status(cudaMalloc(&workspace, kBlasWorkspaceBytes),
+                           "cudaMalloc(cuBLAS "
+                           "workspace)");
+      !s.ok()) {
+    cublasDestroy(handle);
+    return unexpected(s.error());
+  }
+  if (auto s = cublas_status(cublasSetWorkspace(handle, workspace, kBlasWorkspaceBytes),
+                             "cublasSetWorkspace");
+      !s.ok()) {
+    cublasDestroy(handle);
+    cudaFree(workspace);
+    return unexpected(s.error());
+  }
+  return Blas(handle, stream, workspace);
 }
 
 Blas::Blas(Blas&& other) noexcept
-    : handle_(std::exchange(other.handle_, nullptr)), stream_(other.stream_) {}
+    : handle_(std::exchange(other.handle_, nullptr)),
+      stream_(other.stream_),
+      workspace_(std::exchange(other.workspace_, nullptr)) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
   if (this != &other) {
     if (handle_ != nullptr) cublasDestroy(handle_);
+    if (workspace_ != nullptr) cudaFree(workspace_);
     handle_ = std::exchange(other.handle_, nullptr);
     stream_ = other.stream_;
+    workspace_ = std::exchange(other.workspace_, nullptr);
   }
   return *this;
 }
 
 Blas::~Blas() {
   if (handle_ != nullptr) cublasDestroy(handle_);
+  if (workspace_ != nullptr) cudaFree(workspace_);
 }
 
 KernelStatus Blas::gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k) {

@@ -141,6 +141,29 @@ int32_t sample_logits(std::span<const float> logits, const engine::SamplingParam
   return order[keep - 1];
 }
 
+PoolPages pool_pages_for_bytes(const engine::ModelConfig& c, int32_t page_size, int32_t max_running,
+                               int64_t bytes) {
+  auto page_bytes = [&](Family f) {
+    const engine::FamilyGeometry& g = c.family(f);
+    return int64_t{2} * page_size * g.kv_heads * g.head_dim * g.num_layers * 2;
+  };
+  const int64_t gb = page_bytes(Family::kGlobal);
+  const int64_t lb = page_bytes(Family::kLocal);
+  PoolPages p;
+  if (page_size <= 0 || max_running <= 0 || bytes <= gb + lb) return p;
+  const int64_t window_pages = (c.sliding_window + page_size - 1) / page_size + 1;
+  int64_t local = lb == 0 ? 1 : std::min(int64_t{max_running} * window_pages, bytes / 2 / lb - 1);
+  local = std::clamp<int64_t>(local, 1, INT32_MAX - 1);
+  const int64_t left = bytes - (local + 1) * lb;
+  int64_t global = gb == 0 ? 1 : left / gb - 1;
+  global = std::clamp<int64_t>(global, 0, INT32_MAX - 1);
+  if (global <= 0) return PoolPages{};
+  p.global = static_cast<int32_t>(global);
+  p.local = static_cast<int32_t>(local);
+  p.bytes = (global + 1) * gb + (local + 1) * lb;
+  return p;
+}
+
 Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
     const engine::ModelConfig& config, const engine::ModelWeights* weights,
     CudaDeviceOptions options) {
@@ -176,6 +199,7 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
 
 CudaDevice::~CudaDevice() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  graphs_.reset();
   forward_.reset();
   model_.reset();
   blas_.reset();
@@ -234,8 +258,217 @@ engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaStreamSynchronize(bind)"));
   }
+  if (graphs_ != nullptr && global.page_size != graph_page_size_) {
+    return device_error(DeviceErrorCode::kBadLayout,
+                        "bind(): pools of page size " + std::to_string(global.page_size) +
+                            ", the decode graphs were captured for page size " +
+                            std::to_string(graph_page_size_));
+  }
+  if (graphs_ != nullptr) {
+    // The graphs were captured over probe pools; re-capture over these, updated in place.
+    std::array<KvPoolView, engine::kFamilyCount> real{};
+    for (Family f : engine::kFamilies) real[static_cast<int>(f)] = pool_view(f);
+    auto captured = graphs_->capture(
+        real, c.sliding_window, [this](const StepViews& v) { return launch_decode_bucket(v); });
+    if (!captured.ok()) {
+      drop_graphs();
+      return device_error(DeviceErrorCode::kCuda,
+                          "decode graphs over the bound pools: " + captured.error().message);
+    }
+    graphs_generation_ = forward_->generation();
+  }
   bound_ = true;
   return engine::Ok{};
+}
+
+KvPoolView CudaDevice::pool_view(Family f) const {
+  const int i = static_cast<int>(f);
+  const engine::PoolLayout& layout = layouts_[i];
+  return KvPoolView{pools_[i],        layout.layers,   layout.pages_total,
+                    layout.page_size, layout.kv_heads, layout.head_dim};
+}
+
+KernelStatus CudaDevice::launch_decode_bucket(const StepViews& views) {
+  auto logits = forward_->run(views);
+  if (!logits) return unexpected(logits.error());
+  return argmax(logits.value(), device_sampled_, views.num_logits, model_->config().vocab_size,
+                stream_);
+}
+
+engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphConfig& gc) {
+  if (bound_) {
+    return device_error(DeviceErrorCode::kBadLayout,
+                        "enable_decode_graphs() after bind(): graphs are captured before the "
+                        "pools are sized");
+  }
+  if (graphs_ != nullptr) {
+    return device_error(DeviceErrorCode::kBadLayout, "enable_decode_graphs() called twice");
+  }
+  if (gc.page_size <= 0 || gc.max_context <= 0 || gc.max_step_rows <= 0 || gc.max_logits <= 0) {
+    return device_error(DeviceErrorCode::kBadLayout,
+                        "decode graphs: need page_size, max_context, max_step_rows and "
+                        "max_logits > 0");
+  }
+  const std::vector<int32_t> buckets =
+      gc.buckets.empty() ? default_decode_buckets(gc.max_logits) : gc.buckets;
+  if (buckets.empty())
+    return device_error(DeviceErrorCode::kBadLayout, "decode graphs: no buckets");
+  const int32_t largest = buckets.back();
+  // The activations and the sampled ids at their final size: graphs hold their addresses.
+  if (auto r =
+          forward_->reserve(std::max(gc.max_step_rows, largest), std::max(gc.max_logits, largest));
+      !r) {
+    return unexpected(from_kernel(r.error()));
+  }
+  if (auto r = reserve_sampled(std::max(gc.max_logits, largest)); !r.ok()) {
+    return unexpected(r.error());
+  }
+  const int32_t max_pages = (gc.max_context + gc.page_size - 1) / gc.page_size + 1;
+  auto made = DecodeGraphs::create(buckets, max_pages, stream_);
+  if (!made) return unexpected(from_kernel(made.error()));
+  // Probe pools of two pages (the padding page and page 1) per family.
+  const engine::ModelConfig& c = model_->config();
+  std::array<KvPoolView, engine::kFamilyCount> probe{};
+  std::vector<void*> probe_data;
+  auto free_probes = [&] {
+    for (void* p : probe_data) cudaFree(p);
+  };
+  for (Family f : engine::kFamilies) {
+    const engine::FamilyGeometry& g = c.family(f);
+    if (g.num_layers == 0) continue;
+    engine::PoolLayout layout{f, {}, gc.page_size, g.kv_heads, g.head_dim, g.num_layers, 2};
+    void* p = nullptr;
+    if (cudaError_t err = cudaMalloc(&p, layout.elements_total() * 2); err != cudaSuccess) {
+      free_probes();
+      return unexpected(cuda_error(err, "cudaMalloc(probe pool)"));
+    }
+    probe_data.push_back(p);
+    cudaMemsetAsync(p, 0, layout.elements_total() * 2, stream_);
+    probe[static_cast<int>(f)] =
+        KvPoolView{static_cast<bf16*>(p), g.num_layers, 2, gc.page_size, g.kv_heads, g.head_dim};
+  }
+  auto captured = made.value()->capture(
+      probe, c.sliding_window, [this](const StepViews& v) { return launch_decode_bucket(v); });
+  cudaStreamSynchronize(stream_);
+  free_probes();
+  if (!captured.ok()) return unexpected(from_kernel(captured.error()));
+  graphs_ = std::move(made.value());
+  graphs_generation_ = forward_->generation();
+  graph_page_size_ = gc.page_size;
+  return engine::Ok{};
+}
+
+void CudaDevice::drop_graphs() {
+  if (graphs_ == nullptr) return;
+  cudaStreamSynchronize(stream_);
+  const DecodeGraphStats& s = graphs_->stats();
+  dropped_stats_.replays += s.replays;
+  dropped_stats_.padded_rows += s.padded_rows;
+  dropped_stats_.eager_decode_steps += s.eager_decode_steps;
+  dropped_stats_.misses_no_bucket += s.misses_no_bucket;
+  dropped_stats_.misses_page_capacity += s.misses_page_capacity;
+  dropped_stats_.misses_observer += s.misses_observer;
+  dropped_stats_.reinstantiated += s.reinstantiated;
+  dropped_stats_.invalidations += 1;
+  graphs_.reset();
+}
+
+DecodeGraphStats CudaDevice::decode_graph_stats() const {
+  DecodeGraphStats out = dropped_stats_;
+  if (graphs_ == nullptr) return out;
+  const DecodeGraphStats& s = graphs_->stats();
+  out.buckets = s.buckets;
+  out.largest_bucket = s.largest_bucket;
+  out.graph_bytes = s.graph_bytes;
+  out.rebind_bytes = s.rebind_bytes;
+  out.replays += s.replays;
+  out.padded_rows += s.padded_rows;
+  out.eager_decode_steps += s.eager_decode_steps;
+  out.misses_no_bucket += s.misses_no_bucket;
+  out.misses_page_capacity += s.misses_page_capacity;
+  out.misses_observer += s.misses_observer;
+  out.reinstantiated += s.reinstantiated;
+  return out;
+}
+
+engine::DeviceStats CudaDevice::stats() const {
+  const DecodeGraphStats s = decode_graph_stats();
+  engine::DeviceStats d;
+  d.graph_bytes = s.graph_bytes;
+  d.graph_buckets = s.buckets;
+  d.graph_replays = s.replays;
+  d.graph_padded_rows = s.padded_rows;
+  d.graph_eager_decode_steps = s.eager_decode_steps;
+  d.graph_misses = s.misses_no_bucket + s.misses_page_capacity;
+  return d;
+}
+
+Result<int64_t, DeviceError> CudaDevice::free_memory_bytes() const {
+  size_t free_b = 0, total_b = 0;
+  if (cudaError_t err = cudaMemGetInfo(&free_b, &total_b); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaMemGetInfo"));
+  }
+  return static_cast<int64_t>(free_b);
+}
+
+int32_t CudaDevice::graph_bucket(const engine::StepPlan& plan) {
+  const int32_t R = plan.num_rows();
+  if (graphs_ == nullptr || static_cast<int32_t>(plan.seqs.size()) != R) return 0;
+  if (forward_->generation() != graphs_generation_) {
+    // A larger step moved the activations: every graph points at freed buffers.
+    drop_graphs();
+    dropped_stats_.eager_decode_steps += 1;
+    return 0;
+  }
+  DecodeGraphStats& st = graphs_->stats();
+  int32_t bucket = 0;
+  if (graph_mode_ == DecodeGraphMode::kOff) {
+  } else if (forward_phase_observer() != nullptr) {
+    st.misses_observer += 1;
+  } else if ((bucket = graphs_->bucket_for(R)) == 0) {
+    st.misses_no_bucket += 1;
+  } else if (!graphs_->stage().fits(plan, bucket)) {
+    st.misses_page_capacity += 1;
+    bucket = 0;
+  }
+  if (bucket == 0) st.eager_decode_steps += 1;
+  return bucket;
+}
+
+engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_graph(
+    const engine::StepPlan& plan, int32_t bucket) {
+  if (auto s = graphs_->stage().load(plan, bucket, stream_); !s.ok()) {
+    cudaStreamSynchronize(stream_);
+    return unexpected(from_kernel(s.error()));
+  }
+  if (fire(engine::FaultSite::kLaunch)) {
+    cudaStreamSynchronize(stream_);
+    return unexpected(
+        DeviceError{DeviceErrorCode::kFault, "injected fault: launch", engine::FaultSite::kLaunch});
+  }
+  launches_ += 1;
+  DecodeGraphStats& st = graphs_->stats();
+  const bool eager = graph_mode_ == DecodeGraphMode::kEagerPadded;
+  const KernelStatus ran =
+      eager ? launch_decode_bucket(graphs_->views(bucket)) : graphs_->replay(bucket);
+  if (!ran.ok()) {
+    cudaStreamSynchronize(stream_);
+    return unexpected(from_kernel(ran.error()));
+  }
+  if (eager) {
+    st.eager_decode_steps += 1;
+  } else {
+    st.replays += 1;
+  }
+  st.padded_rows += bucket - plan.num_rows();
+  if (fire(engine::FaultSite::kAfterKvWrite)) {
+    cudaStreamSynchronize(stream_);
+    return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: after KV write",
+                                  engine::FaultSite::kAfterKvWrite});
+  }
+  auto buffers = forward_->reserve(bucket, bucket);  // fits: the buffers the graph used
+  if (!buffers) return unexpected(from_kernel(buffers.error()));
+  return sample(plan, buffers.value().logits, /*argmax_done=*/true);
 }
 
 bool CudaDevice::fire(engine::FaultSite site) {
@@ -378,9 +611,7 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
                              reinterpret_cast<const int64_t*>(at(base + 3)),
                              static_cast<int32_t>(plan.family(f).page_indices.size()),
                              S};
-    const engine::PoolLayout& layout = layouts_[i];
-    v.pools[i] = KvPoolView{pools_[i],        layout.layers,   layout.pages_total,
-                            layout.page_size, layout.kv_heads, layout.head_dim};
+    v.pools[i] = pool_view(f);
     v.prefill_tiles[i] = PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(kPartTiles0 + i)),
                                           static_cast<int32_t>(tiles[i].size()), prefill_group(f)};
   }
@@ -416,8 +647,23 @@ std::optional<DeviceError> CudaDevice::refuse(cudaStream_t stream) const {
 // Greedy rows take the device argmax (one small copy back); otherwise, or when the logits are
 // captured, the logits come to the host and sample_logits draws there. Ends with the step's
 // stream synchronisation.
+engine::Status<DeviceError> CudaDevice::reserve_sampled(int32_t rows) {
+  if (rows <= sampled_capacity_) return engine::Ok{};
+  drop_graphs();  // they write the old buffer
+  if (device_sampled_ != nullptr) cudaFree(device_sampled_);
+  device_sampled_ = nullptr;
+  sampled_capacity_ = 0;
+  if (cudaError_t err = cudaMalloc(&device_sampled_, std::max(rows, 64) * 4); err != cudaSuccess) {
+    device_sampled_ = nullptr;
+    return unexpected(cuda_error(err, "cudaMalloc(sampled)"));
+  }
+  sampled_capacity_ = std::max(rows, 64);
+  return engine::Ok{};
+}
+
 engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engine::StepPlan& plan,
-                                                                     const float* logits) {
+                                                                     const float* logits,
+                                                                     bool argmax_done) {
   engine::DeviceOutput out;
   const int32_t L = plan.num_logits;
   const int32_t V = model_->config().vocab_size;
@@ -431,18 +677,11 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
   out.sampled.assign(L, 0);
   const bool need_host = options_.capture_logits || !all_greedy;
   if (L > 0 && !need_host) {
-    if (L > sampled_capacity_) {
-      if (device_sampled_ != nullptr) cudaFree(device_sampled_);
-      device_sampled_ = nullptr;
-      sampled_capacity_ = 0;
-      if (cudaError_t err = cudaMalloc(&device_sampled_, std::max(L, 64) * 4); err != cudaSuccess) {
-        device_sampled_ = nullptr;
-        return unexpected(cuda_error(err, "cudaMalloc(sampled)"));
+    if (!argmax_done) {
+      if (auto r = reserve_sampled(L); !r.ok()) return unexpected(r.error());
+      if (auto s = argmax(logits, device_sampled_, L, V, stream_); !s.ok()) {
+        return unexpected(from_kernel(s.error()));
       }
-      sampled_capacity_ = std::max(L, 64);
-    }
-    if (auto s = argmax(logits, device_sampled_, L, V, stream_); !s.ok()) {
-      return unexpected(from_kernel(s.error()));
     }
     if (cudaError_t err = cudaMemcpyAsync(out.sampled.data(), device_sampled_, L * 4,
                                           cudaMemcpyDeviceToHost, stream_);
@@ -486,6 +725,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return unexpected(
         DeviceError{DeviceErrorCode::kFault, "injected fault: upload", engine::FaultSite::kUpload});
   }
+  if (const int32_t bucket = graph_bucket(plan); bucket > 0) return execute_graph(plan, bucket);
   auto views = upload(plan);
   if (!views) return unexpected(views.error());
   if (fire(engine::FaultSite::kLaunch)) {
@@ -507,7 +747,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: after KV write",
                                   engine::FaultSite::kAfterKvWrite});
   }
-  return sample(plan, logits.value());
+  return sample(plan, logits.value(), /*argmax_done=*/false);
 }
 
 Result<std::vector<uint16_t>, DeviceError> CudaDevice::download_pool(Family family) const {

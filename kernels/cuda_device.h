@@ -17,6 +17,7 @@
 #include "engine/checkpoint.h"
 #include "engine/device.h"
 #include "engine/fault.h"
+#include "kernels/decode_graphs.h"
 #include "kernels/model_forward.h"
 
 namespace twinstep::kernels {
@@ -28,11 +29,40 @@ struct CudaDeviceOptions {
   bool capture_logits = false;              // keep each step's logits on the host (gates)
 };
 
+// How a decode-only step that fits a captured bucket runs.
+enum class DecodeGraphMode : uint8_t {
+  kReplay,       // the bucket's graph (the default once graphs are enabled)
+  kEagerPadded,  // gates: the same padded bucket views, launched eagerly
+  kOff,          // the eager forward of the unpadded plan (benchmarks: graphs off)
+};
+
+// What enable_decode_graphs() captures. max_step_rows and max_logits are the most rows and
+// logits rows any step (prefill included) will have: the activation buffers are reserved for
+// them once and never move (a larger step still runs, but drops the graphs, counted).
+struct DecodeGraphConfig {
+  std::vector<int32_t> buckets;  // ascending batch sizes; default_decode_buckets(max_running)
+  int32_t max_step_rows = 0;     // EngineConfig::max_step_tokens
+  int32_t max_logits = 0;        // EngineConfig::max_running
+  int32_t max_context = 0;       // tokens; bounds one seq's page list
+  int32_t page_size = 0;         // the pools' (EngineConfig::page_size)
+};
+
 // Host sampling of one logits row: greedy (argmax, lowest index on ties) or seeded
 // temperature / top-k / top-p. The draw for output token i of a request is a pure function
 // of (seed, i), so a retry of a failed step samples the same token.
 int32_t sample_logits(std::span<const float> logits, const engine::SamplingParams& sampling,
                       int32_t output_index);
+
+// Usable pages per family that fit `bytes` of device memory (the padding pages included in
+// `bytes`): the local family gets what max_running requests need to each hold a full window
+// (ceil(window / page_size) + 1 pages), at most half of the bytes; the global family the rest.
+struct PoolPages {
+  int32_t global = 0;
+  int32_t local = 0;
+  int64_t bytes = 0;  // of both pools, padding pages included
+};
+PoolPages pool_pages_for_bytes(const engine::ModelConfig& config, int32_t page_size,
+                               int32_t max_running, int64_t bytes);
 
 class CudaDevice final : public engine::Device {
  public:
@@ -45,6 +75,17 @@ class CudaDevice final : public engine::Device {
   CudaDevice& operator=(const CudaDevice&) = delete;
 
   std::string name() const override { return "cuda"; }
+  // Before bind(): captures the decode graphs over probe pools and measures their memory
+  // (decode_graph_stats().graph_bytes), so that the caller sizes the pools from what is left
+  // (free_memory_bytes()). bind() re-captures them over the real pools, in place. From then on
+  // every decode-only step that fits a bucket is a graph replay.
+  engine::Status<engine::DeviceError> enable_decode_graphs(const DecodeGraphConfig& config);
+  // The graphs stay whatever the mode; kOff steps count as eager decode steps.
+  void set_decode_graph_mode(DecodeGraphMode mode) { graph_mode_ = mode; }
+  DecodeGraphStats decode_graph_stats() const;
+  engine::DeviceStats stats() const override;
+  // cudaMemGetInfo's free bytes on this device now.
+  Result<int64_t, engine::DeviceError> free_memory_bytes() const;
   engine::Status<engine::DeviceError> bind(const engine::PoolLayout& global,
                                            const engine::PoolLayout& local) override;
   engine::Result<engine::DeviceOutput, engine::DeviceError> execute(
@@ -73,8 +114,19 @@ class CudaDevice final : public engine::Device {
   Result<StepViews, engine::DeviceError> upload(const engine::StepPlan& plan);
   engine::Status<engine::DeviceError> reserve_stage(int64_t bytes);
   std::optional<engine::DeviceError> refuse(cudaStream_t stream) const;
+  // argmax_done: the device argmax of every logits row is already in device_sampled_ (a
+  // decode graph computes it).
   engine::Result<engine::DeviceOutput, engine::DeviceError> sample(const engine::StepPlan& plan,
-                                                                   const float* logits);
+                                                                   const float* logits,
+                                                                   bool argmax_done);
+  engine::Status<engine::DeviceError> reserve_sampled(int32_t rows);
+  // The bucket whose graph runs this plan, or 0 (eager; counts why).
+  int32_t graph_bucket(const engine::StepPlan& plan);
+  engine::Result<engine::DeviceOutput, engine::DeviceError> execute_graph(
+      const engine::StepPlan& plan, int32_t bucket);
+  KernelStatus launch_decode_bucket(const StepViews& views);
+  void drop_graphs();
+  KvPoolView pool_view(engine::Family family) const;
   // Query heads per KV head of a family's bound pool (the prefill tiles' group).
   int32_t prefill_group(engine::Family family) const {
     return model_->config().num_q_heads / layouts_[static_cast<int>(family)].kv_heads;
@@ -96,6 +148,12 @@ class CudaDevice final : public engine::Device {
   int32_t sampled_capacity_ = 0;
   std::vector<float> last_logits_;
   uint64_t launches_ = 0;
+  // Decode graphs (decode_graphs.h), and the forward generation they were captured at.
+  std::unique_ptr<DecodeGraphs> graphs_;
+  uint64_t graphs_generation_ = 0;
+  DecodeGraphMode graph_mode_ = DecodeGraphMode::kReplay;
+  int32_t graph_page_size_ = 0;
+  DecodeGraphStats dropped_stats_;  // counters of graph sets dropped, so totals survive
 };
 
 }  // namespace twinstep::kernels

@@ -89,6 +89,7 @@ Placement place(const engine::ModelConfig& c) {
 }  // namespace
 
 void set_forward_phase_observer(ForwardPhaseObserver* observer) { g_phase_observer = observer; }
+ForwardPhaseObserver* forward_phase_observer() { return g_phase_observer; }
 
 Rope DeviceModel::rope(Family family) const {
   const engine::FamilyGeometry& g = config_.family(family);
@@ -189,9 +190,7 @@ ModelForward::~ModelForward() {
 }
 
 Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, int32_t logit_rows) {
-  if (rows <= rows_capacity_ && logit_rows <= logits_capacity_ && arena_ != nullptr) {
-    return buffers_;
-  }
+  if (fits(rows, logit_rows)) return buffers_;
   const engine::ModelConfig& c = model_.config();
   const int32_t R = std::max({rows, rows_capacity_, 16});
   const int32_t L = std::max({logit_rows, logits_capacity_, 16});
@@ -255,6 +254,7 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                      decode_ws};
   rows_capacity_ = R;
   logits_capacity_ = L;
+  generation_ += 1;
   return buffers_;
 }
 

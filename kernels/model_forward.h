@@ -106,6 +106,14 @@ class ModelForward {
     int64_t decode_ws_bytes = 0;
   };
   Result<Buffers, KernelError> reserve(int32_t rows, int32_t logit_rows);
+  // What reserve() holds now, and how many times it has (re)allocated: a CUDA graph captured
+  // over the buffers is valid only while the generation is the one it was captured at.
+  int32_t rows_capacity() const { return rows_capacity_; }
+  int32_t logits_capacity() const { return logits_capacity_; }
+  uint64_t generation() const { return generation_; }
+  bool fits(int32_t rows, int32_t logit_rows) const {
+    return arena_ != nullptr && rows <= rows_capacity_ && logit_rows <= logits_capacity_;
+  }
 
  private:
   const DeviceModel& model_;
@@ -114,6 +122,7 @@ class ModelForward {
   int32_t rows_capacity_ = 0;
   int32_t logits_capacity_ = 0;
   int32_t num_sms_ = 0;  // of the current device, read at the first reserve()
+  uint64_t generation_ = 0;
   Buffers buffers_;
 };
 
@@ -144,6 +153,7 @@ class ForwardPhaseObserver {
 };
 // nullptr removes the observer. Process-wide: the bench runs one device on one thread.
 void set_forward_phase_observer(ForwardPhaseObserver* observer);
+ForwardPhaseObserver* forward_phase_observer();
 
 // The paged forward fuses each residual update with the norm that follows it
 // (kernels/fused_norms.h); it then also produces the next layer's normed input.

@@ -120,7 +120,10 @@ KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
 // as v_raw too (v_raw == k_raw, same stride); the fork happens here, before k_norm.
 // k_raw, v_raw: [rows, kv_heads, head_dim] with their row strides; k_norm_weight: [head_dim]
 // (nullptr: weightless).
-// Traps on a page outside [1, pages_total), or an offset != positions[r] % page_size.
+// A row whose slot is kNoKvWrite writes nothing (the padding rows of a CUDA-graph decode
+// bucket, kernels/decode_graphs.h; a host-checked plan never has one). Any other slot traps on
+// a page outside [1, pages_total), or an offset != positions[r] % page_size.
+inline constexpr int64_t kNoKvWrite = -1;
 KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
                       int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
                       const KvPoolView& pool, int32_t layer, const RowsView& rows,
@@ -173,7 +176,10 @@ KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cud
 // GEMM through cuBLAS: y[m, n] = x[m, k] . w[n, k]^T, bf16 in, fp32 accumulate.
 // x: activations [m, k] row-major; w: an HF Linear weight [out = n, in = k] row-major;
 // y: [m, n] row-major, bf16 or fp32 (fp32 for logits). beta = 0 (y is overwritten).
-// Not thread-safe: one Blas per stream/thread. Move-only.
+// The handle owns a fixed cuBLAS workspace (kBlasWorkspaceBytes, cublasSetWorkspace), so no
+// GEMM allocates: a GEMM may run inside a CUDA graph capture, and the Hopper kernels that want a
+// workspace get one. Not thread-safe: one Blas per stream/thread. Move-only.
+inline constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
 class Blas {
  public:
   static Result<Blas, KernelError> create(cudaStream_t stream);
@@ -188,11 +194,13 @@ class Blas {
   cudaStream_t stream() const { return stream_; }
 
  private:
-  Blas(cublasHandle_t handle, cudaStream_t stream) : handle_(handle), stream_(stream) {}
+  Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace)
+      : handle_(handle), stream_(stream), workspace_(workspace) {}
   KernelStatus gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type, int32_t m,
                          int32_t n, int32_t k);
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  void* workspace_ = nullptr;  // kBlasWorkspaceBytes of device memory
 };
 
 // The error of a failed CUDA call as a KernelStatus (ok for cudaSuccess). `what` names the

@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) kv_write_kernel(KvWrite
   const int lane = threadIdx.x % kWarp;
   const int32_t position = a.positions[row];
   const int64_t slot = a.row_slot[row];
+  if (slot == kNoKvWrite) return;  // a graph bucket's padding row
   TS_DEVICE_REQUIRE(position >= 0 && slot >= 0);
   const int64_t page = slot / a.page_size;
   const int32_t offset = static_cast<int32_t>(slot % a.page_size);
