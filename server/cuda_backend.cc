@@ -1,6 +1,8 @@
 // The CUDA device behind twinstep-serve --device cuda; see cuda_backend.h.
 #include "server/cuda_backend.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "engine/checkpoint.h"
@@ -24,6 +26,7 @@ class OwningCudaDevice final : public engine::Device {
       const engine::StepPlan& plan) override {
     return device_->execute(plan);
   }
+  engine::DeviceStats stats() const override { return device_->stats(); }
 
  private:
   std::unique_ptr<engine::ModelWeights> weights_;
@@ -33,10 +36,11 @@ class OwningCudaDevice final : public engine::Device {
 }  // namespace
 
 Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
-                                                   bool random_weights) {
+                                                   const CudaBackendOptions& options,
+                                                   engine::EngineConfig& engine) {
   CudaBackend backend;
   std::unique_ptr<engine::ModelWeights> weights;
-  if (random_weights) {
+  if (options.random_weights) {
     auto model = engine::ModelConfig::from_file(std::filesystem::path(model_dir) / "config.json");
     if (!model) return unexpected("--model " + model_dir + ": " + model.error().message);
     backend.model = std::move(model.value());
@@ -48,6 +52,49 @@ Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
   }
   auto device = kernels::CudaDevice::create(backend.model, weights.get(), {});
   if (!device) return unexpected("CUDA device: " + device.error().message);
+  kernels::CudaDevice& d = *device.value();
+  char line[256];
+  if (options.decode_graphs) {
+    kernels::DecodeGraphConfig g;
+    g.max_step_rows = engine.max_step_tokens;
+    g.max_logits = engine.max_running;
+    g.max_context = engine.max_context > 0
+                        ? std::min(engine.max_context, backend.model.max_position_embeddings)
+                        : backend.model.max_position_embeddings;
+    g.page_size = engine.page_size;
+    if (auto s = d.enable_decode_graphs(g); !s.ok()) {
+      return unexpected("CUDA decode graphs: " + s.error().message);
+    }
+    const kernels::DecodeGraphStats st = d.decode_graph_stats();
+    std::snprintf(line, sizeof line, "decode graphs: %d buckets up to %d rows, %.1f MiB; ",
+                  st.buckets, st.largest_bucket, st.graph_bytes / 1048576.0);
+    backend.summary += line;
+  } else {
+    backend.summary += "decode graphs: off; ";
+  }
+  if (options.gpu_memory_fraction) {
+    auto free_bytes = d.free_memory_bytes();
+    if (!free_bytes) return unexpected("CUDA device: " + free_bytes.error().message);
+    const auto budget = static_cast<int64_t>(static_cast<double>(free_bytes.value()) *
+                                             *options.gpu_memory_fraction);
+    const kernels::PoolPages pages =
+        kernels::pool_pages_for_bytes(backend.model, engine.page_size, engine.max_running, budget);
+    if (pages.global <= 0 || pages.local <= 0) {
+      return unexpected("--gpu-memory-fraction " + std::to_string(*options.gpu_memory_fraction) +
+                        " of " + std::to_string(free_bytes.value() >> 20) +
+                        " MiB free leaves no room for a page of each family");
+    }
+    engine.pages_global = pages.global;
+    engine.pages_local = pages.local;
+    std::snprintf(line, sizeof line,
+                  "pools from %.2f of %.1f GiB free: %d global + %d local pages (%.1f GiB)",
+                  *options.gpu_memory_fraction, free_bytes.value() / 1073741824.0, pages.global,
+                  pages.local, pages.bytes / 1073741824.0);
+  } else {
+    std::snprintf(line, sizeof line, "pools: %d global + %d local pages", engine.pages_global,
+                  engine.pages_local);
+  }
+  backend.summary += line;
   backend.device =
       std::make_unique<OwningCudaDevice>(std::move(weights), std::move(device.value()));
   return backend;

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/config.h"
 #include "engine/device.h"
+#include "engine/engine.h"
 #include "engine/result.h"
 
 namespace twinstep::server {
@@ -15,10 +17,22 @@ namespace twinstep::server {
 struct CudaBackend {
   engine::ModelConfig model;  // with generation_config.json's eos ids merged in
   std::unique_ptr<engine::Device> device;
+  std::string summary;  // one line on the graphs and pools, for the start banner
 };
 
-// `random_weights`: read only DIR/config.json and fill the weights from a fixed seed.
+struct CudaBackendOptions {
+  bool random_weights = false;  // read only DIR/config.json; weights from a fixed seed
+  bool decode_graphs = true;    // capture decode CUDA graphs before the pools are sized
+  // Size the pools from this fraction of the free GPU memory (sets engine.pages_global and
+  // engine.pages_local); nullopt: keep engine's.
+  std::optional<double> gpu_memory_fraction;
+};
+
+// The device for `engine` (its page size, step and running limits size the graphs and their
+// stage; with gpu_memory_fraction its pool sizes are set here, from the memory left after the
+// weights, the activations and the graphs).
 Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
-                                                   bool random_weights);
+                                                   const CudaBackendOptions& options,
+                                                   engine::EngineConfig& engine);
 
 }  // namespace twinstep::server

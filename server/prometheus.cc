@@ -219,6 +219,27 @@ std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& l
   header(out, "twinstep_preemptions_total", "counter", "Requests preempted (KV dropped).");
   sample(out, "twinstep_preemptions_total", "", static_cast<double>(c.preemptions));
 
+  // The device's CUDA graphs (zero on devices without them).
+  const engine::DeviceStats& d = m.device;
+  header(out, "twinstep_cuda_graph_memory_bytes", "gauge",
+         "Device memory the decode CUDA graphs took, measured before the KV pools were sized.");
+  sample(out, "twinstep_cuda_graph_memory_bytes", "", static_cast<double>(d.graph_bytes));
+  header(out, "twinstep_cuda_graph_buckets", "gauge", "Decode batch buckets with a CUDA graph.");
+  sample(out, "twinstep_cuda_graph_buckets", "", d.graph_buckets);
+  header(out, "twinstep_decode_steps_total", "counter",
+         "Decode-only steps by how they ran: a graph replay, or eager (a miss: no bucket or stage "
+         "could take the step; other: graphs off or an observer).");
+  sample(out, "twinstep_decode_steps_total", "mode=\"graph\"",
+         static_cast<double>(d.graph_replays));
+  sample(out, "twinstep_decode_steps_total", "mode=\"eager_miss\"",
+         static_cast<double>(d.graph_misses));
+  sample(out, "twinstep_decode_steps_total", "mode=\"eager_other\"",
+         static_cast<double>(d.graph_eager_decode_steps - d.graph_misses));
+  header(out, "twinstep_cuda_graph_padding_rows_total", "counter",
+         "Padding rows computed to fill a decode step up to its graph's bucket.");
+  sample(out, "twinstep_cuda_graph_padding_rows_total", "",
+         static_cast<double>(d.graph_padded_rows));
+
   histogram(out, "twinstep_time_to_first_token_seconds",
             "Time from submit to the first generated token, measured at the step loop.",
             latency.ttft);

@@ -26,6 +26,12 @@ TEST(Prometheus, RendersEveryFamily) {
   m.local = {4, 128, 8};
   m.counters.tokens_generated = 77;
   m.counters.terminals[static_cast<int>(engine::TerminalKind::kAborted)] = 6;
+  m.device.graph_bytes = 31457280;
+  m.device.graph_buckets = 15;
+  m.device.graph_replays = 40;
+  m.device.graph_eager_decode_steps = 7;
+  m.device.graph_misses = 5;
+  m.device.graph_padded_rows = 12;
   LatencySnapshot latency;
   latency.ttft.observe(0.002);
   latency.inter_token.observe(0.0004);
@@ -48,6 +54,13 @@ TEST(Prometheus, RendersEveryFamily) {
            "twinstep_kv_pages_capacity{family=\"global\"} 256\n",
            "twinstep_kv_pages_capacity{family=\"local\"} 128\n",
            "twinstep_tokens_generated_total 77\n",
+           "# TYPE twinstep_cuda_graph_memory_bytes gauge\n",
+           "twinstep_cuda_graph_memory_bytes 31457280\n",
+           "twinstep_cuda_graph_buckets 15\n",
+           "twinstep_decode_steps_total{mode=\"graph\"} 40\n",
+           "twinstep_decode_steps_total{mode=\"eager_miss\"} 5\n",
+           "twinstep_decode_steps_total{mode=\"eager_other\"} 2\n",
+           "twinstep_cuda_graph_padding_rows_total 12\n",
            "twinstep_requests_finished_total{kind=\"aborted\"} 6\n",
            "twinstep_requests_finished_total{kind=\"stop\"} 0\n",
            "# TYPE twinstep_time_to_first_token_seconds histogram\n",

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
     std::cerr << "twinstep-serve: " << backend.error() << "\n";
     return 2;
   }
+  if (!backend->device_summary.empty()) {
+    std::cerr << "twinstep-serve: " << backend->device_summary << "\n";
+  }
   config.server.sampling_defaults = backend->sampling_defaults;
   config.server.text = backend->text;
   Server server(*backend->engine, config.server);

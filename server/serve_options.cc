@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <boost/asio/ip/address.hpp>
+#include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -72,6 +74,10 @@ An OpenAI-compatible completions server: token ids in and out, or text with --to
                            (default: the environment variable TWINSTEP_API_KEY, if set)
   --page-size N --pages-global N --pages-local N --max-running N --max-step-tokens N
   --max-context N          engine limits (defaults: the engine's; context 0 = the model's)
+  --cuda-graphs on|off     cuda: replay decode steps as CUDA graphs, one per batch bucket,
+                           captured before the pools are sized (default on)
+  --gpu-memory-fraction F  cuda: size the KV pools from F (0 < F < 1) of the GPU memory free
+                           after the weights, activations and graphs (not with --pages-*)
   --sim-step-us N          sleep N us after each step, to pace the simulated device
 SIGINT/SIGTERM: stop accepting, abort in-flight requests, exit 0 once the pools are empty.
 )";
@@ -153,9 +159,31 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
   flags["--sim-step-us"] = [&](const std::string& v) {
     return parse_int<int64_t>("--sim-step-us", v, 0, 10'000'000, config.server.loop.step_sleep_us);
   };
+  flags["--cuda-graphs"] = [&](const std::string& v) -> std::optional<std::string> {
+    if (v != "on" && v != "off") return "--cuda-graphs: expected on or off, got '" + v + "'";
+    config.cuda_graphs = v == "on";
+    return std::nullopt;
+  };
+  flags["--gpu-memory-fraction"] = [&](const std::string& v) -> std::optional<std::string> {
+    char* end = nullptr;
+    errno = 0;
+    const double f = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || errno != 0 || !(f > 0.0 && f < 1.0)) {
+      return "--gpu-memory-fraction: expected a number in (0, 1), got '" + v + "'";
+    }
+    config.gpu_memory_fraction = f;
+    return std::nullopt;
+  };
+  bool pages_given = false;
+  auto pages_flag = [&](const char* name, int32_t& out) {
+    flags[name] = [name, &out, &pages_given](const std::string& v) {
+      pages_given = true;
+      return parse_int<int32_t>(name, v, 1, INT32_MAX, out);
+    };
+  };
   int32_flag("--page-size", 1, config.engine.page_size);
-  int32_flag("--pages-global", 1, config.engine.pages_global);
-  int32_flag("--pages-local", 1, config.engine.pages_local);
+  pages_flag("--pages-global", config.engine.pages_global);
+  pages_flag("--pages-local", config.engine.pages_local);
   int32_flag("--max-running", 1, config.engine.max_running);
   int32_flag("--max-step-tokens", 1, config.engine.max_step_tokens);
   int32_flag("--max-context", 0, config.engine.max_context);
@@ -186,6 +214,14 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     if (auto error = it->second(value)) return unexpected(std::move(*error));
   }
   if (!max_connections_given) config.server.max_connections = default_max_connections();
+  if (config.gpu_memory_fraction && pages_given) {
+    return unexpected(std::string(
+        "--gpu-memory-fraction sizes the pools itself: give it or --pages-global/--pages-local, "
+        "not both"));
+  }
+  if (config.gpu_memory_fraction && config.device != "cuda") {
+    return unexpected(std::string("--gpu-memory-fraction: only meaningful with --device cuda"));
+  }
   if (config.device == "cuda" && !config.model_dir && !config.help) {
     return unexpected(std::string("--device cuda: expected --model DIR (a checkpoint)"));
   }
@@ -231,14 +267,20 @@ bool cuda_device_compiled() {
 
 Result<Backend, std::string> make_backend(const ServeConfig& config) {
   Backend backend;
+  engine::EngineConfig engine_config = config.engine;
   if (config.device == "cuda") {
 #if TWINSTEP_SERVE_CUDA
     TS_CHECK(config.model_dir.has_value())
         << "parse_serve_args lets --device cuda through only with --model";
-    auto cuda = make_cuda_backend(*config.model_dir, config.random_weights);
+    CudaBackendOptions options;
+    options.random_weights = config.random_weights;
+    options.decode_graphs = config.cuda_graphs;
+    options.gpu_memory_fraction = config.gpu_memory_fraction;
+    auto cuda = make_cuda_backend(*config.model_dir, options, engine_config);
     if (!cuda) return unexpected("--device cuda: " + cuda.error());
     backend.model = std::move(cuda->model);
     backend.device = std::move(cuda->device);
+    backend.device_summary = std::move(cuda->summary);
 #else
     return unexpected(std::string(
         "--device cuda: this twinstep-serve was built without the CUDA device (configure with "
@@ -278,7 +320,7 @@ Result<Backend, std::string> make_backend(const ServeConfig& config) {
     if (!text) return unexpected(text.error());
     backend.text = std::move(text.value());
   }
-  auto engine = engine::Engine::create(backend.model, config.engine, *backend.device);
+  auto engine = engine::Engine::create(backend.model, engine_config, *backend.device);
   if (!engine) return unexpected("engine: " + engine.error().message);
   backend.engine = std::move(engine.value());
   return backend;

@@ -22,6 +22,10 @@ struct ServeConfig {
   std::optional<std::string> model_dir;
   bool random_weights = false;           // cuda: weights from a seed instead of the checkpoint
   std::optional<std::string> tokenizer;  // tokenizer.json or a folder with it (and its config)
+  bool cuda_graphs = true;               // cuda: decode steps replay CUDA graphs
+  // cuda: size both KV pools from this fraction of the GPU memory left free once the weights,
+  // activations and graphs are in (instead of --pages-global/--pages-local).
+  std::optional<double> gpu_memory_fraction;
   ServerOptions server;
   engine::EngineConfig engine;
   bool help = false;
@@ -56,6 +60,7 @@ struct Backend {
   engine::SamplingParams sampling_defaults = openai_sampling_defaults();
   // --tokenizer's tokenizer and chat template (null without it).
   std::shared_ptr<const TextModel> text;
+  std::string device_summary;  // cuda: its decode graphs and pool sizes, printed at start
 };
 // `--device cuda` needs a build with the CUDA device; otherwise this says so.
 Result<Backend, std::string> make_backend(const ServeConfig& config);

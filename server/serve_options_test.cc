@@ -90,6 +90,15 @@ TEST(ServeOptions, BadFlagsNameTheFlag) {
       {{"--max-queued-bytes", "10"}, "--max-queued-bytes: expected an integer in [4096, "},
       {{"--api-key", ""}, "--api-key: expected a non-empty key"},
       {{"--device", "cuda"}, "--device cuda: expected --model DIR"},
+      {{"--cuda-graphs", "yes"}, "--cuda-graphs: expected on or off"},
+      {{"--device", "cuda", "--model", "m", "--gpu-memory-fraction", "1"},
+       "--gpu-memory-fraction: expected a number in (0, 1)"},
+      {{"--device", "cuda", "--model", "m", "--gpu-memory-fraction", "0.5x"},
+       "--gpu-memory-fraction: expected a number in (0, 1)"},
+      {{"--device", "cuda", "--model", "m", "--gpu-memory-fraction", "0.9", "--pages-global", "64"},
+       "give it or --pages-global/--pages-local, not both"},
+      {{"--gpu-memory-fraction", "0.9"},
+       "--gpu-memory-fraction: only meaningful with --device cuda"},
   };
   for (const Case& c : cases) {
     auto config = parse_serve_args(c.args);
@@ -114,6 +123,19 @@ TEST(ServeOptions, CudaBackendErrorsAreClear) {
   ASSERT_FALSE(backend.ok());
   EXPECT_NE(backend.error().find("built without the CUDA device"), std::string::npos)
       << backend.error();
+}
+
+TEST(ServeOptions, CudaGraphAndMemoryFlags) {
+  auto config = parse_serve_args({"--device", "cuda", "--model", "m"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_TRUE(config->cuda_graphs);
+  EXPECT_FALSE(config->gpu_memory_fraction.has_value());
+  config = parse_serve_args(
+      {"--device", "cuda", "--model", "m", "--cuda-graphs", "off", "--gpu-memory-fraction=0.85"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_FALSE(config->cuda_graphs);
+  ASSERT_TRUE(config->gpu_memory_fraction.has_value());
+  EXPECT_DOUBLE_EQ(*config->gpu_memory_fraction, 0.85);
 }
 
 TEST(ServeOptions, RandomWeightsOnlyWithCuda) {
