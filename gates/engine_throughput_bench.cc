@@ -306,18 +306,22 @@ void print_breakdown(const char* title, const std::vector<double>& ms, double fo
 
 }  // namespace
 
+// The device of the bench's engine (its time_steps events give each step's GPU time).
+kernels::CudaDevice* g_device = nullptr;
+
 // Warm-up then kDecodeTimed pure decode steps of `batch` rows: prints the case and adds its
 // row to the summary table; returns the median ms/step.
 double time_decode(engine::Engine& e, const CostModel& cost, int batch, const std::string& name,
                    std::vector<Row>& table) {
   for (int i = 0; i < kDecodeWarmup; ++i) step(e);
-  std::vector<double> ms;
+  std::vector<double> ms, host;
   Cost total_cost;
   int64_t context = 0;
   for (int i = 0; i < kDecodeTimed; ++i) {
     Timed t = step(e);
     if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
     ms.push_back(t.ms);
+    if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
     total_cost += cost.step_cost(t.out);
     for (const auto& u : t.out.updates) context += u.kv_len;
   }
@@ -328,6 +332,12 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
   std::printf("  median %.3f ms/step (min %.3f, max %.3f over %d), %.0f generated tokens/s\n", med,
               *std::min_element(ms.begin(), ms.end()), *std::max_element(ms.begin(), ms.end()),
               kDecodeTimed, batch / (med * 1e-3));
+  if (!host.empty()) {
+    std::printf(
+        "  host path (step wall - GPU time from plan upload to sampled ids): median %.3f "
+        "ms\n",
+        median(host));
+  }
   std::printf("  bytes/step %.2f GB (weights %.2f + KV %.2f), FLOPs/step %.2f T\n",
               per_step.bytes / 1e9, cost.weight_bytes() / 1e9,
               (per_step.bytes - cost.weight_bytes()) / 1e9, per_step.flops / 1e12);
@@ -355,10 +365,12 @@ int main() {
   kernels::CudaDeviceOptions dopt;
   dopt.device_ordinal = ordinal;
   dopt.random_seed = 12;
+  dopt.time_steps = true;
   const auto tw = std::chrono::steady_clock::now();
   auto made = kernels::CudaDevice::create(config, nullptr, dopt);
   if (!made) die("cuda device: %s", made.error().message.c_str());
   kernels::CudaDevice& device = *made.value();
+  g_device = &device;
   std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
 
@@ -500,14 +512,15 @@ int main() {
           time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
       device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
       std::printf("  graphs: %.3f ms/step, eager %.3f: %.2fx\n", med, eager, eager / med);
-      if (batch == 64) {
+      if (batch == 64 || batch == 1) {
         timer.reset();
         kernels::set_forward_phase_observer(&timer);
         Timed t = step(e);
         kernels::set_forward_phase_observer(nullptr);
         double forward_ms = 0;
         const std::vector<double> phases = timer.phase_ms(&forward_ms);
-        print_breakdown("decode step, batch 64", phases, forward_ms, t.ms, med);
+        print_breakdown(batch == 64 ? "decode step, batch 64" : "decode step, batch 1", phases,
+                        forward_ms, t.ms, med);
       }
     }
     for (auto& c : controls) c.abort();

@@ -194,6 +194,14 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());
   d->forward_ = std::make_unique<ModelForward>(*d->model_, *d->blas_);
+  if (options.time_steps) {
+    for (cudaEvent_t& e : d->step_events_) {
+      if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
+        e = nullptr;
+        return unexpected(cuda_error(err, "cudaEventCreate(step timing)"));
+      }
+    }
+  }
   return d;
 }
 
@@ -209,6 +217,10 @@ CudaDevice::~CudaDevice() {
   if (device_stage_ != nullptr) cudaFree(device_stage_);
   if (host_stage_ != nullptr) cudaFreeHost(host_stage_);
   if (device_sampled_ != nullptr) cudaFree(device_sampled_);
+  if (host_sampled_ != nullptr) cudaFreeHost(host_sampled_);
+  for (cudaEvent_t e : step_events_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -651,11 +663,18 @@ engine::Status<DeviceError> CudaDevice::reserve_sampled(int32_t rows) {
   if (rows <= sampled_capacity_) return engine::Ok{};
   drop_graphs();  // they write the old buffer
   if (device_sampled_ != nullptr) cudaFree(device_sampled_);
+  if (host_sampled_ != nullptr) cudaFreeHost(host_sampled_);
   device_sampled_ = nullptr;
+  host_sampled_ = nullptr;
   sampled_capacity_ = 0;
   if (cudaError_t err = cudaMalloc(&device_sampled_, std::max(rows, 64) * 4); err != cudaSuccess) {
     device_sampled_ = nullptr;
     return unexpected(cuda_error(err, "cudaMalloc(sampled)"));
+  }
+  if (cudaError_t err = cudaMallocHost(&host_sampled_, std::max(rows, 64) * 4);
+      err != cudaSuccess) {
+    host_sampled_ = nullptr;
+    return unexpected(cuda_error(err, "cudaMallocHost(sampled)"));
   }
   sampled_capacity_ = std::max(rows, 64);
   return engine::Ok{};
@@ -683,14 +702,16 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
         return unexpected(from_kernel(s.error()));
       }
     }
-    if (cudaError_t err = cudaMemcpyAsync(out.sampled.data(), device_sampled_, L * 4,
-                                          cudaMemcpyDeviceToHost, stream_);
+    if (step_events_[1] != nullptr) cudaEventRecord(step_events_[1], stream_);
+    if (cudaError_t err =
+            cudaMemcpyAsync(host_sampled_, device_sampled_, L * 4, cudaMemcpyDeviceToHost, stream_);
         err != cudaSuccess) {
       return unexpected(cuda_error(err, "cudaMemcpyAsync(sampled)"));
     }
   }
   std::vector<float> host_logits;
   if (L > 0 && need_host) {
+    if (step_events_[1] != nullptr) cudaEventRecord(step_events_[1], stream_);
     host_logits.resize(int64_t{L} * V);
     if (cudaError_t err = cudaMemcpyAsync(host_logits.data(), logits, host_logits.size() * 4,
                                           cudaMemcpyDeviceToHost, stream_);
@@ -700,6 +721,12 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
   }
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaStreamSynchronize(step)"));
+  }
+  if (L > 0 && !need_host) std::copy_n(host_sampled_, L, out.sampled.begin());
+  if (step_events_[0] != nullptr && L > 0) {
+    float ms = 0;
+    last_step_gpu_ms_ =
+        cudaEventElapsedTime(&ms, step_events_[0], step_events_[1]) == cudaSuccess ? ms : 0.0;
   }
   if (L > 0 && need_host) {
     for (int32_t i = 0; i < L; ++i) {
@@ -725,6 +752,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return unexpected(
         DeviceError{DeviceErrorCode::kFault, "injected fault: upload", engine::FaultSite::kUpload});
   }
+  if (step_events_[0] != nullptr) cudaEventRecord(step_events_[0], stream_);
   if (const int32_t bucket = graph_bucket(plan); bucket > 0) return execute_graph(plan, bucket);
   auto views = upload(plan);
   if (!views) return unexpected(views.error());

@@ -27,6 +27,9 @@ struct CudaDeviceOptions {
   uint64_t random_seed = 0;                 // used when no weights are given
   engine::FaultInjector* faults = nullptr;  // consulted at kUpload/kLaunch/kAfterKvWrite/kSync
   bool capture_logits = false;              // keep each step's logits on the host (gates)
+  // Benchmarks: CUDA events around each step's GPU work (plan upload to the sampled ids), so
+  // that step wall time minus last_step_gpu_ms() is the host path.
+  bool time_steps = false;
 };
 
 // How a decode-only step that fits a captured bucket runs.
@@ -103,6 +106,9 @@ class CudaDevice final : public engine::Device {
   const std::vector<float>& last_logits() const { return last_logits_; }
   // Kernel launch sequences started (steps that got past validation and the launch fault).
   uint64_t launches() const { return launches_; }
+  // time_steps: GPU time of the last successful step, from the plan upload to the sampled ids
+  // (or logits) being ready to copy back; 0 otherwise.
+  double last_step_gpu_ms() const { return last_step_gpu_ms_; }
   // A whole family pool as bf16 bits (gates: untouched-pool checks).
   Result<std::vector<uint16_t>, engine::DeviceError> download_pool(engine::Family family) const;
   void set_faults(engine::FaultInjector* faults) { options_.faults = faults; }
@@ -148,6 +154,9 @@ class CudaDevice final : public engine::Device {
   int32_t sampled_capacity_ = 0;
   std::vector<float> last_logits_;
   uint64_t launches_ = 0;
+  int32_t* host_sampled_ = nullptr;                  // pinned, [sampled_capacity_]
+  cudaEvent_t step_events_[2] = {nullptr, nullptr};  // time_steps only
+  double last_step_gpu_ms_ = 0;
   // Decode graphs (decode_graphs.h), and the forward generation they were captured at.
   std::unique_ptr<DecodeGraphs> graphs_;
   uint64_t graphs_generation_ = 0;
