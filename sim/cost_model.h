@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/device.h"
 #include "engine/plan.h"
 #include "engine/result.h"
 
@@ -68,6 +69,28 @@ struct StepShape {
   static Result<StepShape, std::string> from_json(const nlohmann::json& json);
 };
 StepShape step_shape(const engine::StepPlan& plan);
+
+// Forwards every call to another device and keeps the shape of the plan it was last handed:
+// how the bench and the replay gate see the plans the CUDA device runs.
+class StepShapeRecorder final : public engine::Device {
+ public:
+  explicit StepShapeRecorder(engine::Device& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  engine::Status<engine::DeviceError> bind(const engine::PoolLayout& global,
+                                           const engine::PoolLayout& local) override {
+    return inner_.bind(global, local);
+  }
+  engine::Result<engine::DeviceOutput, engine::DeviceError> execute(
+      const engine::StepPlan& plan) override {
+    last = step_shape(plan);
+    return inner_.execute(plan);
+  }
+  engine::DeviceStats stats() const override { return inner_.stats(); }
+  StepShape last;  // of the last plan executed
+
+ private:
+  engine::Device& inner_;
+};
 
 using CostFeatures = std::array<double, kCostTermCount>;  // indexed by CostTerm
 
