@@ -112,6 +112,8 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
   if (f.head_dim == 256) {
     for (const auto& [v, label] :
          {std::pair{V::kWgmmaPairKeyTile64, "wgmma, 2 warpgroups, key tile 64"},
+          std::pair{V::kWgmmaPairPipelined, "wgmma, 2 warpgroups, pipelined, key tile 64"},
+          std::pair{V::kWgmmaPairPipelinedKeyTile32, "wgmma, 2 warpgroups, pipelined, key tile 32"},
           std::pair{V::kWgmmaPairKeyTile32, "wgmma, 2 warpgroups, key tile 32"},
           std::pair{V::kWgmma, "wgmma, 1 warpgroup, key tile 32"},
           std::pair{V::kMmaKeyTile64, "mma.sync, key tile 64"},
@@ -120,6 +122,8 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
     }
   } else if (f.head_dim == 512) {
     r.variants.emplace_back("wgmma, 2 warpgroups splitting dims", variant_ms(V::kWgmmaSplitDims));
+    r.variants.emplace_back("wgmma, split dims, pipelined",
+                            variant_ms(V::kWgmmaSplitDimsPipelined));
     r.variants.emplace_back("mma.sync, pair exchange", variant_ms(V::kMma));
   }
   for (void* p :

@@ -168,10 +168,13 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kMmaKeyTile64, "mma.sync, key tile 64"},
                 {V::kWgmma, "wgmma, one warpgroup"},
                 {V::kWgmmaPairKeyTile32, "wgmma, two warpgroups, key tile 32"},
-                {V::kWgmmaPairKeyTile64, "wgmma, two warpgroups, key tile 64"}};
+                {V::kWgmmaPairKeyTile64, "wgmma, two warpgroups, key tile 64"},
+                {V::kWgmmaPairPipelined, "wgmma, two warpgroups, pipelined, key tile 64"},
+                {V::kWgmmaPairPipelinedKeyTile32, "wgmma, two warpgroups, pipelined, key tile 32"}};
   } else if (hd == 512) {
     variants = {{V::kMma, "mma.sync, pair exchange"},
-                {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"}};
+                {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"},
+                {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"}};
   }
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);

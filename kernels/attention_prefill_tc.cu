@@ -103,8 +103,10 @@ __global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
 
 bool variant_built(PrefillVariant v, int32_t head_dim) {
   if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
-  if (head_dim == 512) return v == PrefillVariant::kWgmmaSplitDims;
-  return head_dim == 256 && v != PrefillVariant::kWgmmaSplitDims;
+  const bool split =
+      v == PrefillVariant::kWgmmaSplitDims || v == PrefillVariant::kWgmmaSplitDimsPipelined;
+  if (head_dim == 512) return split;
+  return head_dim == 256 && !split;
 }
 
 template <int HD, int BN, int DSPLIT>
@@ -184,12 +186,19 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
           return launch_prefill_wgmma256(a, stream);
         case PrefillVariant::kWgmmaPairKeyTile32:
           return launch_prefill_wgmma256_pair(a, 32, stream);
-        default:  // kDefault, kWgmmaPairKeyTile64
+        case PrefillVariant::kWgmmaPairPipelined:
+          return launch_prefill_wgmma256_pipelined(a, 64, stream);
+        case PrefillVariant::kWgmmaPairPipelinedKeyTile32:
+          return launch_prefill_wgmma256_pipelined(a, 32, stream);
+        default:  // kDefault, kWgmmaPairKeyTile64: the measured fastest (perf/NOTES.md)
           return launch_prefill_wgmma256_pair(a, 64, stream);
       }
     case 512:
       if (variant == PrefillVariant::kMma) return launch_tc<512, 32, 2>(a, stream);
-      return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims
+      if (variant == PrefillVariant::kWgmmaSplitDimsPipelined) {
+        return launch_prefill_wgmma512_pipelined(a, stream);
+      }
+      return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
     default:
       TS_UNREACHABLE() << "head_dim " << pool.head_dim << " passed check_attention_args";
   }

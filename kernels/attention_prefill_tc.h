@@ -48,10 +48,12 @@ struct PrefillTilesView {
 // `variant` picks among the kernels built for a head dim (each gated against the reference;
 // the benchmark compares them): kDefault is the measured fastest, kMma the mma.sync kernel of
 // this file (every head dim). At head_dim 256 also kMmaKeyTile64 (mma.sync, 64-key stages),
-// kWgmma (Hopper wgmma, one warpgroup per tile, attention_prefill_wgmma.cu) and
-// kWgmmaPairKeyTile32 / 64 (two warpgroups sharing each K/V stage over two tiles of one seq);
-// at head_dim 512 kWgmmaSplitDims (two warpgroups, each owning half of the dims). A variant not
-// built for the head dim is kBadArgument. Measured in perf/NOTES.md.
+// kWgmma (Hopper wgmma, one warpgroup per tile, attention_prefill_wgmma.cu),
+// kWgmmaPairKeyTile32 / 64 (two warpgroups sharing each K/V stage over two tiles of one seq;
+// 64 is kDefault) and kWgmmaPairPipelined / KeyTile32 (the same with the softmax of stage i + 1
+// overlapping P V of stage i); at head_dim 512 kWgmmaSplitDims (two warpgroups, each owning half
+// of the dims; kDefault) and kWgmmaSplitDimsPipelined. A variant not built for the head dim is
+// kBadArgument. Measured in perf/NOTES.md.
 enum class PrefillVariant {
   kDefault,
   kMma,
@@ -60,6 +62,9 @@ enum class PrefillVariant {
   kWgmmaPairKeyTile32,
   kWgmmaPairKeyTile64,
   kWgmmaSplitDims,
+  kWgmmaPairPipelined,
+  kWgmmaPairPipelinedKeyTile32,
+  kWgmmaSplitDimsPipelined,
 };
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
