@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/gemm_skinny.h"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels {
@@ -59,7 +60,8 @@ Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
 Blas::Blas(Blas&& other) noexcept
     : handle_(std::exchange(other.handle_, nullptr)),
       stream_(other.stream_),
-      workspace_(std::exchange(other.workspace_, nullptr)) {}
+      workspace_(std::exchange(other.workspace_, nullptr)),
+      skinny_max_rows_(other.skinny_max_rows_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
   if (this != &other) {
@@ -68,6 +70,7 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     handle_ = std::exchange(other.handle_, nullptr);
     stream_ = other.stream_;
     workspace_ = std::exchange(other.workspace_, nullptr);
+    skinny_max_rows_ = other.skinny_max_rows_;
   }
   return *this;
 }
@@ -96,6 +99,11 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
                                       " n=" + std::to_string(n) + " k=" + std::to_string(k)});
   }
   if (m == 0) return Ok{};
+  if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
+    return y_type == CUDA_R_32F
+               ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_)
+               : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_);
+  }
   const float alpha = 1.0f;
   const float beta = 0.0f;
   return cublas_status(

@@ -180,6 +180,8 @@ KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cud
 // GEMM allocates: a GEMM may run inside a CUDA graph capture, and the Hopper kernels that want a
 // workspace get one. Not thread-safe: one Blas per stream/thread. Move-only.
 inline constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
+// Blas::skinny_max_rows by default (measured: gates/skinny_gemm_bench.cc, perf/NOTES.md).
+inline constexpr int32_t kDefaultSkinnyMaxRows = 0;
 class Blas {
  public:
   static Result<Blas, KernelError> create(cudaStream_t stream);
@@ -192,6 +194,10 @@ class Blas {
   KernelStatus gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k);
   KernelStatus gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k);
   cudaStream_t stream() const { return stream_; }
+  // GEMMs of at most this many rows whose shape kernels/gemm_skinny.h takes run there instead
+  // of cuBLAS (0: always cuBLAS). Set before any graph capture: a graph keeps the kernel it saw.
+  void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
+  int32_t skinny_max_rows() const { return skinny_max_rows_; }
 
  private:
   Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace)
@@ -201,6 +207,7 @@ class Blas {
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;  // kBlasWorkspaceBytes of device memory
+  int32_t skinny_max_rows_ = kDefaultSkinnyMaxRows;
 };
 
 // The error of a failed CUDA call as a KernelStatus (ok for cudaSuccess). `what` names the

@@ -1,0 +1,110 @@
+// gates/skinny_gemm_bench.cc: the decode GEMMs of the 12B at 1-16 rows, cuBLAS (the engine's
+// Blas) against kernels/gemm_skinny.h, as weight bytes per second against the device copy
+// bandwidth measured in the same process; then one decode step's GEMMs summed over the 48
+// layers and the LM head. Not a test: it prints figures (perf/NOTES.md).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "gates/bench_util.h"
+#include "kernels/gemm_skinny.h"
+#include "kernels/ops.h"
+
+namespace {
+
+using namespace twinstep;
+using kernels::bf16;
+
+struct Gemm {
+  const char* what;
+  int32_t n, k;
+  int layers;  // how many of it one 12B decode step runs
+  bool fp32_out;
+};
+constexpr Gemm kGemms[] = {
+    {"local qkv", 8192, 3840, 40, false},    {"global qkv", 8704, 3840, 8, false},
+    {"local o_proj", 3840, 4096, 40, false}, {"global o_proj", 3840, 8192, 8, false},
+    {"gate|up", 30720, 3840, 48, false},     {"down", 3840, 15360, 48, false},
+    {"LM head", 262144, 3840, 1, true}};
+constexpr int32_t kRows[] = {1, 2, 4, 8, 16};
+
+}  // namespace
+
+int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreate(&stream));
+  auto blas = kernels::Blas::create(stream);
+  if (!blas.ok()) {
+    std::fprintf(stderr, "cuBLAS: %s\n", blas.error().message.c_str());
+    return 1;
+  }
+  // Copy bandwidth: 1 GiB device to device, read + write.
+  const size_t copy_bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, copy_bytes));
+  BENCH_CUDA(cudaMalloc(&b, copy_bytes));
+  BENCH_CUDA(cudaMemset(a, 1, copy_bytes));
+  const double copy_ms = gates::median_ms(stream, 3, 11, [&] {
+    BENCH_CUDA(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+  BENCH_CUDA(cudaFree(a));
+  BENCH_CUDA(cudaFree(b));
+  std::printf("copy bandwidth (D2D 1 GiB, read+write): %.0f GB/s\n\n", copy_gbs);
+
+  // Weights larger than L2 for every shape: each GEMM gets its own matrix, and they are cycled
+  // so a timed launch never finds its weights in the 50 MB L2 from the launch before.
+  constexpr int kCopies = 4;
+  std::printf("| %-13s | %6s | %5s | %2s | %9s %6s | %9s %6s | %5s |\n", "gemm", "n", "k", "m",
+              "cuBLAS ms", "%copy", "skinny ms", "%copy", "gain");
+  double step_cublas[std::size(kRows)] = {}, step_skinny[std::size(kRows)] = {};
+  for (const Gemm& g : kGemms) {
+    const size_t w_elems = static_cast<size_t>(g.n) * g.k;
+    std::vector<bf16*> w(kCopies);
+    for (bf16*& p : w) {
+      BENCH_CUDA(cudaMalloc(&p, w_elems * 2));
+      BENCH_CUDA(cudaMemset(p, 0x3c, w_elems * 2));  // bf16 ~0.0117: finite products
+    }
+    bf16* x = nullptr;
+    void* y = nullptr;
+    BENCH_CUDA(cudaMalloc(&x, static_cast<size_t>(kernels::kSkinnyMaxRows) * g.k * 2));
+    BENCH_CUDA(cudaMemset(x, 0x3c, static_cast<size_t>(kernels::kSkinnyMaxRows) * g.k * 2));
+    BENCH_CUDA(cudaMalloc(&y, static_cast<size_t>(kernels::kSkinnyMaxRows) * g.n * 4));
+    for (size_t r = 0; r < std::size(kRows); ++r) {
+      const int32_t m = kRows[r];
+      int next = 0;
+      auto run = [&](bool skinny) {
+        const bf16* wp = w[next];
+        next = (next + 1) % kCopies;
+        if (g.fp32_out) {
+          auto* yo = static_cast<float*>(y);
+          BENCH_OK(skinny ? kernels::skinny_gemm(x, wp, yo, m, g.n, g.k, stream)
+                          : blas.value().gemm(x, wp, yo, m, g.n, g.k));
+        } else {
+          auto* yo = static_cast<bf16*>(y);
+          BENCH_OK(skinny ? kernels::skinny_gemm(x, wp, yo, m, g.n, g.k, stream)
+                          : blas.value().gemm(x, wp, yo, m, g.n, g.k));
+        }
+      };
+      const double tc = gates::median_ms(stream, 4, 21, [&] { run(false); });
+      const double ts = gates::median_ms(stream, 4, 21, [&] { run(true); });
+      const double gb = w_elems * 2.0 / 1e9;
+      std::printf("| %-13s | %6d | %5d | %2d | %9.4f %5.1f%% | %9.4f %5.1f%% | %5.2f |\n", g.what,
+                  g.n, g.k, m, tc, 100.0 * gb / (tc * 1e-3) / copy_gbs, ts,
+                  100.0 * gb / (ts * 1e-3) / copy_gbs, tc / ts);
+      step_cublas[r] += tc * g.layers;
+      step_skinny[r] += ts * g.layers;
+    }
+    for (bf16* p : w) BENCH_CUDA(cudaFree(p));
+    BENCH_CUDA(cudaFree(x));
+    BENCH_CUDA(cudaFree(y));
+  }
+  std::printf("\none 12B decode step's GEMMs (48 layers + LM head), summed from the rows above:\n");
+  for (size_t r = 0; r < std::size(kRows); ++r) {
+    std::printf("  m=%2d: cuBLAS %.3f ms, skinny %.3f ms (%.2fx)\n", kRows[r], step_cublas[r],
+                step_skinny[r], step_cublas[r] / step_skinny[r]);
+  }
+  return 0;
+}

@@ -1,0 +1,154 @@
+// gates/skinny_gemm_gates.cc: the few-row decode GEMM (kernels/gemm_skinny.h) against an fp64
+// host product, with the error bound taken from cuBLAS on the same data in the same run; its
+// rows do not depend on the batch they are computed in; bad shapes are refused by name.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gates/kernel_gate_util.h"
+#include "kernels/gemm_skinny.h"
+
+namespace twinstep::gates {
+namespace {
+
+struct Shape {
+  int32_t n, k;
+  const char* what;
+};
+// The 12B decode GEMMs (and a vocabulary slice for the fp32 LM head path).
+constexpr Shape kShapes[] = {{8192, 3840, "local qkv"},     {8704, 3840, "global qkv"},
+                             {3840, 4096, "local o_proj"},  {3840, 8192, "global o_proj"},
+                             {30720, 3840, "gate|up"},      {3840, 15360, "down"},
+                             {4096, 3840, "LM head slice"}, {48, 512, "small"}};
+constexpr int32_t kRowCounts[] = {1, 2, 3, 5, 8, 9, 13, 16};
+
+// y_ref[r][j] = sum_k x[r][k] * w[j][k] in fp64, for the first `rows` rows.
+std::vector<double> reference(const std::vector<float>& x, const std::vector<float>& w,
+                              int32_t rows, int32_t n, int32_t k) {
+  std::vector<double> y(static_cast<size_t>(rows) * n);
+  for (int32_t j = 0; j < n; ++j) {
+    const float* wr = w.data() + static_cast<size_t>(j) * k;
+    for (int32_t r = 0; r < rows; ++r) {
+      const float* xr = x.data() + static_cast<size_t>(r) * k;
+      double s = 0;
+      for (int32_t i = 0; i < k; ++i) s += static_cast<double>(xr[i]) * wr[i];
+      y[static_cast<size_t>(r) * n + j] = s;
+    }
+  }
+  return y;
+}
+
+double max_rel(const std::vector<float>& out, const std::vector<double>& ref, size_t count) {
+  double rms = 0;
+  for (size_t i = 0; i < count; ++i) rms += ref[i] * ref[i];
+  rms = std::sqrt(rms / count);
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    worst = std::max(worst, std::abs(out[i] - ref[i]) / rms);
+  }
+  return worst;
+}
+
+class SkinnyGemmGates : public GpuGate {};
+
+TEST_F(SkinnyGemmGates, MatchesFp64WithinCublasNoise) {
+  auto blas = kernels::Blas::create(stream_);
+  ASSERT_TRUE(blas.ok());
+  sim::Rng rng(42);
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(s.what);
+    const int32_t M = kernels::kSkinnyMaxRows;
+    const std::vector<bf16> xh = random_bf16(rng, static_cast<size_t>(M) * s.k);
+    const std::vector<bf16> wh = random_bf16(rng, static_cast<size_t>(s.n) * s.k, -0.05f, 0.05f);
+    const std::vector<double> ref = reference(to_float(xh), to_float(wh), M, s.n, s.k);
+    DeviceBuffer<bf16> x(xh), w(wh);
+    DeviceBuffer<bf16> y16(static_cast<size_t>(M) * s.n), yc16(static_cast<size_t>(M) * s.n);
+    DeviceBuffer<float> y32(static_cast<size_t>(M) * s.n), yc32(static_cast<size_t>(M) * s.n);
+    // The bound: cuBLAS's error on the same data (and, for bf16 out, the rounding of the exact
+    // product to bf16), measured here.
+    KERNEL_OK(blas.value().gemm(x.get(), w.get(), yc16.get(), M, s.n, s.k));
+    KERNEL_OK(blas.value().gemm(x.get(), w.get(), yc32.get(), M, s.n, s.k));
+    std::vector<float> rounded(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) rounded[i] = round_bf(static_cast<float>(ref[i]));
+    const double floor16 = std::max(max_rel(to_float(yc16.download()), ref, ref.size()),
+                                    max_rel(rounded, ref, ref.size()));
+    const double floor32 = max_rel(yc32.download(), ref, ref.size());
+    for (int32_t m : kRowCounts) {
+      SCOPED_TRACE("m=" + std::to_string(m));
+      const size_t count = static_cast<size_t>(m) * s.n;
+      KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), y16.get(), m, s.n, s.k, stream_));
+      KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), y32.get(), m, s.n, s.k, stream_));
+      const double e16 = max_rel(to_float(y16.download()), ref, count);
+      const double e32 = max_rel(y32.download(), ref, count);
+      if (m == M || m == 1) {
+        std::printf(
+            "[gate] %-14s n=%5d k=%5d m=%2d: bf16 out %.3g (cuBLAS/rounding %.3g), fp32 "
+            "out %.3g (cuBLAS %.3g)\n",
+            s.what, s.n, s.k, m, e16, floor16, e32, floor32);
+      }
+      EXPECT_LE(e16, 1.5 * floor16) << "bf16 output beyond the measured noise";
+      EXPECT_LE(e32, 2.0 * floor32 + 1e-7) << "fp32 output beyond cuBLAS's error";
+    }
+  }
+}
+
+// Row r of a product does not depend on which other rows share the launch, nor on where the
+// row sits: bitwise, for every row count (so a decode graph bucket's padding, or the batch a
+// request decodes in, cannot change its result).
+TEST_F(SkinnyGemmGates, RowsDoNotDependOnTheBatch) {
+  sim::Rng rng(7);
+  const int32_t n = 3840, k = 15360, M = kernels::kSkinnyMaxRows;
+  DeviceBuffer<bf16> x(random_bf16(rng, static_cast<size_t>(M) * k));
+  DeviceBuffer<bf16> w(random_bf16(rng, static_cast<size_t>(n) * k, -0.05f, 0.05f));
+  DeviceBuffer<float> all(static_cast<size_t>(M) * n), part(static_cast<size_t>(M) * n);
+  KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), all.get(), M, n, k, stream_));
+  const std::vector<float> a = all.download();
+  int checked = 0;
+  for (int32_t first = 0; first < M; first += 3) {
+    for (int32_t m : {1, 2, 5, 8, 9}) {
+      if (first + m > M) continue;
+      KERNEL_OK(kernels::skinny_gemm(x.get() + static_cast<size_t>(first) * k, w.get(), part.get(),
+                                     m, n, k, stream_));
+      const std::vector<float> p = part.download();
+      EXPECT_EQ(std::memcmp(p.data(), a.data() + static_cast<size_t>(first) * n,
+                            static_cast<size_t>(m) * n * sizeof(float)),
+                0)
+          << "rows " << first << ".." << first + m - 1 << " computed alone differ from the same "
+          << "rows computed with " << M;
+      ++checked;
+    }
+  }
+  KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), all.get(), M, n, k, stream_));
+  EXPECT_EQ(std::memcmp(all.download().data(), a.data(), a.size() * sizeof(float)), 0)
+      << "a repeated launch gave other bits";
+  std::printf("[gate] %d row windows bitwise equal to the same rows in a launch of %d\n", checked,
+              M);
+}
+
+TEST_F(SkinnyGemmGates, RefusesShapesItDoesNotTake) {
+  DeviceBuffer<bf16> x(16 * 512), w(64 * 512), y(16 * 64);
+  struct Case {
+    int32_t m, n, k;
+    int64_t x_offset;
+    const char* expect;
+  };
+  const Case cases[] = {{0, 64, 512, 0, "need 1 <= m <= 16"},
+                        {17, 64, 512, 0, "need 1 <= m <= 16"},
+                        {4, 40, 512, 0, "n % 16 == 0"},
+                        {4, 64, 480, 0, "k % 256 == 0"},
+                        {4, 64, 512, 1, "16-byte aligned"}};
+  for (const Case& c : cases) {
+    EXPECT_FALSE(c.x_offset == 0 && kernels::skinny_gemm_supported(c.m, c.n, c.k));
+    auto s = kernels::skinny_gemm(x.get() + c.x_offset, w.get(), y.get(), c.m, c.n, c.k, stream_);
+    ASSERT_FALSE(s.ok()) << c.expect;
+    EXPECT_EQ(s.error().code, kernels::KernelErrorCode::kBadArgument);
+    EXPECT_NE(s.error().message.find(c.expect), std::string::npos) << s.error().message;
+  }
+  EXPECT_TRUE(kernels::skinny_gemm_supported(16, 64, 512));
+  CUDA_OK(cudaGetLastError());
+}
+
+}  // namespace
+}  // namespace twinstep::gates

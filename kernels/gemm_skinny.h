@@ -1,0 +1,38 @@
+// kernels/gemm_skinny.h: y[m, n] = x[m, k] . w[n, k]^T for the few-row GEMMs of decode
+// (m <= kSkinnyMaxRows), where the whole cost is reading w once.
+//
+// Why not cuBLAS there: at m = 1..16 the GEMM is a stream over the weights; the kernel below
+// reads each weight row with 16-byte streaming loads (no L1 allocation, so x stays cached),
+// many in flight per thread, and multiplies on the tensor cores (mma.sync m16n8k16, bf16 in,
+// fp32 accumulate). x and w use the same permutation of k inside each 32-wide chunk (a thread
+// loads 8 consecutive k of a weight row and of an x row, and feeds them to the fragment slots
+// of two k16 steps), so the sum is over the same k as the plain dot product, in another order.
+//
+// Layout of the work: a block of 8 warps owns 16 * T consecutive output columns (rows of w);
+// its warps split k into 8 fixed ranges (a function of k alone), each warp accumulates its
+// range in fp32, and the block sums the 8 partials in warp order. So every output element is
+// a fixed function of (its x row, its w row, k): it does not depend on m, on the other rows of
+// x, or on where the row sits in x (batch invariant), and repeated runs give the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+inline constexpr int32_t kSkinnyMaxRows = 16;
+
+// The shapes the kernel takes: 1 <= m <= kSkinnyMaxRows, n % 16 == 0, k % 256 == 0 (8 warps
+// of whole 32-wide chunks), x and w 16-byte aligned (checked at launch).
+bool skinny_gemm_supported(int32_t m, int32_t n, int32_t k);
+
+// Same contract as Blas::gemm (row-major x [m, k], w [n, k], y [m, n]; y overwritten). Returns
+// kBadArgument, naming what is wrong, for a shape skinny_gemm_supported refuses or a
+// misaligned pointer. Never allocates, never synchronises.
+KernelStatus skinny_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
+                         cudaStream_t stream);
+KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
+                         cudaStream_t stream);
+
+}  // namespace twinstep::kernels
