@@ -25,9 +25,23 @@ struct DeviceError {
   FaultSite site = FaultSite::kCount;  // which site fired, for kFault
 };
 
+// Log-probabilities of one logits row: the log-softmax, in fp32, of the row the token was
+// sampled from (the final, soft-capped logits; not temperature-scaled, as OpenAI reports them).
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+struct RowLogprobs {
+  float logprob = 0.0f;           // of the sampled token
+  std::vector<TokenLogprob> top;  // [the seq's top_logprobs], best first, ties to the lower id
+};
+
 struct DeviceOutput {
   std::vector<int32_t> sampled;  // [plan.num_logits], in logits_index order
-  int64_t cost_ns = 0;           // simulated or measured time of the step
+  // [plan.num_logits] when some seq asked (sampling.top_logprobs >= 0), else empty; the rows
+  // of seqs that did not ask are left default.
+  std::vector<RowLogprobs> logprobs;
+  int64_t cost_ns = 0;  // simulated or measured time of the step
 };
 
 // What a device reports about itself for metrics() and /metrics (all zero on a device without

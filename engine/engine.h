@@ -76,6 +76,9 @@ struct RequestUpdate {
   int32_t scheduled_tokens = 0;  // rows this request had in the step (0 if not scheduled)
   int32_t kv_len = 0;            // frontier after the step
   std::vector<int32_t> new_tokens;
+  // [new_tokens.size()] when the request asked for logprobs (sampling.top_logprobs >= 0):
+  // what the device reported for each new token. Else empty.
+  std::vector<RowLogprobs> logprobs;
   bool preempted = false;  // its KV was dropped; it will be recomputed
   std::optional<Terminal> terminal;
 };

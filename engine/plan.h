@@ -15,8 +15,14 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0 = no top-k cut
   float top_p = 1.0f;        // 1 = no nucleus cut
   uint64_t seed = 0;         // per request; the draw for output token i uses (seed, i)
+  // -1: no logprobs. 0..kMaxTopLogprobs: the device reports, for each token it samples, that
+  // token's log-probability and this many top (id, logprob) pairs (DeviceOutput::logprobs).
+  // Not part of the draw: asking for logprobs never changes the tokens.
+  int32_t top_logprobs = -1;
   bool greedy() const { return temperature <= 0.0f; }
 };
+// The most top logprobs a request can ask for (OpenAI's chat limit; completions allow 5).
+inline constexpr int32_t kMaxTopLogprobs = 20;
 
 // Geometry of one family's page pool. The device allocates storage from this; the engine's
 // pool hands out page indices into it.

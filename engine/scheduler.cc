@@ -94,6 +94,11 @@ std::optional<Terminal> Scheduler::validate(const Request& request) const {
     return rejection(RejectReason::kBadSampling, "top_p must be in (0, 1]");
   }
   if (s.top_k < 0) return rejection(RejectReason::kBadSampling, "top_k must be >= 0");
+  if (s.top_logprobs < -1 || s.top_logprobs > kMaxTopLogprobs) {
+    return rejection(RejectReason::kBadSampling,
+                     "top_logprobs is " + std::to_string(s.top_logprobs) + " (expected -1 or 0.." +
+                         std::to_string(kMaxTopLogprobs) + ")");
+  }
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_tokens;
   if (total > max_context_) {
     return rejection(RejectReason::kExceedsContext,
@@ -388,6 +393,12 @@ void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& re
       TS_CHECK(token >= 0 && token < model_.vocab_size) << "device sampled token " << token;
       r.tokens.push_back(token);
       update.new_tokens.push_back(token);
+      if (r.request.sampling.top_logprobs >= 0) {
+        TS_CHECK(result.logprobs.size() == result.sampled.size())
+            << "device returned " << result.logprobs.size() << " logprob rows for "
+            << result.sampled.size() << " tokens";
+        update.logprobs.push_back(result.logprobs[s.logits_index]);
+      }
       counters_.tokens_generated += 1;
       const auto& stops = r.request.stop_ids;
       const bool stop_checked = !(TS_MUTANT(kStopIgnoredOnFirst) && r.generated() == 1);

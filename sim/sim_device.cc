@@ -1,8 +1,10 @@
 // SimDevice: plan validation, KV record writes, read-back hashing and the oracle.
 #include "sim/sim_device.h"
 
+#include <algorithm>
 #include <bit>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <optional>
 
@@ -29,11 +31,16 @@ uint64_t read_term(int32_t j, int32_t rec_token, int32_t rec_position) {
   return rec_position == j ? term : mix64(term ^ kPoison ^ static_cast<uint64_t>(j));
 }
 
+// The two families' read-backs as one hash: the greedy token's, and sim_logprobs' context.
+uint64_t context_hash(uint64_t global_hash, uint64_t local_hash) {
+  return mix64(global_hash * 3 + local_hash);
+}
+
 // Combines the two families' read-backs and the sampling parameters into a token.
 int32_t finish_token(uint64_t global_hash, uint64_t local_hash,
                      const engine::SamplingParams& sampling, int32_t output_index,
                      int32_t vocab_size) {
-  uint64_t h = mix64(global_hash * 3 + local_hash);
+  uint64_t h = context_hash(global_hash, local_hash);
   if (!sampling.greedy()) {
     uint64_t draw =
         sampling.seed ^ (static_cast<uint64_t>(output_index) + 1) * 0x9e3779b97f4a7c15ULL;
@@ -65,6 +72,31 @@ int32_t oracle_next_token(std::span<const int32_t> tokens, int32_t position, int
     local_hash += oracle_term(tokens[j], j);
   }
   return finish_token(global_hash, local_hash, sampling, output_index, vocab_size);
+}
+
+engine::RowLogprobs sim_logprobs(uint64_t context_hash, int32_t chosen, int32_t top_n,
+                                 int32_t vocab_size) {
+  TS_CHECK(vocab_size > 0 && chosen >= 0 && chosen < vocab_size && top_n >= 0)
+      << "vocab=" << vocab_size << " chosen=" << chosen << " top_n=" << top_n;
+  const int64_t vocab = vocab_size;
+  const int64_t head = std::min<int64_t>(32, vocab);
+  const double u = static_cast<double>(mix64(context_hash ^ 0x4c6f6750726f6273ULL) >> 40) /
+                   static_cast<double>(1 << 24);
+  const double q = 0.3 + 0.4 * u;
+  // p(k) = q^min(k, K) / Z: the head's geometric sum plus vocab - K tail tokens at q^K.
+  const double q_head = std::pow(q, static_cast<double>(head));
+  const double log_z =
+      std::log((1.0 - q_head) / (1.0 - q) + static_cast<double>(vocab - head) * q_head);
+  auto logprob = [&](int64_t rank) {
+    return static_cast<float>(static_cast<double>(std::min(rank, head)) * std::log(q) - log_z);
+  };
+  const int64_t greedy = static_cast<int64_t>(context_hash % static_cast<uint64_t>(vocab));
+  engine::RowLogprobs row;
+  row.logprob = logprob((chosen - greedy + vocab) % vocab);
+  for (int64_t k = 0; k < std::min<int64_t>(top_n, vocab); ++k) {
+    row.top.push_back({static_cast<int32_t>((greedy + k) % vocab), logprob(k)});
+  }
+  return row;
 }
 
 void OracleDigest::push(int32_t token) {
@@ -255,8 +287,13 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     const uint64_t gh = read_family(plan, Family::kGlobal, s, 0, position, &reads);
     const uint64_t lh = read_family(
         plan, Family::kLocal, s, std::max(0, position - plan.sliding_window + 1), position, &reads);
-    out.sampled[seq.logits_index] =
-        finish_token(gh, lh, seq.sampling, seq.output_index, model_.vocab_size);
+    const int32_t token = finish_token(gh, lh, seq.sampling, seq.output_index, model_.vocab_size);
+    out.sampled[seq.logits_index] = token;
+    if (seq.sampling.top_logprobs >= 0) {
+      out.logprobs.resize(plan.num_logits);
+      out.logprobs[seq.logits_index] =
+          sim_logprobs(context_hash(gh, lh), token, seq.sampling.top_logprobs, model_.vocab_size);
+    }
   }
   if (fire(FaultSite::kSync)) return fault(FaultSite::kSync);
   out.cost_ns =

@@ -40,6 +40,16 @@ int32_t oracle_next_token(std::span<const int32_t> tokens, int32_t position, int
                           int32_t vocab_size);
 uint64_t oracle_term(int32_t token, int32_t position);
 
+// The simulated device's logprob model (there are no logits to soft-max): a logits row whose
+// context hashes to `context_hash` (the hash the greedy token is taken from, so greedy token g
+// = context_hash % vocab) ranks token t at k = (t - g) mod vocab, and p(k) = q^min(k, K) / Z
+// with K = min(32, vocab), q in [0.3, 0.7) drawn from the hash and Z the sum over the
+// vocabulary. logprob = ln p(k) in double, rounded to float: deterministic, normalised, the
+// greedy token on top and no ties within the top K (so none within any top-n list); a sampled
+// token (drawn from its own hash, not from p) reports its rank's logprob.
+engine::RowLogprobs sim_logprobs(uint64_t context_hash, int32_t chosen, int32_t top_n,
+                                 int32_t vocab_size);
+
 // The same oracle over a request's growing token list in O(1) a token: prefix sums of
 // oracle_term. The harness keeps one per request (the plain loop above is its own check).
 class OracleDigest {
