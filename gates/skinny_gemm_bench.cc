@@ -1,9 +1,11 @@
 // gates/skinny_gemm_bench.cc: the decode GEMMs of the 12B at 1-16 rows, cuBLAS (the engine's
 // Blas) against kernels/gemm_skinny.h, as weight bytes per second against the device copy
 // bandwidth measured in the same process; then one decode step's GEMMs summed over the 48
-// layers and the LM head. Not a test: it prints figures (perf/NOTES.md).
+// layers and the LM head; then the rate cuBLAS sustains on one 8192-row prefill step's GEMMs.
+// Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -28,6 +30,50 @@ constexpr Gemm kGemms[] = {
     {"gate|up", 30720, 3840, 48, false},     {"down", 3840, 15360, 48, false},
     {"LM head", 262144, 3840, 1, true}};
 constexpr int32_t kRows[] = {1, 2, 4, 8, 16};
+
+// What cuBLAS sustains on one 12B prefill step's GEMMs (8192 rows): the 48 layers' four
+// GEMMs back to back, as the forward runs them, against the largest alone, repeated (what a
+// short benchmark sees). The engine's prefill GEMM phase cannot beat the first figure.
+void prefill_gemms(kernels::Blas& blas, cudaStream_t stream) {
+  constexpr int32_t M = 8192, H = 3840, I = 15360;
+  struct Shape {
+    int32_t n, k, layers;
+  };
+  const Shape shapes[] = {{8192, H, 40}, {8704, H, 8},   {H, 4096, 40},
+                          {H, 8192, 8},  {2 * I, H, 48}, {H, I, 48}};
+  int64_t w_elems = 0;
+  for (const Shape& s : shapes) w_elems = std::max<int64_t>(w_elems, int64_t{s.n} * s.k);
+  bf16 *x = nullptr, *w = nullptr, *y = nullptr;
+  BENCH_CUDA(cudaMalloc(&x, int64_t{M} * I * 2));
+  BENCH_CUDA(cudaMalloc(&w, w_elems * 2));
+  BENCH_CUDA(cudaMalloc(&y, int64_t{M} * 2 * I * 2));
+  BENCH_CUDA(cudaMemset(x, 0x3c, int64_t{M} * I * 2));
+  BENCH_CUDA(cudaMemset(w, 0x3c, w_elems * 2));
+  double flops = 0;
+  for (const Shape& s : shapes) flops += 2.0 * M * s.n * s.k * s.layers;
+  auto step = [&] {
+    for (int l = 0; l < 48; ++l) {
+      const bool global = l % 6 == 5;
+      const Shape& qkv = shapes[global ? 1 : 0];
+      const Shape& o = shapes[global ? 3 : 2];
+      BENCH_OK(blas.gemm(x, w, y, M, qkv.n, qkv.k));
+      BENCH_OK(blas.gemm(x, w, y, M, o.n, o.k));
+      BENCH_OK(blas.gemm(x, w, y, M, shapes[4].n, shapes[4].k));
+      BENCH_OK(blas.gemm(x, w, y, M, shapes[5].n, shapes[5].k));
+    }
+  };
+  const double ms = gates::median_ms(stream, 1, 5, step);
+  const double one = gates::median_ms(
+      stream, 2, 5, [&] { BENCH_OK(blas.gemm(x, w, y, M, shapes[4].n, shapes[4].k)); });
+  std::printf(
+      "\nprefill GEMMs of one 8192-row 12B step (48 layers x qkv, o, gate|up, down), cuBLAS "
+      "back to back: %.1f ms, %.0f TFLOP/s; gate|up alone: %.3f ms, %.0f TFLOP/s\n",
+      ms, flops / (ms * 1e-3) / 1e12, one,
+      2.0 * M * shapes[4].n * shapes[4].k / (one * 1e-3) / 1e12);
+  BENCH_CUDA(cudaFree(x));
+  BENCH_CUDA(cudaFree(w));
+  BENCH_CUDA(cudaFree(y));
+}
 
 }  // namespace
 
@@ -106,5 +152,6 @@ int main() {
     std::printf("  m=%2d: cuBLAS %.3f ms, skinny %.3f ms (%.2fx)\n", kRows[r], step_cublas[r],
                 step_skinny[r], step_cublas[r] / step_skinny[r]);
   }
+  prefill_gemms(blas.value(), stream);
   return 0;
 }
