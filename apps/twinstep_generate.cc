@@ -4,11 +4,13 @@
 //
 //   twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,7...] --max-tokens N
 //                     [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]
+//                     [--eager]
 //                     [--temperature T --top-k K --top-p P --sample-seed S]
 //                     [--page-size P] [--max-step-tokens N]
 //   twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT [--prompt ...]
 //                     [--chat [--system TEXT]] --max-tokens N ...
 // With --tokenizer the output is text (text/: HF tokenizer.json, Gemma chat template).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -39,12 +41,14 @@ using namespace twinstep;
 const char* kUsage =
     "usage: twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,...] --max-tokens N\n"
     "                         [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]\n"
+    "                         [--eager]\n"
     "                         [--temperature T] [--top-k K] [--top-p P] [--sample-seed S]\n"
     "                         [--page-size P] [--max-step-tokens N]\n"
     "       twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT\n"
     "                         [--prompt TEXT ...] [--chat [--system TEXT]] --max-tokens N ...\n"
     "DIR holds config.json (+ generation_config.json, *.safetensors unless --random-weights);\n"
     "PRESET is a built-in geometry (gemma4-12b, sim-tiny), which needs --random-weights on cuda.\n"
+    "On cuda, decode steps replay CUDA graphs; --eager runs every step without them.\n"
     "Prints the generated ids of each prompt, comma-separated, one line per prompt; with\n"
     "--tokenizer, the generated text of each prompt instead (special tokens left out),\n"
     "followed by a newline, streamed when there is one prompt. --prompt TEXT is encoded with\n"
@@ -69,6 +73,7 @@ struct Options {
   bool random_weights = false;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  bool eager = false;  // cuda: no decode CUDA graphs
   engine::SamplingParams sampling;
   int32_t page_size = 16;
   int32_t max_step_tokens = 2048;
@@ -150,6 +155,8 @@ Options parse_args(int argc, char** argv) {
       o.seed = static_cast<uint64_t>(parse_int(a, value()));
     else if (a == "--ignore-eos")
       o.ignore_eos = true;
+    else if (a == "--eager")
+      o.eager = true;
     else if (a == "--temperature")
       o.sampling.temperature = static_cast<float>(parse_double(a, value()));
     else if (a == "--top-k")
@@ -345,6 +352,22 @@ int main(int argc, char** argv) {
     if (!d) {
       std::fprintf(stderr, "twinstep-generate: cuda device: %s\n", d.error().message.c_str());
       return 1;
+    }
+    if (!o.eager) {
+      // Decode steps replay a CUDA graph per batch bucket (kernels/decode_graphs.h).
+      kernels::DecodeGraphConfig g;
+      g.max_step_rows = ec.max_step_tokens;
+      g.max_logits = ec.max_running;
+      int64_t longest = 1;
+      for (const auto& p : o.prompts) {
+        longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()) + o.max_tokens);
+      }
+      g.max_context = static_cast<int32_t>(std::min<int64_t>(longest, INT32_MAX));
+      g.page_size = ec.page_size;
+      if (auto s = d.value()->enable_decode_graphs(g); !s.ok()) {
+        std::fprintf(stderr, "twinstep-generate: decode graphs: %s\n", s.error().message.c_str());
+        return 1;
+      }
     }
     device = std::move(d.value());
 #else
