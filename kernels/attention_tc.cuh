@@ -405,8 +405,9 @@ __device__ __forceinline__ void store_pairs(const TcArgs& a, const PairRows& pr,
 
 // The wgmma kernels (attention_prefill_wgmma.cu): head_dim 256 with one warpgroup per tile, and
 // with two warpgroups over two tiles (key_tile 32 or 64 keys a stage); head_dim 512 with two
-// warpgroups splitting the dims of one tile; both two-warpgroup shapes also with the pipelined
-// key loop (the softmax of stage i + 1 while P V of stage i runs; 32 keys a stage at 512).
+// warpgroups splitting the dims of one tile. Both two-warpgroup shapes also with the pipelined
+// key loop (attention_prefill_wgmma_pipelined.cu: the softmax of stage i + 1 while P V of stage i
+// runs; 32 keys a stage at 512).
 KernelStatus launch_prefill_wgmma256(const TcArgs& a, cudaStream_t stream);
 KernelStatus launch_prefill_wgmma256_pair(const TcArgs& a, int32_t key_tile, cudaStream_t stream);
 KernelStatus launch_prefill_wgmma512(const TcArgs& a, cudaStream_t stream);
