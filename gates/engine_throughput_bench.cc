@@ -10,6 +10,9 @@
 //      kernels::set_forward_phase_observer) of one prefill step and one decode step at 64.
 // Every case also prints its roofline floor: max(bytes / measured copy bandwidth,
 // FLOPs / kPeakFlops) and measured / floor. Exits non-zero on any CUDA or engine error.
+// With --records FILE (issue 10) it runs instead a calibration sweep (prefill of many sizes,
+// decode at batch 1..128 over contexts 256..4096, chunked and mixed steps, a 16k-context
+// case) and writes every step's plan shape and measured time there, for twinstep-cost-fit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +21,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -27,6 +32,7 @@
 #include "engine/engine.h"
 #include "kernels/cuda_device.h"
 #include "kernels/model_forward.h"
+#include "sim/cost_model.h"
 
 namespace {
 
@@ -349,7 +355,191 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
   return med;
 }
 
-int main() {
+// ==== Issue 10: per-step records for the simulator's calibration (--records FILE) ========
+// Separate from the bench's own cases above: its own engine, its own sweep; only main()'s
+// first lines branch here.
+namespace cost_records {
+
+struct Sweep {
+  engine::Engine& e;
+  sim::StepShapeRecorder& device;
+  std::mt19937_64 rng{17};
+  nlohmann::json records = nlohmann::json::array();
+
+  // One timed step, recorded under `label` when it computed rows.
+  engine::StepOutputs step(const std::string& label) {
+    Timed t = ::step(e);
+    if (t.out.rows > 0) {
+      if (device.last.rows() != t.out.rows) {
+        die("records: the recorded plan has %d rows, the step %d", device.last.rows(), t.out.rows);
+      }
+      records.push_back(
+          {{"label", label}, {"measured_ms", t.ms}, {"shape", device.last.to_json()}});
+    }
+    return t.out;
+  }
+  void run_until_idle(const std::string& label) {
+    for (int i = 0; !e.idle(); ++i) {
+      if (i > 400) die("records: '%s' did not drain", label.c_str());
+      step(label);
+    }
+  }
+};
+
+bool pure_decode(const engine::StepOutputs& out, int batch) {
+  return out.rows == batch &&
+         std::all_of(out.updates.begin(), out.updates.end(),
+                     [](const engine::RequestUpdate& u) { return u.scheduled_tokens == 1; });
+}
+
+// Prefill steps of n x len rows (max_tokens 1: each group is one step), three of each.
+void sweep_prefill(Sweep& s) {
+  const int cases[][2] = {{1, 8192}, {2, 4096}, {4, 2048}, {1, 2048}, {8, 1024},
+                          {2, 1024}, {16, 512}, {1, 512},  {32, 256}, {4, 256},
+                          {64, 128}, {1, 128},  {1, 32}};
+  for (const auto& c : cases) {
+    const std::string label = "prefill " + std::to_string(c[0]) + "x" + std::to_string(c[1]);
+    for (int rep = 0; rep < 3; ++rep) {
+      for (int i = 0; i < c[0]; ++i) submit(s.e, s.rng, c[1], 1);
+      s.run_until_idle(label);
+    }
+  }
+}
+
+// `top` requests of `context` tokens prefilled (mixed prefill + decode steps on the way), then
+// 5 decode steps at each batch size from `top` down to 1 (cut by aborts). At context 1024 and
+// batch 32, a 12000-token prompt arrives: chunked prefill beside 32 decode rows.
+void sweep_decode(Sweep& s, int context, int top) {
+  const std::string c = " c=" + std::to_string(context);
+  std::vector<engine::RequestControl> controls;
+  for (int i = 0; i < top; ++i) controls.push_back(submit(s.e, s.rng, context, 160));
+  for (int i = 0; !pure_decode(s.step("prefill+decode" + c), top); ++i) {
+    if (i > 200) die("records: decode setup at %d did not reach a pure decode step", context);
+  }
+  int live = top;
+  for (const int batch : {128, 96, 64, 32, 16, 8, 4, 2, 1}) {
+    if (batch > top) continue;
+    for (int i = batch; i < live; ++i) controls[i].abort();
+    live = batch;
+    for (int k = 0; k < 5; ++k) s.step("decode b=" + std::to_string(batch) + c);
+    if (context == 1024 && batch == 32) {
+      controls.push_back(submit(s.e, s.rng, 12000, 1));
+      for (int k = 0; k < 3; ++k) s.step("chunk 12000 + decode b=32" + c);
+    }
+  }
+  for (auto& ctl : controls) ctl.abort();
+  s.run_until_idle("drain" + c);
+}
+
+// 8 x 16384-token prompts (two 8192-row chunks each), then decode at 8, 4, 1.
+void sweep_long(Sweep& s) {
+  std::vector<engine::RequestControl> controls;
+  for (int i = 0; i < 8; ++i) controls.push_back(submit(s.e, s.rng, 16384, 60));
+  for (int i = 0; !pure_decode(s.step("chunked prefill 8x16k"), 8); ++i) {
+    if (i > 100) die("records: the 16k setup did not reach a pure decode step");
+  }
+  int live = 8;
+  for (const int batch : {8, 4, 1}) {
+    for (int i = batch; i < live; ++i) controls[i].abort();
+    live = batch;
+    for (int k = 0; k < 5; ++k) s.step("decode b=" + std::to_string(batch) + " c=16k");
+  }
+  for (auto& ctl : controls) ctl.abort();
+  s.run_until_idle("drain 16k");
+}
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+nlohmann::json provenance(const cudaDeviceProp& prop, const engine::EngineConfig& ec) {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return {{"gpu", prop.name},
+          {"sms", prop.multiProcessorCount},
+          {"cuda_driver", driver},
+          {"cuda_runtime", runtime},
+          {"date", date},
+          {"git_rev", env_or("TWINSTEP_GIT_REV", "unknown")},
+          {"kernels", env_or("TWINSTEP_KERNELS", "unknown")},
+          {"kernels_sha256", env_or("TWINSTEP_KERNELS_SHA256", "unknown")},
+          {"bench", "engine_throughput_bench --records"},
+          {"measured", "wall time of Engine::step(): scheduler, upload, forward, sampling, sync"},
+          {"weights", "random bf16, seed 12"},
+          {"decode_graphs", "on: decode-only steps replay a graph per batch bucket"},
+          {"engine",
+           {{"page_size", ec.page_size},
+            {"max_running", ec.max_running},
+            {"max_step_tokens", ec.max_step_tokens}}}};
+}
+
+int write_step_records(const engine::ModelConfig& config, kernels::CudaDevice& cuda,
+                       const cudaDeviceProp& prop, const std::string& path) {
+  sim::StepShapeRecorder device(cuda);
+  engine::EngineConfig ec;
+  ec.page_size = kPageSize;
+  ec.max_running = 128;
+  ec.max_step_tokens = kMaxStepTokens;
+  // Decode-only steps replay CUDA graphs (DESIGN.md 2.6), captured before the pools exist.
+  kernels::DecodeGraphConfig graphs;
+  graphs.max_step_rows = ec.max_step_tokens;
+  graphs.max_logits = ec.max_running;
+  graphs.max_context = 16384 + 64 + kPageSize;  // the sweep's longest context
+  graphs.page_size = ec.page_size;
+  if (auto enabled = cuda.enable_decode_graphs(graphs); !enabled.ok()) {
+    die("records: decode graphs: %s", enabled.error().message.c_str());
+  }
+  // Global: the largest resident set is 128 x ~2200 or 64 x ~4300 tokens; local: the window
+  // (+ a page) per request and one step's chunk.
+  ec.pages_global = 20000;
+  ec.pages_local = 128 * (config.sliding_window / kPageSize + 6) + kMaxStepTokens / kPageSize;
+  auto created = engine::Engine::create(config, ec, device);
+  if (!created) die("records engine: %s", created.error().message.c_str());
+  Sweep s{*created.value(), device};
+  // Warm-up, not recorded: the largest step and the largest batch once.
+  submit(s.e, s.rng, kMaxStepTokens, 1);
+  drain(s.e);
+  for (int i = 0; i < 128; ++i) submit(s.e, s.rng, 64, 6);
+  drain(s.e);
+  // Written after each section, so a failure late in the sweep keeps what was measured.
+  const nlohmann::json prov = provenance(prop, ec);
+  auto flush = [&](const char* section) {
+    const nlohmann::json out = {{"format", "twinstep-step-records/1"},
+                                {"model", "gemma4-12b"},
+                                {"provenance", prov},
+                                {"records", s.records}};
+    std::ofstream file(path);
+    file << out.dump(1) << "\n";
+    if (!file) die("cannot write %s", path.c_str());
+    std::printf("records: %s done, %zu steps so far in %s\n", section, s.records.size(),
+                path.c_str());
+  };
+  sweep_prefill(s);
+  flush("prefill");
+  const std::pair<int, int> kContexts[] = {{256, 128}, {1024, 128}, {2048, 128}, {4096, 64}};
+  for (const auto& [context, top] : kContexts) {
+    sweep_decode(s, context, top);
+    flush(("decode c=" + std::to_string(context)).c_str());
+  }
+  sweep_long(s);
+  flush("16k context");
+  const engine::DeviceStats ds = device.stats();
+  std::printf("records: decode graphs: %llu replays, %llu eager decode steps (%llu misses)\n",
+              static_cast<unsigned long long>(ds.graph_replays),
+              static_cast<unsigned long long>(ds.graph_eager_decode_steps),
+              static_cast<unsigned long long>(ds.graph_misses));
+  return 0;
+}
+
+}  // namespace cost_records
+// ==== end of issue 10's section ==========================================================
+
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
   if (!preset) die("preset gemma4-12b: %s", preset.error().message.c_str());
@@ -373,6 +563,10 @@ int main() {
   g_device = &device;
   std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
+  if (argc == 3 && std::string(argv[1]) == "--records") {
+    return cost_records::write_step_records(config, device, prop, argv[2]);
+  }
+  if (argc != 1) die("usage: engine_throughput_bench [--records FILE]");
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
   std::printf(

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# perf/gpu_calibration_run.sh (issue 10): one device call that calibrates the simulator's clock
+# and gates it. Builds (unless BIN names prebuilt binaries that run here), then:
+#   1. engine_throughput_bench --records: the calibration sweep's per-step records (~1 min);
+#   2. twinstep-cost-fit: the NNLS fit, written as $OUT/h200_gemma4_12b_cost.json (to be
+#      committed as perf/h200_gemma4_12b_cost.json);
+#   3. sim_replay_gate with that calibration: the mixed workload on the CUDA engine and the
+#      sim, per-step median / p95 error (<= 10% / <= 25%), its steps as records;
+#   4. twinstep-cost-fit --check of the calibration on the replay's own steps.
+# Provenance: TWINSTEP_GIT_REV and TWINSTEP_KERNELS_SHA256 (of the source the binaries were
+# built from) are passed in by the caller when the binaries were built elsewhere.
+set -o pipefail
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+targets="engine_throughput_bench sim_replay_gate twinstep-cost-fit"
+usable() { [ -n "$1" ] && [ -x "$1/twinstep-cost-fit" ] && "$1/twinstep-cost-fit" --help > /dev/null &&
+  ! ldd "$1/engine_throughput_bench" | grep -q "not found"; }
+if ! usable "${BIN:-}"; then
+  echo "building $targets (BIN=${BIN:-unset} not usable here)"
+  cmake --preset gpu-gates -B build/h-cal > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  cmake --build build/h-cal -j16 --target $targets > "$OUT/build.log" 2>&1 ||
+    { grep -m 30 -E "error" "$OUT/build.log"; exit 1; }
+  BIN=build/h-cal/bin
+  export TWINSTEP_GIT_REV=${TWINSTEP_GIT_REV:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+fi
+export TWINSTEP_KERNELS_SHA256=${TWINSTEP_KERNELS_SHA256:-$(cat kernels/*.cu kernels/*.cuh kernels/*.cc kernels/*.h | sha256sum | cut -c1-16)}
+export TWINSTEP_KERNELS=${TWINSTEP_KERNELS:-"prefill: attention_prefill_tc (wgmma at head_dim 256, mma.sync at 512); decode-only steps: attention_decode_split inside CUDA graph replays (a graph per batch bucket)"}
+echo "git rev $TWINSTEP_GIT_REV, kernels sha256 $TWINSTEP_KERNELS_SHA256" | tee "$OUT/provenance.txt"
+
+timeout ${RECORDS_TIMEOUT:-200} "$BIN/engine_throughput_bench" --records "$OUT/records.json" 2>&1 |
+  tee "$OUT/records.log" || echo "records sweep failed; fitting what it wrote"
+[ -f "$OUT/records.json" ] || exit 1
+"$BIN/twinstep-cost-fit" --records "$OUT/records.json" --out "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
+  tee "$OUT/fit.log" || { echo "fit failed"; exit 1; }
+TWINSTEP_COST_MODEL="$OUT/h200_gemma4_12b_cost.json" TWINSTEP_REPLAY_RECORDS="$OUT/replay_records.json" \
+  timeout ${GATE_TIMEOUT:-150} "$BIN/sim_replay_gate" 2>&1 | tee "$OUT/gate.log"
+rc=$?
+if [ -f "$OUT/replay_records.json" ]; then
+  echo "== the calibration on the replay's own steps"
+  "$BIN/twinstep-cost-fit" --records "$OUT/replay_records.json" --check "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
+    tee "$OUT/replay_check.log" | tail -12
+fi
+grep -E "\[gate\] per-step|OK \]|FAILED|PASSED" "$OUT/gate.log"
+exit $rc
