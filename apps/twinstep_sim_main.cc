@@ -65,6 +65,8 @@ configuration pins (each overrides the seed's draw):
   --sampled-ppm N        share of valid requests with temperature > 0
   --stop-ppm N           share of valid requests given a stop id the oracle says they emit
   --safety-steps N       cap on the safety phase's steps
+  --no-prefix-cache      run the engine without its prefix cache
+  --no-sharing           no shared-prefix workload (system prompts, follow-ups, twins)
 exit status: 0 pass, 1 a violation (its replay line is printed), 2 bad usage, 3 a campaign
 that left a coverage mark unhit.
 )";
@@ -300,6 +302,12 @@ bool parse_pin(Args& a, Options* out) {
     o.stop_ppm = static_cast<uint32_t>(int_pin(0, 1'000'000));
   } else if (flag == "--safety-steps") {
     o.safety_steps = int_pin(0, kBig);
+  } else if (flag == "--no-prefix-cache") {
+    opt.pins.push_back(flag);
+    o.prefix_cache = false;
+  } else if (flag == "--no-sharing") {
+    opt.pins.push_back(flag);
+    o.sharing = false;
   } else {
     return false;
   }
@@ -391,6 +399,11 @@ void print_summary(const RunStats& t, int64_t seeds_run, int64_t seeds_ok,
               kind(TerminalKind::kRejected), kind(TerminalKind::kFailed));
   std::printf("  %-16s %" PRIu64 " generated, %" PRIu64 " prompt rows computed\n", "tokens",
               t.engine.tokens_generated, t.engine.prompt_tokens_computed);
+  std::printf("  %-16s %" PRIu64 " hits, %" PRIu64
+              " prompt tokens from the cache (prefill saved %.1f%%), "
+              "evictions global %" PRIu64 " local %" PRIu64 "\n",
+              "prefix cache", t.engine.prefix_hits, t.engine.prefix_hit_tokens,
+              100 * prefill_saved(t), t.evictions[0], t.evictions[1]);
   std::printf("  %-16s %" PRIu64 " (%" PRIu64 " failed by faults), %" PRIu64 " preemptions\n",
               "steps", t.engine.steps, t.engine.steps_failed, t.engine.preemptions);
   std::printf("  %-16s %.3f s simulated, %.0f tokens/s simulated throughput\n", "time", sim_s,

@@ -74,6 +74,11 @@ Counters& Counters::operator+=(const Counters& o) {
   chunked_prefills += o.chunked_prefills;
   admission_waits += o.admission_waits;
   for (int i = 0; i < kRequestPhaseCount; ++i) aborts_by_phase[i] += o.aborts_by_phase[i];
+  prefix_hits += o.prefix_hits;
+  prefix_hit_tokens += o.prefix_hit_tokens;
+  hits_rolled_back += o.hits_rolled_back;
+  shared_page_aborts += o.shared_page_aborts;
+  shared_page_preemptions += o.shared_page_preemptions;
   return *this;
 }
 

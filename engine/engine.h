@@ -80,6 +80,9 @@ struct RequestUpdate {
   // what the device reported for each new token. Else empty.
   std::vector<RowLogprobs> logprobs;
   bool preempted = false;  // its KV was dropped; it will be recomputed
+  // Admitted this step with this many prompt tokens' K/V taken from the prefix cache (page
+  // aligned): the frontier moved by cached_tokens + scheduled_tokens.
+  int32_t cached_tokens = 0;
   std::optional<Terminal> terminal;
 };
 
@@ -97,6 +100,8 @@ struct FamilyLoad {
   int32_t pages_used = 0;   // held by requests
   int32_t pages_total = 0;  // excluding the padding page
   int32_t pages_peak = 0;
+  int32_t pages_cached = 0;  // held by no request, kept for prefix hits (evictable)
+  uint64_t evictions = 0;    // cached pages taken back for new KV
 };
 
 struct Counters {
@@ -112,6 +117,11 @@ struct Counters {
   uint64_t chunked_prefills = 0;  // prefill steps that did not finish the prompt
   uint64_t admission_waits = 0;   // steps where the queue head waited on a full pool
   uint64_t aborts_by_phase[kRequestPhaseCount] = {};
+  uint64_t prefix_hits = 0;              // admissions that took K/V from the prefix cache
+  uint64_t prefix_hit_tokens = 0;        // prompt tokens those admissions did not compute
+  uint64_t hits_rolled_back = 0;         // hits taken by admissions in steps that then failed
+  uint64_t shared_page_aborts = 0;       // aborts of requests holding a page others hold too
+  uint64_t shared_page_preemptions = 0;  // the same for preemptions
 
   // Field-wise sum, for totals over several engines (campaign seeds).
   Counters& operator+=(const Counters& other);
@@ -136,6 +146,7 @@ struct EngineConfig {
   int32_t max_step_tokens = 512;  // rows per step (decode + prefill chunks)
   int32_t max_context = 0;        // 0: the model's max_position_embeddings
   int32_t max_step_failures = 4;  // consecutive failed steps a request survives, then Failed
+  bool prefix_cache = true;       // share full pages of equal prefixes (DESIGN.md §2.7)
   FaultInjector* faults = nullptr;
 };
 

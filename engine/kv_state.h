@@ -40,6 +40,22 @@ inline PageSpan local_span(int32_t frontier, int32_t page_size, int32_t window) 
   return {begin < end ? begin : end, end};
 }
 
+// The prefix cache's key of a full page (DESIGN.md §2.7): a chain over every token up to the
+// page's end, so equal tokens after different prefixes get different keys. `parent` is the
+// previous page's key (0 for page 0). A 64-bit mix per token (splitmix64's finaliser).
+inline uint64_t mix_key(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+inline uint64_t page_key(uint64_t parent, const int32_t* tokens, int32_t count) {
+  uint64_t h = mix_key(parent ^ 0x70726566'69780001ULL);
+  for (int32_t i = 0; i < count; ++i) {
+    h = mix_key(h + static_cast<uint32_t>(tokens[i]) + 0x9e3779b97f4a7c15ULL);
+  }
+  return h;
+}
+
 inline PageSpan family_span(Family family, int32_t frontier, int32_t page_size, int32_t window) {
   return family == Family::kGlobal ? global_span(frontier, page_size)
                                    : local_span(frontier, page_size, window);

@@ -26,6 +26,13 @@ constexpr std::string_view kNames[] = {
     "rollback_keeps_phase",
     "stop_ignored_on_first",
     "digest_keeps_overwritten",
+    "ref_dropped_twice",
+    "evict_referenced",
+    "hit_from_one_family",
+    "hash_without_chain",
+    "partial_page_shared",
+    "cached_on_free_list",
+    "local_hit_ignores_window",
 };
 static_assert(std::size(kNames) == static_cast<size_t>(Mutant::kCount));
 

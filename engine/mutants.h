@@ -28,6 +28,15 @@ enum class Mutant : int {
   kRollbackKeepsPhase,      // a rolled-back admission goes back to waiting in the prefill phase
   kStopIgnoredOnFirst,      // a stop id is not honoured on a request's first generated token
   kDigestKeepsOverwritten,  // sim: a page digest keeps the term of the record a write replaced
+  // Prefix cache (DESIGN.md §2.7):
+  kRefDroppedTwice,        // abort drops its reference to a shared page twice
+  kEvictReferenced,        // a published page joins the eviction order while it has holders
+  kHitFromOneFamily,       // the hit length is the global family's; local pages missing from
+                           // the window are skipped
+  kHashWithoutChain,       // a page's hash covers its own tokens, not the prefix before them
+  kPartialPageShared,      // the partly written last page is published too
+  kCachedOnFreeList,       // a released published page goes to the free list, still published
+  kLocalHitIgnoresWindow,  // a local hit needs every page before it, not just the window's
   kCount,
 };
 

@@ -1,9 +1,12 @@
-// PagePool: page state transitions with always-on checks of ownership and state.
+// PagePool: page state transitions, reference counts and the eviction order, with always-on
+// checks of ownership and state.
 #include "engine/page_pool.h"
 
 #include <atomic>
+#include <cstdlib>
 
 #include "engine/check.h"
+#include "engine/mutants.h"
 
 namespace twinstep::engine {
 namespace {
@@ -22,27 +25,49 @@ PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t h
       << " head_dim=" << head_dim << " layers=" << layers;
   layout_ =
       PoolLayout{family, next_pool_tag(), page_size, kv_heads, head_dim, layers, capacity + 1};
-  states_.assign(static_cast<size_t>(capacity) + 1, PageState::kFree);
-  states_[0] = PageState::kPadding;
+  pages_.assign(static_cast<size_t>(capacity) + 1, Page{});
+  pages_[0].state = PageState::kPadding;
   free_.reserve(capacity);
   // Lowest ids on top of the stack, so a fresh pool hands out 1, 2, 3, ...
   for (int32_t i = capacity; i >= 1; --i) free_.push_back(static_cast<uint32_t>(i));
 }
 
-PagePool::PageState& PagePool::slot(PageId page) {
-  TS_CHECK(owns(page)) << page << " does not belong to " << family_name(family()) << " pool "
-                       << layout_.tag.value << " (pages 1.." << layout_.pages_total - 1 << ")";
-  return states_[page.index];
+void PagePool::refuse_foreign(PageId page) const {
+  TS_CHECK(false) << page << " does not belong to " << family_name(family()) << " pool "
+                  << layout_.tag.value << " (pages 1.." << layout_.pages_total - 1 << ")";
+  std::abort();  // a check handler that returns must not let the caller use a foreign id
+}
+
+std::optional<PageId> PagePool::lookup(uint64_t hash) const {
+  auto it = table_.find(hash);
+  if (it == table_.end()) return std::nullopt;
+  return PageId{layout_.tag, it->second};
+}
+
+void PagePool::evict_oldest() {
+  const auto oldest = lru_.begin();
+  const uint32_t index = oldest->second;
+  lru_.erase(oldest);
+  Page& p = pages_[index];
+  table_.erase(p.hash);
+  p.published = false;
+  p.hash = 0;
+  if (p.state == PageState::kHeld) held_ -= 1;  // only reachable under kEvictReferenced
+  p.state = PageState::kFree;
+  p.refs = 0;
+  free_.push_back(index);
+  evictions_ += 1;
 }
 
 bool PagePool::reserve(int32_t count, std::vector<PageId>* out) {
   TS_CHECK(count >= 0) << "count=" << count;
-  if (count > free_count()) return false;
+  if (count > available_count()) return false;
+  while (free_count() < count) evict_oldest();
   for (int32_t i = 0; i < count; ++i) {
     const uint32_t index = free_.back();
     free_.pop_back();
-    TS_CHECK(states_[index] == PageState::kFree) << "free list holds non-free page " << index;
-    states_[index] = PageState::kReserved;
+    TS_CHECK(pages_[index].state == PageState::kFree) << "free list holds non-free page " << index;
+    pages_[index].state = PageState::kReserved;
     out->push_back(PageId{layout_.tag, index});
   }
   reserved_ += count;
@@ -51,9 +76,11 @@ bool PagePool::reserve(int32_t count, std::vector<PageId>* out) {
 
 void PagePool::commit(const std::vector<PageId>& pages) {
   for (const PageId page : pages) {
-    PageState& s = slot(page);
-    TS_CHECK(s == PageState::kReserved) << "commit of " << page << " in state " << int(s);
-    s = PageState::kHeld;
+    Page& p = pages_[checked(page)];
+    TS_CHECK(p.state == PageState::kReserved)
+        << "commit of " << page << " in state " << int(p.state);
+    p.state = PageState::kHeld;
+    p.refs = 1;
   }
   reserved_ -= static_cast<int32_t>(pages.size());
   held_ += static_cast<int32_t>(pages.size());
@@ -62,20 +89,85 @@ void PagePool::commit(const std::vector<PageId>& pages) {
 
 void PagePool::unreserve(const std::vector<PageId>& pages) {
   for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
-    PageState& s = slot(*it);
-    TS_CHECK(s == PageState::kReserved) << "unreserve of " << *it << " in state " << int(s);
-    s = PageState::kFree;
+    Page& p = pages_[checked(*it)];
+    TS_CHECK(p.state == PageState::kReserved)
+        << "unreserve of " << *it << " in state " << int(p.state);
+    p.state = PageState::kFree;
     free_.push_back(it->index);
   }
   reserved_ -= static_cast<int32_t>(pages.size());
 }
 
+uint64_t PagePool::acquire(PageId page) {
+  Page& p = pages_[checked(page)];
+  TS_CHECK(p.published && (p.state == PageState::kHeld || p.state == PageState::kCached))
+      << "acquire of " << page << " in state " << int(p.state) << " published=" << p.published;
+  if (p.state == PageState::kHeld) {
+    p.refs += 1;
+    return 0;
+  }
+  const uint64_t tick = p.lru_tick;
+  lru_.erase(tick);
+  p.state = PageState::kHeld;
+  p.refs = 1;
+  held_ += 1;
+  if (held_ > held_peak_) held_peak_ = held_;
+  return tick;
+}
+
+void PagePool::to_cache(uint32_t index, uint64_t lru_tick) {
+  Page& p = pages_[index];
+  held_ -= 1;
+  if (TS_MUTANT(kCachedOnFreeList)) {
+    // The page goes back to the free list but stays published: a lookup still finds it.
+    p.state = PageState::kFree;
+    free_.push_back(index);
+    return;
+  }
+  p.state = PageState::kCached;
+  p.lru_tick = lru_tick;
+  const bool inserted = lru_.emplace(lru_tick, index).second;
+  TS_CHECK(inserted) << "eviction order already holds tick " << lru_tick;
+}
+
+void PagePool::unacquire(PageId page, uint64_t lru_tick) {
+  Page& p = pages_[checked(page)];
+  TS_CHECK(p.state == PageState::kHeld && p.refs >= 1 && p.published)
+      << "unacquire of " << page << " in state " << int(p.state) << " refs=" << p.refs;
+  p.refs -= 1;
+  if (p.refs > 0) return;
+  TS_CHECK(lru_tick != 0) << page << " was held before the step but has no holder left";
+  to_cache(page.index, lru_tick);
+}
+
 void PagePool::release(PageId page) {
-  PageState& s = slot(page);
-  TS_CHECK(s == PageState::kHeld) << "release of " << page << " in state " << int(s);
-  s = PageState::kFree;
+  Page& p = pages_[checked(page)];
+  TS_CHECK(p.state == PageState::kHeld && p.refs >= 1)
+      << "release of " << page << " in state " << int(p.state) << " refs=" << p.refs;
+  p.refs -= 1;
+  if (p.refs > 0) return;
+  if (p.published) {
+    to_cache(page.index, ++lru_clock_);
+    return;
+  }
+  p.state = PageState::kFree;
   free_.push_back(page.index);
   held_ -= 1;
+}
+
+bool PagePool::publish(PageId page, uint64_t hash) {
+  Page& p = pages_[checked(page)];
+  TS_CHECK(p.state == PageState::kHeld && !p.published)
+      << "publish of " << page << " in state " << int(p.state) << " published=" << p.published;
+  if (!table_.emplace(hash, page.index).second) return false;
+  p.published = true;
+  p.hash = hash;
+  if (TS_MUTANT(kEvictReferenced)) {
+    // The page joins the eviction order while it still has holders.
+    p.lru_tick = ++lru_clock_;
+    lru_.emplace(p.lru_tick, page.index);
+  }
+  return true;
 }
 
 }  // namespace twinstep::engine

@@ -1,10 +1,20 @@
 // One family's page pool: a fixed set of pages with its own geometry, a reserved padding page
-// (index 0) and a LIFO free list. Counters obey: free + reserved + held == capacity.
+// (index 0), a LIFO free list, and the prefix cache's side of the pages (DESIGN.md §2.7).
+// Counters obey: free + reserved + held + cached == capacity.
+//   held:   reference count >= 1 (a page shared by several requests is one held page);
+//   cached: reference count 0, but published under a content hash, so a later request can take
+//           it back; evicted least recently released first when a reservation runs out of free
+//           pages (admission counts these as available).
 // Reservations are taken for a step and either committed (pages become held by a request) or
-// released (pages go back exactly as they came, so a retry allocates the same ids).
+// released (pages go back to the free list exactly as they came, so a retry allocates the same
+// ids). A page evicted for a reservation loses its hash for good: the device may have written it.
+// A page with holders is never evicted, and a published page is never written (it is full).
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/check.h"
@@ -19,7 +29,7 @@ class PagePool {
   PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t head_dim, int32_t layers,
            int32_t capacity);
 
-  enum class PageState : uint8_t { kPadding, kFree, kReserved, kHeld };
+  enum class PageState : uint8_t { kPadding, kFree, kReserved, kHeld, kCached };
 
   const PoolLayout& layout() const { return layout_; }
   Family family() const { return layout_.family; }
@@ -28,34 +38,72 @@ class PagePool {
   int32_t free_count() const { return static_cast<int32_t>(free_.size()); }
   int32_t reserved_count() const { return reserved_; }
   int32_t held_count() const { return held_; }
+  int32_t cached_count() const { return static_cast<int32_t>(lru_.size()); }
+  // What a reservation can take: free pages, then cached ones by eviction.
+  int32_t available_count() const { return free_count() + cached_count(); }
   int32_t held_peak() const { return held_peak_; }
+  uint64_t evictions() const { return evictions_; }
 
   bool owns(PageId page) const {
     return page.pool == layout_.tag && page.index >= 1 &&
            page.index < static_cast<uint32_t>(layout_.pages_total);
   }
-  PageState state(PageId page) const {
-    TS_CHECK(owns(page)) << page << " does not belong to " << family_name(family()) << " pool "
-                         << layout_.tag.value;
-    return states_[page.index];
+  PageState state(PageId page) const { return pages_[checked(page)].state; }
+  int32_t refcount(PageId page) const { return pages_[checked(page)].refs; }
+  // The content hash a page is published under, if any (held or cached pages only).
+  std::optional<uint64_t> published_hash(PageId page) const {
+    const Page& p = pages_[checked(page)];
+    return p.published ? std::optional<uint64_t>(p.hash) : std::nullopt;
   }
+  int32_t published_count() const { return static_cast<int32_t>(table_.size()); }
+  // The held or cached page published under `hash`, if any.
+  std::optional<PageId> lookup(uint64_t hash) const;
 
-  // Takes `count` free pages into the reserved state, appending them to `out`. All or
-  // nothing: false (and no change) when fewer than `count` are free.
+  // Takes `count` pages into the reserved state, appending them to `out`: free pages first,
+  // then cached pages, least recently released first (they lose their hash). All or nothing:
+  // false (and no change) when fewer than `count` are available.
   bool reserve(int32_t count, std::vector<PageId>* out);
-  // Reserved -> held.
+  // Reserved -> held, one reference each.
   void commit(const std::vector<PageId>& pages);
   // Reserved -> free, restoring the free list to its pre-reservation order.
   void unreserve(const std::vector<PageId>& pages);
-  // Held -> free.
+  // One more reference to a held or cached page (a prefix hit). Returns the page's place in
+  // the eviction order when it was cached (0 when it was held), for unacquire.
+  uint64_t acquire(PageId page);
+  // Undoes acquire in a step that did not commit: the last reference puts the page back in the
+  // eviction order at `lru_tick` (its place before acquire), so a failed step changes nothing.
+  void unacquire(PageId page, uint64_t lru_tick);
+  // Drops one reference. The last one frees the page, or caches it when it is published.
   void release(PageId page);
+  // Publishes a held, full page under `hash`. False (nothing changes) when another page is
+  // already published under it; the caller may then share that one instead.
+  bool publish(PageId page, uint64_t hash);
 
  private:
-  PageState& slot(PageId page);
+  struct Page {
+    PageState state = PageState::kFree;
+    int32_t refs = 0;
+    bool published = false;
+    uint64_t hash = 0;
+    uint64_t lru_tick = 0;  // cached pages: key in lru_
+  };
+  uint32_t checked(PageId page) const {
+    if (owns(page)) [[likely]]
+      return page.index;
+    refuse_foreign(page);
+    return 0;
+  }
+  [[noreturn]] void refuse_foreign(PageId page) const;
+  void evict_oldest();
+  void to_cache(uint32_t index, uint64_t lru_tick);
 
   PoolLayout layout_;
-  std::vector<PageState> states_;  // [pages_total]
-  std::vector<uint32_t> free_;     // LIFO stack of free page indices
+  std::vector<Page> pages_;                       // [pages_total]
+  std::vector<uint32_t> free_;                    // LIFO stack of free page indices
+  std::map<uint64_t, uint32_t> lru_;              // cached pages: release tick -> index
+  std::unordered_map<uint64_t, uint32_t> table_;  // published hash -> index (lookups only)
+  uint64_t lru_clock_ = 0;
+  uint64_t evictions_ = 0;
   int32_t reserved_ = 0;
   int32_t held_ = 0;
   int32_t held_peak_ = 0;

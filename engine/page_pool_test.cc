@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine/kv_state.h"
 
 namespace twinstep::engine {
@@ -51,6 +53,62 @@ TEST(PagePoolDeath, ForeignPageIsRefused) {
   a.commit(pages);
   EXPECT_FALSE(b.owns(pages[0]));
   EXPECT_DEATH(b.release(pages[0]), "does not belong");
+}
+
+TEST(PagePool, SharedPagesAreCachedWhenTheLastHolderLeavesAndEvictedOldestFirst) {
+  PagePool pool(Family::kGlobal, 4, 1, 8, 1, 3);
+  std::vector<PageId> pages;
+  ASSERT_TRUE(pool.reserve(3, &pages));
+  pool.commit(pages);
+  ASSERT_TRUE(pool.publish(pages[0], 100));
+  ASSERT_TRUE(pool.publish(pages[1], 200));
+  EXPECT_FALSE(pool.publish(pages[2], 100));  // the key is taken: content lives in one page
+  EXPECT_EQ(pool.lookup(100), std::optional<PageId>(pages[0]));
+  EXPECT_EQ(pool.acquire(pages[0]), 0u);  // held: just one more reference
+  EXPECT_EQ(pool.refcount(pages[0]), 2);
+  pool.release(pages[0]);
+  EXPECT_EQ(pool.state(pages[0]), PagePool::PageState::kHeld);
+  pool.release(pages[1]);  // cached first: evicted first
+  pool.release(pages[0]);
+  pool.release(pages[2]);  // unpublished: free
+  EXPECT_EQ(pool.cached_count(), 2);
+  EXPECT_EQ(pool.free_count(), 1);
+  EXPECT_EQ(pool.available_count(), 3);
+  std::vector<PageId> two;
+  ASSERT_TRUE(pool.reserve(2, &two));  // the free page and the oldest cached one
+  std::sort(two.begin(), two.end());
+  EXPECT_EQ(two, (std::vector<PageId>{pages[1], pages[2]}));
+  EXPECT_EQ(pool.evictions(), 1u);
+  EXPECT_FALSE(pool.lookup(200).has_value());
+  EXPECT_EQ(pool.lookup(100), std::optional<PageId>(pages[0]));
+  EXPECT_EQ(pool.free_count() + pool.reserved_count() + pool.held_count() + pool.cached_count(),
+            pool.capacity());
+}
+
+TEST(PagePool, UnacquirePutsACachedPageBackInItsPlace) {
+  PagePool pool(Family::kLocal, 2, 1, 8, 1, 3);
+  std::vector<PageId> pages;
+  ASSERT_TRUE(pool.reserve(3, &pages));
+  pool.commit(pages);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(pool.publish(pages[i], 10 + i));
+  for (const PageId p : pages) pool.release(p);  // eviction order: 0, 1, 2
+  const uint64_t tick = pool.acquire(pages[0]);
+  EXPECT_NE(tick, 0u);
+  EXPECT_EQ(pool.cached_count(), 2);
+  pool.unacquire(pages[0], tick);  // a failed step: back at the head of the order
+  std::vector<PageId> one;
+  ASSERT_TRUE(pool.reserve(1, &one));
+  EXPECT_EQ(one[0], pages[0]);
+}
+
+TEST(KvSpan, PageKeysChainThePrefix) {
+  const int32_t a[] = {1, 2, 3, 4};
+  const int32_t b[] = {1, 2, 3, 5};
+  const uint64_t root = page_key(0, a, 4);
+  EXPECT_NE(root, page_key(0, b, 4));
+  // Equal tokens after different prefixes: different keys.
+  EXPECT_NE(page_key(root, a, 4), page_key(page_key(0, b, 4), a, 4));
+  EXPECT_EQ(page_key(root, a, 4), page_key(page_key(0, a, 4), a, 4));
 }
 
 TEST(KvSpan, LocalSpanCoversExactlyTheNextTokensWindow) {

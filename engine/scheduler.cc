@@ -4,23 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <sstream>
 
 #include "engine/check.h"
 #include "engine/mutants.h"
 
 namespace twinstep::engine {
-
-struct Scheduler::Scheduled {
-  RequestId id;
-  int32_t rows = 0;
-  int32_t kv_len_before = 0;
-  bool newly_admitted = false;
-  RequestPhase phase_before = RequestPhase::kWaiting;
-  bool produces_logits = false;
-  int32_t logits_index = -1;
-  std::vector<PageId> reserved[kFamilyCount];
-};
 
 namespace {
 
@@ -128,12 +118,22 @@ void Scheduler::emit(StepOutputs* out, RequestUpdate update) {
   out->updates.push_back(std::move(update));
 }
 
+bool Scheduler::holds_shared_page(const RequestState& r) const {
+  for (const Family f : kFamilies) {
+    for (const PageId page : r.kv_of(f).pages) {
+      if (pool(f).refcount(page) > 1) return true;
+    }
+  }
+  return false;
+}
+
 void Scheduler::release_all(RequestState& r) {
   for (const Family f : kFamilies) {
     KvState& kv = r.kv_of(f);
     for (const PageId page : kv.pages) pool_mut(f).release(page);
     kv.pages.clear();
     kv.first_page = 0;
+    r.published_end[static_cast<int>(f)] = 0;
   }
 }
 
@@ -152,6 +152,14 @@ void Scheduler::retire_aborted(StepOutputs* out, bool after_commit) {
     if (r.phase == RequestPhase::kDone || !r.abort_flag->load(std::memory_order_acquire)) continue;
     if (TS_MUTANT(kTokenAfterAbort) && !after_commit && r.phase == RequestPhase::kDecode) continue;
     counters_.aborts_by_phase[static_cast<int>(r.phase)] += 1;
+    counters_.shared_page_aborts += holds_shared_page(r) ? 1 : 0;
+    if (TS_MUTANT(kRefDroppedTwice)) {
+      for (const Family f : kFamilies) {
+        for (const PageId page : r.kv_of(f).pages) {
+          if (pool(f).refcount(page) > 1) pool_mut(f).release(page);
+        }
+      }
+    }
     if (TS_MUTANT(kLeakOnAbort)) {
       for (const Family f : kFamilies) r.kv_of(f) = KvState{};  // forgets, never frees
     } else {
@@ -163,21 +171,27 @@ void Scheduler::retire_aborted(StepOutputs* out, bool after_commit) {
   }
 }
 
-int32_t Scheduler::rows_that_fit(const RequestState& r, int32_t wanted) const {
+// The logical page after the last one the request holds (or, admitted with a hit, will hold).
+int32_t Scheduler::end_page(const RequestState& r, const Scheduled& s, Family f) const {
+  return s.hit_tokens > 0 ? s.hit_tokens / config_.page_size : r.kv_of(f).end_page();
+}
+
+// Rows the pools can take for `r` this step: free pages and evictable cached ones both count.
+int32_t Scheduler::rows_that_fit(const RequestState& r, const Scheduled& s, int32_t wanted) const {
   const int32_t p = config_.page_size;
   int64_t max_post = INT64_MAX;
   for (const Family f : kFamilies) {
-    const int64_t end = r.kv_of(f).end_page();
-    max_post = std::min<int64_t>(max_post, (end + pool(f).free_count()) * p);
+    const int64_t end = end_page(r, s, f);
+    max_post = std::min<int64_t>(max_post, (end + pool(f).available_count()) * p);
   }
-  const int64_t fit = std::min<int64_t>(wanted, max_post - r.frontier);
+  const int64_t fit = std::min<int64_t>(wanted, max_post - s.kv_len_before);
   return fit > 0 ? static_cast<int32_t>(fit) : 0;
 }
 
 bool Scheduler::reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal) {
-  const int32_t post = r.frontier + rows;
+  const int32_t post = s->kv_len_before + rows;
   for (const Family f : kFamilies) {
-    const int32_t need = ceil_div(post, config_.page_size) - r.kv_of(f).end_page();
+    const int32_t need = ceil_div(post, config_.page_size) - end_page(r, *s, f);
     TS_CHECK(need >= 0) << r.id << " " << family_name(f) << " need=" << need;
     bool granted = true;
     if (need > 0 && config_.faults != nullptr && config_.faults->fire(alloc_site(f), r.id)) {
@@ -203,12 +217,13 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
   for (const RequestId id : running_) {
     if (budget == 0) break;
     RequestState& r = requests_.at(id);
-    const int32_t rows = rows_that_fit(r, std::min(r.pending(), budget));
+    Scheduled s{.id = id, .kv_len_before = r.frontier, .phase_before = r.phase};
+    const int32_t rows = rows_that_fit(r, s, std::min(r.pending(), budget));
     if (rows == 0) {
       *stalled_on_capacity = true;
       continue;
     }
-    Scheduled s{.id = id, .rows = rows, .kv_len_before = r.frontier, .phase_before = r.phase};
+    s.rows = rows;
     bool capacity_refusal = false;
     if (!reserve_both(r, rows, &s, &capacity_refusal)) {
       *stalled_on_capacity |= capacity_refusal;
@@ -222,15 +237,16 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
   while (!*stalled_on_capacity && budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < running_max) {
     RequestState& r = requests_.at(waiting_.front());
-    const int32_t rows = rows_that_fit(r, std::min(r.pending(), budget));
-    Scheduled s{.id = r.id,
-                .rows = rows,
-                .kv_len_before = r.frontier,
-                .newly_admitted = true,
-                .phase_before = r.phase};
+    Scheduled s{
+        .id = r.id, .kv_len_before = r.frontier, .newly_admitted = true, .phase_before = r.phase};
+    if (config_.prefix_cache) take_hit(r, &s);
+    const int32_t pending = static_cast<int32_t>(r.tokens.size()) - s.kv_len_before;
+    const int32_t rows = rows_that_fit(r, s, std::min(pending, budget));
+    s.rows = rows;
     bool capacity_refusal = false;
     if (rows == 0 || !reserve_both(r, rows, &s, &capacity_refusal)) {
       if (rows == 0 || capacity_refusal) counters_.admission_waits += 1;
+      drop_hit(s);
       break;  // the head waits; FCFS means nobody overtakes it
     }
     waiting_.pop_front();
@@ -256,7 +272,7 @@ StepPlan Scheduler::build_plan(const std::vector<Scheduled>& scheduled) const {
     const RequestState& r = requests_.at(s.id);
     for (const Family f : kFamilies) {
       const int i = static_cast<int>(f);
-      pages[i] += r.kv_of(f).pages.size() + s.reserved[i].size();
+      pages[i] += r.kv_of(f).pages.size() + s.hit_pages[i].size() + s.reserved[i].size();
     }
   }
   plan.tokens.reserve(rows);
@@ -278,32 +294,39 @@ StepPlan Scheduler::build_plan(const std::vector<Scheduled>& scheduled) const {
     PlanSeq seq{.request = s.id,
                 .row_begin = plan.num_rows(),
                 .row_count = s.rows,
-                .kv_len_before = r.frontier,
+                .kv_len_before = s.kv_len_before,
                 .logits_index = s.logits_index,
                 .output_index = r.generated(),
                 .sampling = r.request.sampling};
     for (int32_t i = 0; i < s.rows; ++i) {
-      plan.tokens.push_back(r.tokens[r.frontier + i]);
-      plan.positions.push_back(r.frontier + i);
+      plan.tokens.push_back(r.tokens[s.kv_len_before + i]);
+      plan.positions.push_back(s.kv_len_before + i);
       plan.row_seq.push_back(static_cast<int32_t>(si));
     }
     for (const Family f : kFamilies) {
       FamilyPlan& fp = plan.family(f);
+      const int fi = static_cast<int>(f);
       const KvState& kv = r.kv_of(f);
+      const int32_t first_page = s.hit_tokens > 0 ? s.hit_first_page[fi] : kv.first_page;
       const int32_t begin = static_cast<int32_t>(fp.page_indices.size());
       fp.seq_page_begin.push_back(begin);
-      fp.seq_first_page.push_back(kv.first_page);
+      fp.seq_first_page.push_back(first_page);
       for (const PageId page : kv.pages) fp.page_indices.push_back(page.index);
-      for (const PageId page : s.reserved[static_cast<int>(f)])
-        fp.page_indices.push_back(page.index);
+      for (const PageId page : s.hit_pages[fi]) fp.page_indices.push_back(page.index);
+      for (const PageId page : s.reserved[fi]) fp.page_indices.push_back(page.index);
       const int32_t listed = static_cast<int32_t>(fp.page_indices.size()) - begin;
       for (int32_t i = 0; i < s.rows; ++i) {
-        const int32_t pos = r.frontier + i;
-        const int32_t logical = pos / p - kv.first_page;
+        const int32_t pos = s.kv_len_before + i;
+        const int32_t logical = pos / p - first_page;
         TS_CHECK(logical >= 0 && logical < listed)
-            << s.id << " " << family_name(f) << " pos=" << pos << " first_page=" << kv.first_page
+            << s.id << " " << family_name(f) << " pos=" << pos << " first_page=" << first_page
             << " listed=" << listed;
-        fp.row_slot.push_back(int64_t{fp.page_indices[begin + logical]} * p + pos % p);
+        const uint32_t page = fp.page_indices[begin + logical];
+        // Shared and cached pages are full: a write into one would change other holders' K/V.
+        TS_CHECK(!pool(f).published_hash(PageId{pool(f).tag(), page}))
+            << s.id << " " << family_name(f) << " pos=" << pos << " would write published page "
+            << page;
+        fp.row_slot.push_back(int64_t{page} * p + pos % p);
       }
     }
     plan.seqs.push_back(seq);
@@ -324,9 +347,12 @@ void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& e
       pool_mut(f).unreserve(it->reserved[static_cast<int>(f)]);
       it->reserved[static_cast<int>(f)].clear();
     }
+    counters_.hits_rolled_back += it->hit_tokens > 0 ? 1 : 0;
+    drop_hit(*it);
     RequestState& r = requests_.at(it->id);
     if (!TS_MUTANT(kFrontierBeforeDevice)) {
-      TS_CHECK(r.frontier == it->kv_len_before) << r.id << " frontier moved in a failed step";
+      TS_CHECK(r.frontier == it->kv_len_before - it->hit_tokens)
+          << r.id << " frontier moved in a failed step";
     }
     if (it->newly_admitted) {
       std::erase(running_, it->id);
@@ -380,13 +406,27 @@ void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& re
       }
       pool_mut(f).commit(pages);
       KvState& kv = r.kv_of(f);
+      if (s.hit_tokens > 0) {  // the request held nothing: the hit's pages come first
+        const int fi = static_cast<int>(f);
+        kv.first_page = s.hit_first_page[fi];
+        kv.pages = std::move(s.hit_pages[fi]);
+        r.published_end[fi] = s.hit_tokens / config_.page_size;
+      }
       kv.pages.insert(kv.pages.end(), pages.begin(), pages.end());
     }
     const bool was_prefill = s.kv_len_before + 1 < static_cast<int32_t>(r.tokens.size());
     r.frontier = s.kv_len_before + s.rows;
     r.consecutive_failures = 0;
     if (was_prefill) counters_.prompt_tokens_computed += s.rows;
-    RequestUpdate update{.id = s.id, .scheduled_tokens = s.rows, .kv_len = r.frontier};
+    if (s.hit_tokens > 0) {
+      counters_.prefix_hits += 1;
+      counters_.prefix_hit_tokens += static_cast<uint64_t>(s.hit_tokens);
+    }
+    publish_full_pages(r);
+    RequestUpdate update{.id = s.id,
+                         .scheduled_tokens = s.rows,
+                         .kv_len = r.frontier,
+                         .cached_tokens = s.hit_tokens};
     std::optional<Terminal> terminal;
     if (s.produces_logits) {
       const int32_t token = result.sampled.at(s.logits_index);
@@ -430,6 +470,7 @@ void Scheduler::preempt_youngest(StepOutputs* out) {
   if (running_.empty()) return;
   const RequestId victim = running_.back();
   RequestState& r = requests_.at(victim);
+  counters_.shared_page_preemptions += holds_shared_page(r) ? 1 : 0;
   release_all(r);
   r.frontier = 0;
   r.phase = RequestPhase::kPreempted;
@@ -527,9 +568,77 @@ Metrics Scheduler::metrics() const {
     load.pages_used = pool(source).held_count();
     load.pages_total = pool(f).capacity();
     load.pages_peak = pool(f).held_peak();
+    load.pages_cached = pool(f).cached_count();
+    load.evictions = pool(f).evictions();
   }
   m.counters = counters_;
   return m;
+}
+
+namespace {
+
+// Each page's state and reference count against the holders counted from the requests, and
+// the prefix cache's side: a shared or cached page is published, and the lookup finds it.
+void check_pool_pages(const PagePool& pl, const std::vector<int32_t>& owners,
+                      const std::function<void(const std::string&)>& fail) {
+  using State = PagePool::PageState;
+  auto name = [&](uint32_t i) {
+    return std::string(family_name(pl.family())) + " pool: page " + std::to_string(i);
+  };
+  int32_t held = 0, cached = 0, published = 0;
+  for (uint32_t i = 1; i < owners.size(); ++i) {
+    const PageId page{pl.tag(), i};
+    const State state = pl.state(page);
+    const bool is_published = pl.published_hash(page).has_value();
+    const int32_t refs = pl.refcount(page);
+    held += state == State::kHeld ? 1 : 0;
+    cached += state == State::kCached ? 1 : 0;
+    published += is_published ? 1 : 0;
+    if ((owners[i] > 0) != (state == State::kHeld)) {
+      fail(name(i) +
+           (owners[i] > 0 ? " owned by a request but not held" : " held but owned by no request"));
+    }
+    if (state == State::kHeld && refs != owners[i]) {
+      fail(name(i) + " has " + std::to_string(refs) + " references but " +
+           std::to_string(owners[i]) + " holders");
+    }
+    if (owners[i] > 1 && !is_published) {
+      fail(name(i) + " held by " + std::to_string(owners[i]) + " requests but not published");
+    }
+    if (state == State::kCached && (!is_published || refs != 0)) {
+      fail(name(i) + " is cached but unpublished or referenced");
+    }
+    if (is_published && state != State::kHeld && state != State::kCached) {
+      fail(name(i) + " is published but neither held nor cached");
+    }
+  }
+  const std::string pool_name = std::string(family_name(pl.family())) + " pool: ";
+  if (held != pl.held_count()) fail(pool_name + "held counter disagrees with page states");
+  if (cached != pl.cached_count()) fail(pool_name + "cached counter disagrees with page states");
+  if (published != pl.published_count()) {
+    fail(pool_name + std::to_string(published) + " published pages, the key table holds " +
+         std::to_string(pl.published_count()));
+  }
+}
+
+}  // namespace
+
+// A request's full pages below its frontier are published under the keys of its own tokens.
+void Scheduler::check_published(const RequestState& r,
+                                const std::function<void(const std::string&)>& fail) const {
+  const int32_t full = r.frontier / config_.page_size;
+  for (const Family f : kFamilies) {
+    const KvState& kv = r.kv_of(f);
+    for (int32_t k = kv.first_page; k < std::min(full, kv.end_page()); ++k) {
+      const auto hash = pool(f).published_hash(kv.pages[k - kv.first_page]);
+      if (!hash || k >= static_cast<int32_t>(r.page_keys.size()) || *hash != r.page_keys[k]) {
+        std::ostringstream os;
+        os << r.id << ": " << family_name(f) << " page " << k
+           << " is full but not published under its key";
+        fail(os.str());
+      }
+    }
+  }
 }
 
 std::vector<std::string> Scheduler::check_invariants() const {
@@ -541,10 +650,12 @@ std::vector<std::string> Scheduler::check_invariants() const {
     const PagePool& pl = pool(f);
     // Built only for a message: a stream per step and request costs more than the checks.
     const std::string pool_name = std::string(family_name(f)) + " pool: ";
-    if (pl.free_count() + pl.reserved_count() + pl.held_count() != pl.capacity()) {
+    if (pl.free_count() + pl.reserved_count() + pl.held_count() + pl.cached_count() !=
+        pl.capacity()) {
       fail(pool_name + "free " + std::to_string(pl.free_count()) + " + reserved " +
            std::to_string(pl.reserved_count()) + " + held " + std::to_string(pl.held_count()) +
-           " != capacity " + std::to_string(pl.capacity()));
+           " + cached " + std::to_string(pl.cached_count()) + " != capacity " +
+           std::to_string(pl.capacity()));
     }
     if (pl.reserved_count() != 0) {
       fail(pool_name + std::to_string(pl.reserved_count()) + " pages reserved between steps");
@@ -561,21 +672,7 @@ std::vector<std::string> Scheduler::check_invariants() const {
         owners[page.index] += 1;
       }
     }
-    int32_t held = 0;
-    for (uint32_t i = 1; i < owners.size(); ++i) {
-      const auto state = pl.state(PageId{pl.tag(), i});
-      held += state == PagePool::PageState::kHeld ? 1 : 0;
-      const bool should_be_held = owners[i] > 0;
-      if (owners[i] > 1)
-        fail(pool_name + "page " + std::to_string(i) + " held by " + std::to_string(owners[i]) +
-             " requests");
-      if (should_be_held != (state == PagePool::PageState::kHeld)) {
-        fail(pool_name + "page " + std::to_string(i) +
-             (should_be_held ? " owned by a request but not held"
-                             : " held but owned by no request"));
-      }
-    }
-    if (held != pl.held_count()) fail(pool_name + "held counter disagrees with page states");
+    check_pool_pages(pl, owners, fail);
   }
   // Sorted copies: a search per request instead of a scan of each queue.
   std::vector<RequestId> running_sorted(running_.begin(), running_.end());
@@ -602,6 +699,7 @@ std::vector<std::string> Scheduler::check_invariants() const {
              ")");
       }
     }
+    if (config_.prefix_cache) check_published(r, fail);
     const int32_t local_bound = ceil_div(w - 1, p) + 1;
     if (static_cast<int32_t>(r.kv_of(Family::kLocal).pages.size()) > local_bound) {
       fail(who() + "local pages exceed the window bound " + std::to_string(local_bound));

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -33,6 +34,10 @@ struct RequestState {
   RequestPhase phase = RequestPhase::kWaiting;
   int32_t consecutive_failures = 0;
   uint64_t admitted_seq = 0;  // admission order, for preemption victims
+  // Prefix cache: the key of each full page of `tokens` computed so far (logical order), and
+  // per family the logical page below which every held page is published (or shared).
+  std::vector<uint64_t> page_keys;
+  int32_t published_end[kFamilyCount] = {0, 0};
 
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
   int32_t pending() const { return static_cast<int32_t>(tokens.size()) - frontier; }
@@ -79,19 +84,45 @@ class Scheduler {
   int32_t max_context() const { return max_context_; }
 
  private:
-  struct Scheduled;  // one request's share of the step
+  struct Scheduled {  // one request's share of the step
+    RequestId id;
+    int32_t rows = 0;
+    int32_t kv_len_before = 0;
+    bool newly_admitted = false;
+    RequestPhase phase_before = RequestPhase::kWaiting;
+    bool produces_logits = false;
+    int32_t logits_index = -1;
+    std::vector<PageId> reserved[kFamilyCount];
+    // A prefix hit of an admission: hit_tokens (page aligned) whose K/V are the shared pages
+    // below, acquired for the step; kv_len_before already counts them. hit_ticks says where
+    // each was in the eviction order, so a failed step puts them back exactly.
+    int32_t hit_tokens = 0;
+    int32_t hit_first_page[kFamilyCount] = {0, 0};
+    std::vector<PageId> hit_pages[kFamilyCount];
+    std::vector<uint64_t> hit_ticks[kFamilyCount];
+  };
   PagePool& pool_mut(Family f) { return *pools_[static_cast<int>(f)]; }
 
   // Retires every aborted request; `after_commit` is the kTokenAfterAbort mutant's late pass.
   void retire_aborted(StepOutputs* out, bool after_commit);
   void schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_capacity);
-  int32_t rows_that_fit(const RequestState& r, int32_t wanted) const;
+  int32_t rows_that_fit(const RequestState& r, const Scheduled& s, int32_t wanted) const;
+  int32_t end_page(const RequestState& r, const Scheduled& s, Family f) const;
   bool reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal);
+  // Prefix cache (scheduler_prefix.cc).
+  void extend_keys(RequestState& r, int32_t pages) const;
+  int32_t hit_pages(RequestState& r) const;
+  void take_hit(RequestState& r, Scheduled* s);
+  void drop_hit(Scheduled& s);
+  void publish_full_pages(RequestState& r);
+  void check_published(const RequestState& r,
+                       const std::function<void(const std::string&)>& fail) const;
   StepPlan build_plan(const std::vector<Scheduled>& scheduled) const;
   void rollback(std::vector<Scheduled>& scheduled, const DeviceError& error, StepOutputs* out);
   void commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result, StepOutputs* out);
   void release_window_pages(RequestState& r);
   void release_all(RequestState& r);
+  bool holds_shared_page(const RequestState& r) const;
   void finish(RequestState& r, Terminal terminal, RequestUpdate* update);
   void preempt_youngest(StepOutputs* out);
   void emit(StepOutputs* out, RequestUpdate update);

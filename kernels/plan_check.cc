@@ -109,10 +109,9 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
         name << " page_indices[" << i << "] = " << fam.page_indices[i] << " outside [1, "
              << layout.pages_total << ")");
   }
+  // Seqs may share pages they only read (prefix cache); a page a row writes belongs to one seq.
   std::vector<uint32_t> sorted = fam.page_indices;
   std::sort(sorted.begin(), sorted.end());
-  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  PLAN_REQUIRE(dup == sorted.end(), name << " page " << *dup << " is listed twice");
 
   for (size_t s = 0; s < seqs; ++s) {
     const engine::PlanSeq& seq = plan.seqs[s];
@@ -139,6 +138,18 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
                    name << " row " << r << " (seq " << s << ", position " << p << ") row_slot "
                         << fam.row_slot[r] << ", expected " << expected);
     }
+    std::vector<uint32_t> own(fam.page_indices.begin() + begin,
+                              fam.page_indices.begin() + begin + count);
+    std::sort(own.begin(), own.end());
+    auto dup = std::adjacent_find(own.begin(), own.end());
+    PLAN_REQUIRE(dup == own.end(), name << " seq " << s << " lists page " << *dup << " twice");
+  }
+  for (size_t r = 0; r < fam.row_slot.size(); ++r) {
+    const uint32_t page = static_cast<uint32_t>(fam.row_slot[r] / ps);
+    const auto listed = std::equal_range(sorted.begin(), sorted.end(), page);
+    PLAN_REQUIRE(listed.second - listed.first == 1,
+                 name << " page " << page << ", written by row " << r << ", is listed "
+                      << (listed.second - listed.first) << " times (a written page is one seq's)");
   }
   return Ok{};
 }

@@ -73,6 +73,13 @@ std::string check_error(const StepPlan& p) {
 
 TEST(PlanCheck, AcceptsAWellFormedPlan) { EXPECT_EQ(check_error(valid_plan()), ""); }
 
+// A prefix hit: seq 1 reads seq 0's first page (3) as its own logical page 0; neither writes it.
+TEST(PlanCheck, AcceptsAPageSharedForReading) {
+  StepPlan p = valid_plan();
+  p.global.page_indices[3] = 3;
+  EXPECT_EQ(check_error(p), "");
+}
+
 struct Corruption {
   const char* what;
   std::function<void(StepPlan&)> apply;
@@ -102,8 +109,10 @@ TEST(PlanCheck, RejectsEachCorruptionNamingIt) {
          p.global.seq_page_begin[2] = 6;
        },
        "global seq 1"},
-      {"page shared by two seqs", [](StepPlan& p) { p.global.page_indices[3] = 3; },
-       "listed twice"},
+      {"a page one seq writes listed by another", [](StepPlan& p) { p.global.page_indices[3] = 1; },
+       "written by row 0, is listed 2 times"},
+      {"a page listed twice by one seq", [](StepPlan& p) { p.global.page_indices[4] = 2; },
+       "seq 1 lists page 2 twice"},
       {"short row_slot", [](StepPlan& p) { p.local.row_slot.pop_back(); }, "row_slot has 3"},
       {"bad seq_page_begin", [](StepPlan& p) { p.global.seq_page_begin[2] = 9; },
        "seq_page_begin must run"},

@@ -41,6 +41,9 @@ struct Scenario {
   engine::ModelConfig model;
   engine::EngineConfig config;
   uint64_t fault_seed = 0;
+  // Prompts the scenario's requests may open with (system prompts, earlier turns), so the
+  // prefix cache has something to hit.
+  std::vector<std::vector<int32_t>> prefixes;
 };
 
 inline void showValue(const Scenario& s, std::ostream& os) {
@@ -49,7 +52,9 @@ inline void showValue(const Scenario& s, std::ostream& os) {
      << " page_size=" << c.page_size << " pages_global=" << c.pages_global
      << " pages_local=" << c.pages_local << " max_running=" << c.max_running
      << " max_step_tokens=" << c.max_step_tokens << " max_step_failures=" << c.max_step_failures
-     << " fault_seed=" << s.fault_seed << "}";
+     << " prefix_cache=" << c.prefix_cache << " fault_seed=" << s.fault_seed << " prefixes={";
+  for (const auto& prefix : s.prefixes) os << " [" << prefix.size() << "]";
+  os << " }}";
 }
 
 inline engine::ModelConfig tiny_model(int32_t window, int32_t vocab) {
@@ -79,6 +84,12 @@ inline rc::Gen<Scenario> gen_scenario() {
     s.config.max_step_tokens = *rc::gen::inRange(1, 65);
     s.config.max_step_failures = *rc::gen::inRange(2, 6);
     s.fault_seed = *rc::gen::arbitrary<uint64_t>();
+    s.config.prefix_cache = *rc::gen::inRange(0, 4) != 0;
+    const int32_t prefixes = *rc::gen::inRange(1, 4);
+    for (int32_t i = 0; i < prefixes; ++i) {
+      s.prefixes.push_back(*rc::gen::container<std::vector<int32_t>>(*rc::gen::inRange(1, 49),
+                                                                     rc::gen::inRange(0, vocab)));
+    }
     return s;
   });
 }
@@ -97,6 +108,31 @@ inline rc::Gen<engine::Request> gen_request(int32_t vocab) {
     }
     return r;
   });
+}
+
+// A request of the scenario: half of them open with one of its prefixes (whole or cut), the
+// rest are gen_request's.
+inline rc::Gen<engine::Request> gen_request_in(const Scenario& s) {
+  return rc::gen::exec([&s] {
+    engine::Request r = *gen_request(s.model.vocab_size);
+    if (s.prefixes.empty() || *rc::gen::inRange(0, 2) == 0) return r;
+    std::vector<int32_t> prompt = s.prefixes[*rc::gen::inRange<size_t>(0, s.prefixes.size())];
+    if (*rc::gen::inRange(0, 3) == 0)
+      prompt.resize(*rc::gen::inRange<size_t>(1, prompt.size() + 1));
+    const size_t suffix = *rc::gen::inRange<size_t>(0, std::min<size_t>(r.prompt.size(), 20) + 1);
+    prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.begin() + static_cast<long>(suffix));
+    r.prompt = std::move(prompt);
+    return r;
+  });
+}
+
+// References the pool counts (shared pages once per holder).
+inline int32_t pool_references(const engine::PagePool& pool) {
+  int32_t total = 0;
+  for (uint32_t i = 1; i <= static_cast<uint32_t>(pool.capacity()); ++i) {
+    total += pool.refcount(engine::PageId{pool.tag(), i});
+  }
+  return total;
 }
 
 inline std::string describe(const sim::Harness& h) {
@@ -122,7 +158,10 @@ struct EngineSnapshot {
   std::vector<engine::RequestId> waiting;
   std::vector<engine::RequestId> running;
   int32_t held[engine::kFamilyCount];
-  int32_t free[engine::kFamilyCount];
+  // Free and cached pages together: a failed step may have evicted cached pages for its
+  // reservations (their slots may have been written, so they go back free, not cached).
+  int32_t free_or_cached[engine::kFamilyCount];
+  std::vector<int32_t> refs[engine::kFamilyCount];  // [capacity + 1] each page's references
   bool operator==(const EngineSnapshot&) const = default;
 };
 
@@ -140,8 +179,14 @@ inline EngineSnapshot snapshot(const engine::Engine& e) {
   out.waiting.assign(s.waiting().begin(), s.waiting().end());
   out.running = s.running();
   for (const engine::Family f : engine::kFamilies) {
-    out.held[static_cast<int>(f)] = s.pool(f).held_count();
-    out.free[static_cast<int>(f)] = s.pool(f).free_count();
+    const engine::PagePool& pool = s.pool(f);
+    const int fi = static_cast<int>(f);
+    out.held[fi] = pool.held_count();
+    out.free_or_cached[fi] = pool.free_count() + pool.cached_count();
+    out.refs[fi].push_back(0);
+    for (uint32_t i = 1; i <= static_cast<uint32_t>(pool.capacity()); ++i) {
+      out.refs[fi].push_back(pool.refcount(engine::PageId{pool.tag(), i}));
+    }
   }
   return out;
 }

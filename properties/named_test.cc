@@ -21,7 +21,7 @@ void assert_clean(const sim::Harness& h) {
 
 // Runs `steps` random steps of a random background workload.
 void run_background(sim::Harness& h, const Scenario& s, int32_t requests, int32_t steps) {
-  for (int32_t i = 0; i < requests; ++i) h.submit(*gen_request(s.model.vocab_size));
+  for (int32_t i = 0; i < requests; ++i) h.submit(*gen_request_in(s));
   for (int32_t i = 0; i < steps; ++i) {
     h.step();
     assert_clean(h);
@@ -32,6 +32,23 @@ int32_t pages_of(const engine::Engine& e, engine::RequestId id, Family f) {
   const auto& live = e.scheduler().requests();
   auto it = live.find(id);
   return it == live.end() ? 0 : static_cast<int32_t>(it->second.kv_of(f).pages.size());
+}
+
+// Pages of `id` that no other request holds.
+int32_t own_pages_of(const engine::Engine& e, engine::RequestId id, Family f) {
+  const auto& live = e.scheduler().requests();
+  auto it = live.find(id);
+  if (it == live.end()) return 0;
+  int32_t own = 0;
+  for (const engine::PageId page : it->second.kv_of(f).pages) {
+    int32_t holders = 0;
+    for (const auto& [other, r] : live) {
+      const auto& pages = r.kv_of(f).pages;
+      holders += static_cast<int32_t>(std::count(pages.begin(), pages.end(), page));
+    }
+    own += holders == 1 ? 1 : 0;
+  }
+  return own;
 }
 
 int32_t pages_held_by_requests(const engine::Engine& e, Family f) {
@@ -49,7 +66,7 @@ RC_GTEST_PROP(Properties, AdmissionIsAtomicAcrossPools, ()) {
   const Scenario s = *gen_scenario();
   sim::Harness h(s.model, s.config, s.fault_seed);
   run_background(h, s, *rc::gen::inRange(0, 6), *rc::gen::inRange(0, 12));
-  const engine::RequestId target = h.submit(*gen_request(s.model.vocab_size)).id();
+  const engine::RequestId target = h.submit(*gen_request_in(s)).id();
   const FaultSite site = *rc::gen::element(FaultSite::kAllocGlobal, FaultSite::kAllocLocal);
   h.faults().force_once_for(site, target);
   // The refusal stays armed until the target next asks `site` for pages (its admission, or a
@@ -73,8 +90,8 @@ RC_GTEST_PROP(Properties, AdmissionIsAtomicAcrossPools, ()) {
         RC_ASSERT(pages_of(h.engine(), target, f) == held_before[static_cast<int>(f)]);
       const engine::PagePool& pool = h.engine().scheduler().pool(f);
       RC_ASSERT(pool.reserved_count() == 0);
-      RC_ASSERT(pool.held_count() == pages_held_by_requests(h.engine(), f));
-      RC_ASSERT(pool.free_count() + pool.held_count() == pool.capacity());
+      RC_ASSERT(pool_references(pool) == pages_held_by_requests(h.engine(), f));
+      RC_ASSERT(pool.free_count() + pool.held_count() + pool.cached_count() == pool.capacity());
     }
   }
   RC_CLASSIFY(fired, "refusal fired");
@@ -89,8 +106,8 @@ RC_GTEST_PROP(Properties, AdmissionIsAtomicAcrossPools, ()) {
 RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
   Scenario s = *gen_scenario();
   s.config.max_step_failures = 1000;  // no request may fail out of this property
-  const auto requests = *rc::gen::container<std::vector<engine::Request>>(
-      *rc::gen::inRange(1, 7), gen_request(s.model.vocab_size));
+  const auto requests =
+      *rc::gen::container<std::vector<engine::Request>>(*rc::gen::inRange(1, 7), gen_request_in(s));
   const int32_t fault_step = *rc::gen::inRange(0, 12);
   const FaultSite site = *rc::gen::element(FaultSite::kUpload, FaultSite::kLaunch,
                                            FaultSite::kAfterKvWrite, FaultSite::kSync);
@@ -120,6 +137,7 @@ RC_GTEST_PROP(Properties, FrontierMovesOnlyOnSuccess, ()) {
           it = after.requests.erase(it);
         }
         RC_ASSERT(after == before);
+        RC_CLASSIFY(h.engine().metrics().counters.hits_rolled_back > 0, "a hit rolled back");
       }
     }
     RC_ASSERT(h.drain(100'000));
@@ -148,7 +166,7 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   sim::Harness h(s.model, s.config, s.fault_seed);
   run_background(h, s, *rc::gen::inRange(phase == RequestPhase::kWaiting ? 1 : 0, 6),
                  *rc::gen::inRange(0, 6));
-  engine::Request request = *gen_request(vocab);
+  engine::Request request = *gen_request_in(s);
   if (phase == RequestPhase::kPrefill) {
     request.prompt = *rc::gen::container<std::vector<int32_t>>(
         *rc::gen::inRange(s.config.max_step_tokens + 1, 61), rc::gen::inRange(0, vocab));
@@ -156,7 +174,7 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   if (phase == RequestPhase::kPreempted) {
     // Many long requests into tight pools: the youngest gets preempted.
     for (int i = 0; i < 6; ++i) {
-      engine::Request big = *gen_request(vocab);
+      engine::Request big = *gen_request_in(s);
       big.max_tokens = 20;
       big.stop_ids.clear();
       h.submit(big);
@@ -182,8 +200,9 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   }
   RC_PRE(reached);
   RC_TAG(engine::request_phase_name(phase));
-  const int32_t held[2] = {pages_of(h.engine(), target, Family::kGlobal),
-                           pages_of(h.engine(), target, Family::kLocal)};
+  // Shared pages stay with their other holders: the pools drop by the target's own pages.
+  const int32_t held[2] = {own_pages_of(h.engine(), target, Family::kGlobal),
+                           own_pages_of(h.engine(), target, Family::kLocal)};
   const engine::Metrics before = h.engine().metrics();
   h.abort(target);
   // When no other request moved in this step, the pools drop by exactly the target's pages.
@@ -192,7 +211,8 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
   RC_ASSERT(h.phase_of(target) == RequestPhase::kDone);
   RC_ASSERT(h.records().at(target).terminal->kind == engine::TerminalKind::kAborted);
   for (const Family f : engine::kFamilies) {
-    RC_ASSERT(h.engine().scheduler().pool(f).held_count() == pages_held_by_requests(h.engine(), f));
+    RC_ASSERT(pool_references(h.engine().scheduler().pool(f)) ==
+              pages_held_by_requests(h.engine(), f));
   }
   const bool others_moved =
       out.device_ran || std::any_of(out.updates.begin(), out.updates.end(),
@@ -212,8 +232,8 @@ RC_GTEST_PROP(Properties, AbortReturnsEveryPage, ()) {
 // heap churn that moves every later allocation. Both must drain to the baseline.
 RC_GTEST_PROP(Properties, SameSeedSameTrace, ()) {
   const Scenario s = *gen_scenario();
-  const auto requests = *rc::gen::container<std::vector<engine::Request>>(
-      *rc::gen::inRange(1, 10), gen_request(s.model.vocab_size));
+  const auto requests = *rc::gen::container<std::vector<engine::Request>>(*rc::gen::inRange(1, 10),
+                                                                          gen_request_in(s));
   const uint32_t fault_ppm = *rc::gen::inRange(0, 200'000);
   const uint32_t abort_every = *rc::gen::inRange(2, 9);
   auto run = [&](bool perturbed) {
@@ -304,9 +324,9 @@ RC_GTEST_PROP(Properties, StopIdEndsTheRequest, ()) {
 // A request's tokens do not depend on what else shares its steps.
 RC_GTEST_PROP(Properties, BatchingDoesNotChangeTokens, ()) {
   const Scenario s = *gen_scenario();
-  const engine::Request target = *gen_request(s.model.vocab_size);
-  const auto others = *rc::gen::container<std::vector<engine::Request>>(
-      *rc::gen::inRange(1, 8), gen_request(s.model.vocab_size));
+  const engine::Request target = *gen_request_in(s);
+  const auto others =
+      *rc::gen::container<std::vector<engine::Request>>(*rc::gen::inRange(1, 8), gen_request_in(s));
   const auto arrival_steps =
       *rc::gen::container<std::vector<int32_t>>(others.size(), rc::gen::inRange(0, 10));
   auto run = [&](bool crowded) {
@@ -327,6 +347,39 @@ RC_GTEST_PROP(Properties, BatchingDoesNotChangeTokens, ()) {
   const auto crowded = run(true);
   RC_TAG(alone.first.size() >= 5 ? ">= 5 tokens" : "< 5 tokens");
   RC_ASSERT(alone == crowded);
+}
+
+// The prefix cache changes which pages hold a request's K/V, never its tokens: waves of
+// requests with shared prefixes (whole, cut, twins at once, repeats after the first ones
+// finished or while they still run) give every request the same tokens and terminal with the
+// cache on as with it off. The sim device reads K/V back through the page tables, so a wrong
+// page shared changes a token.
+RC_GTEST_PROP(Properties, PrefixCacheDoesNotChangeTokens, ()) {
+  Scenario s = *gen_scenario();
+  const auto waves = *rc::gen::container<std::vector<std::vector<engine::Request>>>(
+      *rc::gen::inRange(2, 5),
+      rc::gen::container<std::vector<engine::Request>>(*rc::gen::inRange(1, 6), gen_request_in(s)));
+  const int32_t gap_steps = *rc::gen::inRange(1, 40);  // between waves
+  auto run = [&](bool cache) {
+    s.config.prefix_cache = cache;
+    sim::Harness h(s.model, s.config, s.fault_seed);
+    for (const auto& wave : waves) {
+      for (const engine::Request& r : wave) h.submit(r);
+      for (int32_t i = 0; i < gap_steps; ++i) h.step();
+    }
+    RC_ASSERT(h.drain(100'000));
+    h.check_baseline();
+    assert_clean(h);
+    std::map<engine::RequestId, std::pair<std::vector<int32_t>, engine::TerminalKind>> outputs;
+    for (const auto& [id, rec] : h.records()) outputs[id] = {rec.output, rec.terminal->kind};
+    return std::make_pair(outputs, h.engine().metrics().counters);
+  };
+  const auto off = run(false);
+  const auto on = run(true);
+  RC_ASSERT(off.second.prefix_hits == 0u);
+  RC_CLASSIFY(on.second.prefix_hits > 0, "prefix hit");
+  RC_CLASSIFY(on.second.preemptions > 0, "preempted");
+  RC_ASSERT(on.first == off.first);
 }
 
 }  // namespace

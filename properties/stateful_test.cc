@@ -14,7 +14,7 @@ namespace {
 using engine::FaultSite;
 
 struct Model {
-  int32_t vocab = 0;
+  const Scenario* scenario = nullptr;
   int32_t submitted = 0;
 };
 
@@ -26,7 +26,7 @@ void assert_clean(const sim::Harness& h) {
 
 struct Submit : Command {
   engine::Request request;
-  explicit Submit(const Model& m) : request(*gen_request(m.vocab)) {}
+  explicit Submit(const Model& m) : request(*gen_request_in(*m.scenario)) {}
   void apply(Model& m) const override { m.submitted += 1; }
   void run(const Model&, sim::Harness& h) const override { h.submit(request); }
   void show(std::ostream& os) const override {
@@ -113,7 +113,7 @@ struct StepWithFault : Command {
 RC_GTEST_PROP(Stateful, RandomCommandsKeepEveryInvariant, ()) {
   const Scenario s = *gen_scenario();
   sim::Harness h(s.model, s.config, s.fault_seed);
-  Model initial{s.model.vocab_size, 0};
+  Model initial{&s, 0};
   rc::state::check(
       initial, h, rc::state::gen::execOneOfWithArgs<Submit, Abort, Step, StepRun, StepWithFault>());
   h.faults().clear();
@@ -121,6 +121,7 @@ RC_GTEST_PROP(Stateful, RandomCommandsKeepEveryInvariant, ()) {
   h.check_baseline();
   assert_clean(h);
   RC_TAG(h.engine().metrics().counters.preemptions > 0 ? "preempted" : "no-preemption");
+  RC_CLASSIFY(h.engine().metrics().counters.prefix_hits > 0, "prefix hit");
 }
 
 }  // namespace

@@ -191,6 +191,29 @@ void draw_faults(Rng& rng, const Overrides& o, SeedConfig* c) {
   c->safety_steps_max = o.safety_steps.value_or(4000);
 }
 
+// The prefix cache and the workload that exercises it (drawn last, so the stages before it
+// draw what they drew before it existed). One seed in eight runs without the cache; most seeds
+// share prefixes: a few system prompts, follow-up turns, and twins that arrive together.
+void draw_sharing(Rng& rng, const Overrides& o, SeedConfig* c) {
+  static constexpr int32_t kSystemPrompts[] = {0, 1, 2, 4, 8};
+  static constexpr uint32_t kSystemShare[] = {300'000, 700'000, 1'000'000};
+  static constexpr uint32_t kFollowUps[] = {0, 150'000, 400'000};
+  static constexpr uint32_t kTwins[] = {0, 50'000, 200'000};
+  const bool cache_off = rng.below(8) == 0;
+  const bool sharing = rng.below(4) != 0;
+  SharingSpec spec;
+  spec.system_prompts = pick(rng, kSystemPrompts);
+  // As long as the seed's own prompts at most (drawn around the window), so sharing does not
+  // make a seed much longer than it was.
+  const int32_t system_max = std::max(c->workload.prompt.max, c->engine.page_size);
+  spec.system_len = {std::max(1, system_max / 4), system_max, LengthShape::kUniform};
+  spec.system_ppm = pick(rng, kSystemShare);
+  spec.follow_up_ppm = pick(rng, kFollowUps);
+  spec.twin_ppm = pick(rng, kTwins);
+  c->engine.prefix_cache = o.prefix_cache.value_or(!cache_off);
+  if (o.sharing.value_or(sharing)) c->workload.sharing = spec;
+}
+
 // Refuses pins that leave nothing to run, naming the knob.
 Status<std::string> check_runnable(const SeedConfig& c) {
   if (auto error = Harness::creation_error(c.model, c.engine)) {
@@ -224,6 +247,7 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& over
   if (auto s = draw_pools(rng, overrides, &c); !s) return unexpected(s.error());
   draw_limits_and_arrivals(rng, overrides, &c);
   draw_faults(rng, overrides, &c);
+  draw_sharing(rng, overrides, &c);
   c.cost.calibrated = overrides.cost_model.value_or(
       c.model_name == "gemma4-12b" ? default_calibration_12b() : nullptr);
   if (auto s = check_runnable(c); !s) return unexpected(s.error());
@@ -241,6 +265,11 @@ std::string SeedConfig::describe() const {
   int faults_on = 0;
   for (const uint32_t ppm : fault_ppm) faults_on += ppm > 0 ? 1 : 0;
   os << " faults=" << faults_on << "/" << engine::kFaultSiteCount << " abort=" << abort_ppm;
+  os << " cache=" << (engine.prefix_cache ? "on" : "off");
+  if (workload.sharing.on()) {
+    os << " share=" << workload.sharing.system_prompts << "sys/" << workload.sharing.follow_up_ppm
+       << "/" << workload.sharing.twin_ppm;
+  }
   return os.str();
 }
 
@@ -271,6 +300,13 @@ nlohmann::json SeedConfig::to_json() const {
           {"sampled_ppm", workload.sampled_ppm},
           {"stop_ppm", workload.stop_ppm},
           {"invalid_ppm", workload.invalid_ppm},
+          {"prefix_cache", engine.prefix_cache},
+          {"sharing",
+           {{"system_prompts", workload.sharing.system_prompts},
+            {"system_len", dist(workload.sharing.system_len)},
+            {"system_ppm", workload.sharing.system_ppm},
+            {"follow_up_ppm", workload.sharing.follow_up_ppm},
+            {"twin_ppm", workload.sharing.twin_ppm}}},
           {"fault_ppm", faults},
           {"abort_ppm", abort_ppm},
           {"queued_abort_ppm", queued_abort_ppm},
@@ -398,6 +434,8 @@ class SeedRunner {
   static std::string name_state_invariant(const std::string& invariant, const std::string& detail) {
     if (invariant != "state") return invariant;
     static constexpr std::pair<const char*, const char*> kKinds[] = {
+        {"references but", "state/refcount"},
+        {"published", "state/prefix-cache"},
         {"reserved between steps", "state/reservation-leak"},
         {"!= capacity", "state/page-conservation"},
         {"held but owned by no request", "state/page-ownership"},
@@ -525,6 +563,7 @@ void collect_stats(Harness& h, RunStats* s) {
     s->peak_fraction[fi] =
         load.pages_total > 0 ? static_cast<double>(load.pages_peak) / load.pages_total : 0.0;
     s->peak_fraction_sum[fi] = s->peak_fraction[fi];
+    s->evictions[fi] = load.evictions;
   }
   for (const auto& [id, rec] : h.records()) {
     if (rec.first_token_ns >= 0) s->ttft_ns.push_back(rec.first_token_ns - rec.submit_ns);
@@ -590,6 +629,7 @@ void RunStats::add(const RunStats& o) {
     peak_fraction[i] = std::max(peak_fraction[i], o.peak_fraction[i]);
     peak_fraction_sum[i] += o.peak_fraction_sum[i];
     peak_pages[i] = std::max(peak_pages[i], o.peak_pages[i]);
+    evictions[i] += o.evictions[i];
   }
   ttft_ns.insert(ttft_ns.end(), o.ttft_ns.begin(), o.ttft_ns.end());
   tpot_ns.insert(tpot_ns.end(), o.tpot_ns.begin(), o.tpot_ns.end());
@@ -615,6 +655,11 @@ std::vector<CoverageMark> coverage_marks(const RunStats& t) {
                      t.engine.aborts_by_phase[static_cast<int>(p)]});
   }
   marks.push_back({"admission waited on a full pool", t.engine.admission_waits});
+  marks.push_back({"prefix hit", t.engine.prefix_hits});
+  marks.push_back({"cached page evicted", t.evictions[0] + t.evictions[1]});
+  marks.push_back({"aborted holding shared pages", t.engine.shared_page_aborts});
+  marks.push_back({"preempted holding shared pages", t.engine.shared_page_preemptions});
+  marks.push_back({"hit rolled back by a failed step", t.engine.hits_rolled_back});
   marks.push_back({"preemption", t.engine.preemptions});
   marks.push_back(
       {"finished on a stop id", t.engine.terminals[static_cast<int>(TerminalKind::kStop)]});
@@ -629,6 +674,12 @@ int64_t percentile(std::vector<int64_t> values, double p) {
   const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
   const size_t index = rank < 1.0 ? 0 : static_cast<size_t>(rank) - 1;
   return values[std::min(index, values.size() - 1)];
+}
+
+double prefill_saved(const RunStats& s) {
+  const double hit = static_cast<double>(s.engine.prefix_hit_tokens);
+  const double total = hit + static_cast<double>(s.engine.prompt_tokens_computed);
+  return total > 0 ? hit / total : 0.0;
 }
 
 nlohmann::json stats_to_json(const RunStats& s) {
@@ -667,6 +718,11 @@ nlohmann::json stats_to_json(const RunStats& s) {
           {"window_pages_released", s.engine.window_pages_released},
           {"chunked_prefills", s.engine.chunked_prefills},
           {"admission_waits", s.engine.admission_waits},
+          {"prefix_cache",
+           {{"hits", s.engine.prefix_hits},
+            {"hit_tokens", s.engine.prefix_hit_tokens},
+            {"prefill_saved", prefill_saved(s)},
+            {"evictions", {{"global", s.evictions[0]}, {"local", s.evictions[1]}}}}},
           {"sim_ns", s.sim_ns},
           {"sim_tokens_per_s",
            sim_s > 0 ? static_cast<double>(s.engine.tokens_generated) / sim_s : 0.0},

@@ -58,6 +58,8 @@ struct Overrides {
   std::array<std::optional<uint32_t>, engine::kFaultSiteCount> fault_ppm;
   std::optional<uint32_t> abort_ppm, queued_abort_ppm, invalid_ppm, sampled_ppm, stop_ppm;
   std::optional<int64_t> safety_steps;
+  std::optional<bool> prefix_cache;  // --no-prefix-cache: the engine's prefix cache off
+  std::optional<bool> sharing;       // --no-sharing: no shared-prefix workload
   // --cost-model: FILE's coefficients for every seed, or nullptr ("none") for the three-term
   // clock. Unset: the built-in H200 calibration for seeds on the 12B preset (when the build
   // has one), the three-term clock otherwise.
@@ -87,8 +89,9 @@ struct RunStats {
   double peak_fraction[engine::kFamilyCount] = {};
   double peak_fraction_sum[engine::kFamilyCount] = {};
   int32_t peak_pages[engine::kFamilyCount] = {};
-  std::vector<int64_t> ttft_ns;  // submit -> first token, virtual time
-  std::vector<int64_t> tpot_ns;  // gap between consecutive tokens of a request
+  uint64_t evictions[engine::kFamilyCount] = {};  // cached pages taken back, per family
+  std::vector<int64_t> ttft_ns;                   // submit -> first token, virtual time
+  std::vector<int64_t> tpot_ns;                   // gap between consecutive tokens of a request
 
   void add(const RunStats& other);
 };
@@ -131,6 +134,9 @@ std::vector<CoverageMark> coverage_marks(const RunStats& totals);
 
 // Nearest-rank percentile (p in [0, 100]) of unsorted values; 0 for none.
 int64_t percentile(std::vector<int64_t> values, double p);
+
+// Share of the prompt rows the prefix cache spared: hit tokens / (hit tokens + rows computed).
+double prefill_saved(const RunStats& stats);
 
 nlohmann::json stats_to_json(const RunStats& stats);
 

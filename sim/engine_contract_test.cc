@@ -98,7 +98,9 @@ TEST(EngineContract, PrefillChunksAndDecodeShareOneStepUnderTheBudget) {
 }
 
 TEST(EngineContract, MetricsAreTheLoadFeed) {
-  Harness h(tiny(), config(), 1);
+  engine::EngineConfig c = config();
+  c.prefix_cache = false;  // six equal prompts would share their pages (the next test)
+  Harness h(tiny(), c, 1);
   for (int i = 0; i < 6; ++i) h.submit(request(8, 8));
   h.step();
   const engine::Metrics m = h.engine().metrics();
@@ -131,6 +133,7 @@ TEST(EngineContract, TightPoolsPreemptAndRecomputeWithTheSameTokens) {
   engine::EngineConfig c = config();
   c.pages_global = 24;
   c.max_running = 4;
+  c.prefix_cache = false;  // equal prompts would share pages and need fewer
   Harness h(tiny(), c, 1);
   for (int i = 0; i < 4; ++i) h.submit(request(20, 40));
   ASSERT_TRUE(h.drain(5000));
@@ -138,6 +141,32 @@ TEST(EngineContract, TightPoolsPreemptAndRecomputeWithTheSameTokens) {
   EXPECT_TRUE(h.ok());
   EXPECT_GT(h.engine().metrics().counters.preemptions, 0u);
   for (const auto& [id, rec] : h.records()) EXPECT_EQ(rec.output.size(), 40u);
+}
+
+// Equal prompts share full pages: two admitted together compute both, then keep one copy of
+// each page (4-token pages, 8-token prompts: 2 global pages, not 4); one arriving later takes
+// the cached pages and computes only its last page's tokens, with the same tokens out.
+TEST(EngineContract, EqualPromptsSharePages) {
+  Harness h(tiny(), config(), 1);
+  const auto a = h.submit(request(8, 8)).id();
+  const auto b = h.submit(request(8, 8)).id();
+  h.step();
+  EXPECT_EQ(h.engine().metrics().global.pages_used, 2);
+  ASSERT_TRUE(h.drain(1000));
+  // 15 tokens written: 3 full pages cached, the partly written one freed.
+  EXPECT_EQ(h.engine().metrics().global.pages_cached, 3);
+  const engine::Counters before = h.engine().metrics().counters;
+  const auto c = h.submit(request(8, 8)).id();
+  const engine::StepOutputs& out = h.step();
+  ASSERT_EQ(out.updates.size(), 1u);
+  EXPECT_EQ(out.updates[0].cached_tokens, 4);  // at most 7 of 8: one page of 4
+  EXPECT_EQ(out.updates[0].scheduled_tokens, 4);
+  ASSERT_TRUE(h.drain(1000));
+  h.check_baseline();
+  EXPECT_TRUE(h.ok());
+  EXPECT_EQ(h.engine().metrics().counters.prefix_hits, before.prefix_hits + 1);
+  EXPECT_EQ(h.records().at(c).output, h.records().at(a).output);
+  EXPECT_EQ(h.records().at(b).output, h.records().at(a).output);
 }
 
 }  // namespace

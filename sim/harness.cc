@@ -26,6 +26,13 @@ std::string who(engine::RequestId id) {
   return os.str();
 }
 
+// The harness's own content chain: element j digests tokens[0..j] and their positions.
+void push_content(RequestRecord& rec, int32_t token) {
+  const uint64_t j = rec.content.size();
+  const uint64_t parent = rec.content.empty() ? 0x636f6e74656e74ULL : rec.content.back();
+  rec.content.push_back(mix64(parent ^ mix64((j << 32) ^ static_cast<uint32_t>(token))));
+}
+
 bool is_stop_id(const engine::Request& request, int32_t token) {
   return std::find(request.stop_ids.begin(), request.stop_ids.end(), token) !=
          request.stop_ids.end();
@@ -45,9 +52,13 @@ std::optional<std::string> Harness::creation_error(const engine::ModelConfig& mo
 
 Harness::Harness(const engine::ModelConfig& model, engine::EngineConfig config, uint64_t fault_seed,
                  CostModel cost)
-    : model_(model), config_(config), faults_(fault_seed), device_(model, &faults_, cost) {
+    : model_(model),
+      config_(config),
+      faults_(fault_seed),
+      device_(model, &faults_, cost),
+      tap_(*this, device_) {
   config.faults = &faults_;
-  auto engine = engine::Engine::create(model, config, device_);
+  auto engine = engine::Engine::create(model, config, tap_);
   TS_CHECK(engine.ok()) << "harness: " << engine.error().message;
   engine_ = std::move(engine.value());
 }
@@ -64,7 +75,10 @@ engine::RequestControl Harness::submit(engine::Request request) {
   record.request = std::move(request);
   record.control = control;
   record.submit_ns = device_.now_ns();
-  for (const int32_t token : record.request.prompt) record.oracle.push(token);
+  for (const int32_t token : record.request.prompt) {
+    record.oracle.push(token);
+    push_content(record, token);
+  }
   records_.emplace(control.id(), std::move(record));
   absorb(0x5b00 ^ control.id().value);
   return control;
@@ -111,12 +125,16 @@ void Harness::check_update(const engine::RequestUpdate& update) {
                          std::to_string(update.new_tokens.size()) + " tokens, terminal: " +
                          (update.terminal ? terminal_kind_name(update.terminal->kind) : "none"));
   }
-  // The frontier moves by exactly the rows the request had, and a preemption drops it.
-  const int32_t expected_kv = update.preempted ? 0 : rec.frontier + update.scheduled_tokens;
+  // The frontier moves by exactly the rows the request had (after the tokens a prefix hit
+  // brought at admission), and a preemption drops it.
+  check_hit(update, rec);
+  const int32_t expected_kv =
+      update.preempted ? 0 : rec.frontier + update.cached_tokens + update.scheduled_tokens;
   if (update.kv_len != expected_kv) {
     violate("frontier", who(update.id) + " reports kv_len " + std::to_string(update.kv_len) +
                             ", expected " + std::to_string(expected_kv) + " (frontier " +
                             std::to_string(rec.frontier) + " + " +
+                            std::to_string(update.cached_tokens) + " cached + " +
                             std::to_string(update.scheduled_tokens) + " rows" +
                             (update.preempted ? ", preempted" : "") + ")");
   }
@@ -159,6 +177,7 @@ void Harness::check_tokens(const engine::RequestUpdate& update, RequestRecord& r
     }
     rec.output.push_back(token);
     rec.oracle.push(token);
+    push_content(rec, token);
     tokens_seen_ += 1;
     const int64_t now = device_.now_ns();
     if (rec.first_token_ns < 0) {
@@ -356,14 +375,7 @@ void Harness::check_page_account() {
   };
   for (const engine::RequestId id : s.running()) check_queue(id, true);
   for (const engine::RequestId id : s.waiting()) check_queue(id, false);
-  for (const Family f : engine::kFamilies) {
-    const int32_t held = s.pool(f).held_count();
-    if (held != expected_total[static_cast<int>(f)]) {
-      violate("page-account", std::string(family_name(f)) + " pool holds " + std::to_string(held) +
-                                  " pages, the reference model " +
-                                  std::to_string(expected_total[static_cast<int>(f)]));
-    }
-  }
+  check_pool_references(expected_total);
 }
 
 // The load feed against the pools, the queues, the configuration and the outputs.
@@ -386,6 +398,8 @@ void Harness::check_metrics(const engine::Metrics& m) {
     const char* name = f == Family::kGlobal ? "global." : "local.";
     const int32_t configured = f == Family::kGlobal ? config_.pages_global : config_.pages_local;
     expect("pages_used", name, load.pages_used, s.pool(f).held_count());
+    expect("pages_cached", name, load.pages_cached, s.pool(f).cached_count());
+    expect("evictions", name, load.evictions, s.pool(f).evictions());
     expect("pages_total", name, load.pages_total, configured);
     // The peak is taken inside the step (before window pages go back), so it may exceed what
     // any step ended with; it never falls, and never exceeds the pool.
@@ -403,6 +417,8 @@ void Harness::check_metrics(const engine::Metrics& m) {
   expect("steps_failed", "counters.", k.steps_failed, steps_failed_seen_);
   expect("tokens_generated", "counters.", k.tokens_generated, tokens_seen_);
   expect("preemptions", "counters.", k.preemptions, preemptions_seen_);
+  expect("prefix_hits", "counters.", k.prefix_hits, hits_seen_);
+  expect("prefix_hit_tokens", "counters.", k.prefix_hit_tokens, hit_tokens_seen_);
   for (int i = 0; i < 5; ++i) {
     expect(terminal_kind_name(static_cast<TerminalKind>(i)), "counters.terminals.", k.terminals[i],
            terminals_seen_[i]);
@@ -418,6 +434,7 @@ const engine::StepOutputs& Harness::step() {
   // Only a device fault fails a step; snapshot (O(pages held)) only while one can fire.
   std::optional<FailedStepSnapshot> before;
   if (faults_.device_armed()) before = snapshot_for_failed_step(engine_->scheduler());
+  snapshot_cache();
   last_ = engine_->step();
   absorb(last_.step_index);
   absorb(last_.failed ? 0xfa11 : 0x0c);

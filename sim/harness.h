@@ -6,8 +6,13 @@
 // frontiers the outputs reported, every configured bound (max_running, max_step_tokens, the
 // consecutive-failure limit), Failed only after a fault, nothing but an Aborted terminal for a
 // request aborted between steps, metrics() against pools, queues and the outputs, and a failed
-// step leaving requests and queues as they were. Then Engine::check_invariants, and a trace
-// hash of the whole run.
+// step leaving requests and queues as they were. For the prefix cache (DESIGN.md §2.7), from
+// its own model: what each page holds (the digest of the tokens its writer had up to the page's
+// end, recorded from every plan the device ran), so a page read through a page table must hold
+// the reader's own prefix; every page's reference count against the requests holding it; the
+// page states summing to the pool; and each admission's hit length against the longest hit the
+// cached and held pages could serve (global: every page before it, local: the pages of the
+// window before it). Then Engine::check_invariants, and a trace hash of the whole run.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +40,8 @@ struct RequestRecord {
   engine::RequestControl control;
   std::vector<int32_t> output;
   OracleDigest oracle;  // prompt then output: the oracle's next token in O(1)
+  // The harness's digest of tokens[0..j] (prompt then output), for what a page must hold.
+  std::vector<uint64_t> content;
   std::optional<engine::Terminal> terminal;
   engine::RequestPhase last_phase = engine::RequestPhase::kQueued;
   bool ever_scheduled = false;
@@ -47,6 +54,24 @@ struct RequestRecord {
   int32_t frontier = 0;
   int32_t consecutive_failures = 0;  // failed steps in a row whose plan held this request
   bool abort_pending = false;        // abort() called; the next step must end it Aborted
+};
+
+class Harness;
+
+// The device the engine is given: forwards to the SimDevice and shows the harness every plan
+// and what came of it (which pages the device wrote).
+class PlanTap final : public engine::Device {
+ public:
+  PlanTap(Harness& harness, SimDevice& device) : harness_(harness), device_(device) {}
+  std::string name() const override { return device_.name(); }
+  engine::Status<engine::DeviceError> bind(const engine::PoolLayout& global,
+                                           const engine::PoolLayout& local) override;
+  engine::Result<engine::DeviceOutput, engine::DeviceError> execute(
+      const engine::StepPlan& plan) override;
+
+ private:
+  Harness& harness_;
+  SimDevice& device_;
 };
 
 class Harness {
@@ -92,11 +117,20 @@ class Harness {
   void check_metrics(const engine::Metrics& m);
   void probe_engine_ledger(const engine::RequestUpdate& terminal);
   void absorb(uint64_t word);
+  // Prefix cache checks (harness_prefix.cc).
+  friend class PlanTap;
+  void bind_pages(const engine::PoolLayout& global, const engine::PoolLayout& local);
+  void check_plan_reads(const engine::StepPlan& plan);
+  void record_plan_writes(const engine::StepPlan& plan, bool wrote);
+  void snapshot_cache();
+  void check_hit(const engine::RequestUpdate& update, const RequestRecord& rec);
+  void check_pool_references(const int32_t (&expected_references)[engine::kFamilyCount]);
 
   engine::ModelConfig model_;
   engine::EngineConfig config_;  // as configured, not as the engine reports it
   FaultPlan faults_;
   SimDevice device_;
+  PlanTap tap_;
   std::unique_ptr<engine::Engine> engine_;
   std::map<engine::RequestId, RequestRecord> records_;
   std::vector<Violation> violations_;
@@ -110,6 +144,16 @@ class Harness {
   uint64_t preemptions_seen_ = 0;
   uint64_t steps_failed_seen_ = 0;
   int32_t pages_peak_seen_[engine::kFamilyCount] = {};
+  // Per family and page index: the content digest of the page's writer at the page's end, 0
+  // while the page is partly written. What held or cached pages held before this step, sorted
+  // (the contents an admission could have hit), and the evictions before it.
+  std::vector<uint64_t> page_content_[engine::kFamilyCount];
+  std::vector<uint64_t> available_before_[engine::kFamilyCount];
+  bool available_taken_ = false;  // false: no request could be admitted in this step
+  bool available_sorted_ = false;
+  uint64_t evictions_before_ = 0;
+  uint64_t hits_seen_ = 0;
+  uint64_t hit_tokens_seen_ = 0;
   uint64_t trace_hash_ = 0x6a09e667f3bcc908ULL;
   uint64_t steps_ = 0;
 };

@@ -111,6 +111,55 @@ Request valid_request(const WorkloadSpec& spec, const RequestLimits& limits, Rng
   return r;
 }
 
+// Gives `r` the prompt `prompt`, cut (and max_tokens with it) to what the engine can serve,
+// and a fresh stop id from the oracle when it had one (the old one was the old prompt's).
+void set_prompt(Request& r, std::vector<int32_t> prompt, const RequestLimits& limits, Rng& rng) {
+  const int32_t max_total = limits.max_total();
+  r.max_tokens = std::clamp(r.max_tokens, 1, max_total - 1);
+  if (static_cast<int32_t>(prompt.size()) > max_total - r.max_tokens) {
+    prompt.resize(static_cast<size_t>(max_total - r.max_tokens));
+  }
+  r.prompt = std::move(prompt);
+  if (r.stop_ids.empty()) return;
+  const int32_t at = static_cast<int32_t>(rng.below(static_cast<uint64_t>(r.max_tokens)));
+  r.stop_ids[0] = oracle_outputs(r, at + 1, limits.window, limits.vocab_size).back();
+}
+
+// Rewrites valid requests of `plan` to share prefixes as `sharing` says (see SharingSpec).
+void share_prefixes(const SharingSpec& sharing, const RequestLimits& limits, Rng& rng,
+                    std::vector<PlannedRequest>* plan) {
+  std::vector<std::vector<int32_t>> systems;
+  for (int32_t i = 0; i < sharing.system_prompts; ++i) {
+    const int32_t len = std::clamp(sharing.system_len.draw(rng), 1, limits.max_total() - 1);
+    systems.push_back(random_tokens(rng, len, limits.vocab_size));
+  }
+  std::vector<size_t> valid;  // indices of valid requests so far
+  for (size_t i = 0; i < plan->size(); ++i) {
+    PlannedRequest& p = (*plan)[i];
+    if (p.expect_reject != RejectReason::kNone) continue;
+    Request& r = p.request;
+    if (!valid.empty() && rng.chance_ppm(sharing.twin_ppm)) {
+      const PlannedRequest& twin = (*plan)[valid.back()];
+      p.arrival_ns = twin.arrival_ns;
+      set_prompt(r, twin.request.prompt, limits, rng);
+    } else if (!valid.empty() && rng.chance_ppm(sharing.follow_up_ppm)) {
+      const size_t back = std::min<size_t>(valid.size(), 8);
+      const Request& earlier = (*plan)[valid[valid.size() - 1 - rng.below(back)]].request;
+      std::vector<int32_t> prompt = earlier.prompt;
+      const std::vector<int32_t> answer =
+          oracle_outputs(earlier, earlier.max_tokens, limits.window, limits.vocab_size);
+      prompt.insert(prompt.end(), answer.begin(), answer.end());
+      prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.end());
+      set_prompt(r, std::move(prompt), limits, rng);
+    } else if (!systems.empty() && rng.chance_ppm(sharing.system_ppm)) {
+      std::vector<int32_t> prompt = systems[rng.below(systems.size())];
+      prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.end());
+      set_prompt(r, std::move(prompt), limits, rng);
+    }
+    valid.push_back(i);
+  }
+}
+
 }  // namespace
 
 std::vector<int32_t> oracle_outputs(const Request& request, int32_t count, int32_t window,
@@ -217,6 +266,7 @@ std::vector<PlannedRequest> plan_workload(const WorkloadSpec& spec, const Reques
     p.request = valid_request(spec, limits, rng);
     plan.push_back(std::move(p));
   }
+  if (spec.sharing.on()) share_prefixes(spec.sharing, limits, rng, &plan);
   return plan;
 }
 

@@ -36,6 +36,19 @@ struct LengthDist {
   int32_t draw(Rng& rng) const;
 };
 
+// Prompts that repeat themselves, as chat traffic does (the prefix cache's workload): a few
+// system prompts many requests open with, follow-up turns that extend an earlier request's
+// prompt and answer, and twins that send the previous request's prompt at the same instant.
+// All off by default; a spec with every share at 0 draws exactly what it drew before.
+struct SharingSpec {
+  int32_t system_prompts = 0;  // distinct system prompts (0: none)
+  LengthDist system_len;       // their lengths
+  uint32_t system_ppm = 0;     // share of valid requests that open with one
+  uint32_t follow_up_ppm = 0;  // share that continue an earlier valid request
+  uint32_t twin_ppm = 0;       // share that repeat the previous valid request's prompt
+  bool on() const { return system_prompts > 0 || follow_up_ppm > 0 || twin_ppm > 0; }
+};
+
 struct WorkloadSpec {
   int32_t requests = 64;  // submitted over the safety phase
   ArrivalProcess arrival = ArrivalProcess::kSteady;
@@ -45,6 +58,7 @@ struct WorkloadSpec {
   uint32_t sampled_ppm = 300'000;  // share of requests with temperature > 0
   uint32_t stop_ppm = 150'000;     // share with a stop id the oracle says they will emit
   uint32_t invalid_ppm = 60'000;   // share built to be rejected, one reason each
+  SharingSpec sharing;
 };
 
 // The limits a valid request must respect; the generator clamps valid requests to them and

@@ -1,0 +1,231 @@
+// Harness, prefix cache side (DESIGN.md §2.7), from the harness's own model: the content of
+// every page (recorded from the plans the device ran), what a page table may read, reference
+// counts against holders, page states against the pool, and each admission's hit length.
+#include <algorithm>
+
+#include "engine/scheduler.h"
+#include "sim/harness.h"
+#include "sim/reference.h"
+
+namespace twinstep::sim {
+
+using engine::Family;
+using engine::PageId;
+using State = engine::PagePool::PageState;
+
+namespace {
+
+std::string who(engine::RequestId id) { return "req#" + std::to_string(id.value); }
+
+}  // namespace
+
+engine::Status<engine::DeviceError> PlanTap::bind(const engine::PoolLayout& global,
+                                                  const engine::PoolLayout& local) {
+  harness_.bind_pages(global, local);
+  return device_.bind(global, local);
+}
+
+engine::Result<engine::DeviceOutput, engine::DeviceError> PlanTap::execute(
+    const engine::StepPlan& plan) {
+  harness_.check_plan_reads(plan);
+  auto result = device_.execute(plan);
+  harness_.record_plan_writes(plan, result.ok());
+  return result;
+}
+
+void Harness::bind_pages(const engine::PoolLayout& global, const engine::PoolLayout& local) {
+  for (const engine::PoolLayout* layout : {&global, &local}) {
+    page_content_[static_cast<int>(layout->family)].assign(layout->pages_total, 0);
+  }
+}
+
+// Every page a seq reads as written (wholly before its first row) must hold the seq's own
+// prefix up to the page's end: the page's writer had the same tokens there.
+void Harness::check_plan_reads(const engine::StepPlan& plan) {
+  const int32_t p = plan.page_size;
+  for (size_t s = 0; s < plan.seqs.size(); ++s) {
+    const engine::PlanSeq& seq = plan.seqs[s];
+    auto rec = records_.find(seq.request);
+    if (rec == records_.end() || p <= 0) continue;  // check_step_bounds reports it
+    const std::vector<uint64_t>& content = rec->second.content;
+    for (const Family f : engine::kFamilies) {
+      const engine::FamilyPlan& fp = plan.family(f);
+      const std::vector<uint64_t>& pages = page_content_[static_cast<int>(f)];
+      if (fp.seq_page_begin.size() != plan.seqs.size() + 1) break;  // the device refuses it
+      for (int32_t i = fp.seq_page_begin[s]; i < fp.seq_page_begin[s + 1]; ++i) {
+        const int32_t logical = fp.seq_first_page[s] + (i - fp.seq_page_begin[s]);
+        const int64_t end = int64_t{logical + 1} * p;  // positions [end - p, end)
+        if (end > seq.kv_len_before || end > static_cast<int64_t>(content.size())) break;
+        const uint32_t page = fp.page_indices[i];
+        if (page >= pages.size() || pages[page] == content[end - 1]) continue;
+        violate("prefix-content",
+                who(seq.request) + " reads " + family_name(f) + " page " + std::to_string(page) +
+                    " as its logical page " + std::to_string(logical) + ", but that page holds " +
+                    (pages[page] == 0 ? "no whole written page" : "the K/V of another prefix") +
+                    " (kv_len_before " + std::to_string(seq.kv_len_before) + ")");
+      }
+    }
+  }
+}
+
+// What the device wrote: a page's content is known once a successful step wrote its last slot.
+// A failed step's writes leave the pages unknown (nobody may read them as written).
+void Harness::record_plan_writes(const engine::StepPlan& plan, bool succeeded) {
+  const int32_t p = plan.page_size;
+  if (p <= 0 || plan.row_seq.size() != plan.tokens.size()) return;
+  for (int32_t row = 0; row < plan.num_rows(); ++row) {
+    const engine::PlanSeq& seq = plan.seqs[plan.row_seq[row]];
+    auto rec = records_.find(seq.request);
+    const int32_t pos = plan.positions[row];
+    for (const Family f : engine::kFamilies) {
+      std::vector<uint64_t>& pages = page_content_[static_cast<int>(f)];
+      const engine::FamilyPlan& fp = plan.family(f);
+      if (fp.row_slot.size() != plan.tokens.size() || fp.row_slot[row] < 0) continue;
+      const uint64_t page = static_cast<uint64_t>(fp.row_slot[row]) / p;
+      if (page >= pages.size()) continue;
+      const bool known = succeeded && rec != records_.end() && pos % p == p - 1 && pos >= 0 &&
+                         pos < static_cast<int32_t>(rec->second.content.size());
+      pages[page] = known ? rec->second.content[pos] : 0;
+    }
+  }
+}
+
+// The contents a request admitted in this step could take: whole written pages, held or
+// cached, before the step.
+void Harness::snapshot_cache() {
+  const engine::Scheduler& s = engine_->scheduler();
+  // Only a waiting request or one submitted since the last step can be admitted.
+  size_t ended = 0;
+  for (const uint64_t n : terminals_seen_) ended += n;
+  available_taken_ = !s.waiting().empty() || records_.size() - ended > s.requests().size();
+  if (!available_taken_) return;
+  evictions_before_ = 0;
+  for (const Family f : engine::kFamilies) {
+    const int fi = static_cast<int>(f);
+    const engine::PagePool& pool = s.pool(f);
+    evictions_before_ += pool.evictions();
+    available_before_[fi].clear();
+    if (!config_.prefix_cache) continue;
+    for (uint32_t i = 1; i < page_content_[fi].size(); ++i) {
+      const State state = pool.state(PageId{pool.tag(), i});
+      if ((state == State::kHeld || state == State::kCached) && page_content_[fi][i] != 0) {
+        available_before_[fi].push_back(page_content_[fi][i]);
+      }
+    }
+  }
+  available_sorted_ = false;  // sorted by the first admission that needs it
+}
+
+// An admission's hit: only with the cache on, page aligned, leaving the last token to compute,
+// and no shorter than the longest hit the pages before the step could serve (checked when the
+// step evicted nothing): global needs every page before the hit, local the window's pages.
+void Harness::check_hit(const engine::RequestUpdate& update, const RequestRecord& rec) {
+  const int32_t p = config_.page_size;
+  const int32_t tokens = static_cast<int32_t>(rec.content.size());
+  const int32_t hit = update.cached_tokens;
+  const bool admitted = rec.frontier == 0 && update.scheduled_tokens > 0 && !update.preempted;
+  if (hit != 0) {
+    hits_seen_ += 1;
+    hit_tokens_seen_ += static_cast<uint64_t>(hit);
+    if (!config_.prefix_cache || !admitted || hit < 0 || hit % p != 0 || hit > tokens - 1) {
+      violate("prefix-hit", who(update.id) + " took " + std::to_string(hit) +
+                                " cached tokens (cache " + (config_.prefix_cache ? "on" : "off") +
+                                ", frontier " + std::to_string(rec.frontier) + ", " +
+                                std::to_string(tokens) + " tokens, page " + std::to_string(p) +
+                                "): a hit is page aligned, at admission, and leaves a token");
+      return;
+    }
+  }
+  if (!admitted || !config_.prefix_cache) return;
+  if (!available_taken_) {
+    violate("prefix-hit", who(update.id) + " was admitted although nothing was waiting");
+    return;
+  }
+  uint64_t evictions = 0;
+  for (const Family f : engine::kFamilies) evictions += engine_->scheduler().pool(f).evictions();
+  if (evictions != evictions_before_) return;
+  if (!available_sorted_) {
+    for (auto& available : available_before_) std::sort(available.begin(), available.end());
+    available_sorted_ = true;
+  }
+  auto has = [&](Family f, int32_t page) {
+    const std::vector<uint64_t>& available = available_before_[static_cast<int>(f)];
+    return std::binary_search(available.begin(), available.end(),
+                              rec.content[static_cast<size_t>(page + 1) * p - 1]);
+  };
+  const int32_t cap = (tokens - 1) / p;
+  int32_t global = 0;
+  while (global < cap && has(Family::kGlobal, global)) ++global;
+  int32_t best = global;
+  for (; best > 0; --best) {
+    const ExpectedPages window = expected_pages(Family::kLocal, best * p, p, model_.sliding_window);
+    bool all = true;
+    for (int32_t k = window.first; k < window.first + window.count && all; ++k) {
+      all = has(Family::kLocal, k);
+    }
+    if (all) break;
+  }
+  if (hit < best * p) {
+    violate("prefix-hit", who(update.id) + " was admitted with " + std::to_string(hit) +
+                              " cached tokens, but the pages before the step held " +
+                              std::to_string(best * p) + " (global run " +
+                              std::to_string(global * p) + ", window " +
+                              std::to_string(model_.sliding_window) + ")");
+  }
+}
+
+// Per pool, from the requests' page lists and the page states alone: each page's reference
+// count equals its holders, the references sum to what the reference model says the requests
+// hold (shared pages once per holder), and free + reserved + held + cached pages make up the
+// pool.
+void Harness::check_pool_references(const int32_t (&expected_references)[engine::kFamilyCount]) {
+  const engine::Scheduler& s = engine_->scheduler();
+  for (const Family f : engine::kFamilies) {
+    const engine::PagePool& pool = s.pool(f);
+    const std::string name = std::string(family_name(f)) + " pool";
+    std::vector<int32_t> holders(static_cast<size_t>(pool.capacity()) + 1, 0);
+    for (const auto& [id, r] : s.requests()) {
+      for (const PageId page : r.kv_of(f).pages) {
+        if (pool.owns(page)) holders[page.index] += 1;
+      }
+    }
+    int32_t by_state[5] = {};
+    int32_t references = 0;
+    for (uint32_t i = 1; i < holders.size(); ++i) {
+      const PageId page{pool.tag(), i};
+      const State state = pool.state(page);
+      by_state[static_cast<int>(state)] += 1;
+      const int32_t refs = pool.refcount(page);
+      references += refs;
+      const bool consistent = refs == holders[i] && (state == State::kHeld) == (holders[i] > 0);
+      if (!consistent) {
+        violate("refcount", name + " page " + std::to_string(i) + " has " + std::to_string(refs) +
+                                " references in state " + std::to_string(int(state)) + ", " +
+                                std::to_string(holders[i]) + " requests hold it");
+      }
+    }
+    if (references != expected_references[static_cast<int>(f)]) {
+      violate("page-account", name + " counts " + std::to_string(references) +
+                                  " references, the reference model " +
+                                  std::to_string(expected_references[static_cast<int>(f)]));
+    }
+    const int32_t free = by_state[static_cast<int>(State::kFree)];
+    const int32_t reserved = by_state[static_cast<int>(State::kReserved)];
+    const int32_t held = by_state[static_cast<int>(State::kHeld)];
+    const int32_t cached = by_state[static_cast<int>(State::kCached)];
+    if (free != pool.free_count() || reserved != pool.reserved_count() ||
+        held != pool.held_count() || cached != pool.cached_count() ||
+        (!config_.prefix_cache && cached != 0)) {
+      violate("page-conservation", name + " page states say free " + std::to_string(free) +
+                                       " reserved " + std::to_string(reserved) + " held " +
+                                       std::to_string(held) + " cached " + std::to_string(cached) +
+                                       "; the pool counts " + std::to_string(pool.free_count()) +
+                                       " / " + std::to_string(pool.reserved_count()) + " / " +
+                                       std::to_string(pool.held_count()) + " / " +
+                                       std::to_string(pool.cached_count()) + " of " +
+                                       std::to_string(pool.capacity()));
+    }
+  }
+}
+
+}  // namespace twinstep::sim
