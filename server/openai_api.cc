@@ -237,22 +237,13 @@ std::optional<ApiError> refuse_unsupported(const json& body, Api api) {
   };
   // The penalties and logit_bias are not in the sampler (of either device): refused unless
   // they ask for nothing.
-  const std::vector<Field> completion_fields = {{"n", 1},
-                                                {"best_of", 1},
-                                                {"echo", false},
-                                                {"logprobs", 0},
+  const std::vector<Field> completion_fields = {{"best_of", 1},
                                                 {"presence_penalty", 0},
                                                 {"frequency_penalty", 0},
                                                 {"logit_bias", json::object()}};
-  const std::vector<Field> chat_fields = {{"n", 1},
-                                          {"logprobs", false},
-                                          {"top_logprobs", 0},
-                                          {"presence_penalty", 0},
-                                          {"frequency_penalty", 0},
-                                          {"logit_bias", json::object()},
-                                          {"tools", json::array()},
-                                          {"tool_choice", "none"},
-                                          {"response_format", {{"type", "text"}}}};
+  const std::vector<Field> chat_fields = {
+      {"presence_penalty", 0},  {"frequency_penalty", 0}, {"logit_bias", json::object()},
+      {"tools", json::array()}, {"tool_choice", "none"},  {"response_format", {{"type", "text"}}}};
   for (const Field& field : api == Api::kChat ? chat_fields : completion_fields) {
     auto it = body.find(field.name);
     if (it == body.end() || it->is_null() || *it == field.default_value) continue;
@@ -289,6 +280,36 @@ std::optional<ApiError> read_stream_options(const json& body, bool stream, bool&
   return std::nullopt;
 }
 
+// n, echo, and completions' logprobs (0..5) or chat's logprobs + top_logprobs (0..20).
+std::optional<ApiError> read_choice_options(const json& body, CompletionRequest& out) {
+  int64_t n = 1;
+  if (auto e = read_int(body, "n", 1, kMaxChoices, n)) return e;
+  out.n = static_cast<int32_t>(n);
+  int64_t top = -1;
+  if (out.api == Api::kCompletions) {
+    if (auto e = read_int(body, "logprobs", 0, kMaxCompletionLogprobs, top)) return e;
+    if (auto e = read_bool(body, "echo", out.echo)) return e;
+    if (out.echo && top >= 0) {
+      return ApiError{400, "invalid_request_error", "echo",
+                      "echo: together with logprobs is not implemented (it needs the prompt "
+                      "tokens' logprobs); send echo or logprobs, not both"};
+    }
+  } else {
+    bool wanted = false;
+    if (auto e = read_bool(body, "logprobs", wanted)) return e;
+    int64_t asked = 0;
+    if (auto e = read_int(body, "top_logprobs", 0, kMaxChatTopLogprobs, asked)) return e;
+    if (asked > 0 && !wanted) {
+      return ApiError{400, "invalid_request_error", "top_logprobs",
+                      "top_logprobs: " + std::to_string(asked) +
+                          " needs \"logprobs\": true; expected logprobs true or no top_logprobs"};
+    }
+    top = wanted ? asked : -1;
+  }
+  out.logprobs = static_cast<int32_t>(top);
+  return std::nullopt;
+}
+
 // Everything except the prompts and the context check; fills `sampling` and friends.
 std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
                                      engine::Request& shape, CompletionRequest& out) {
@@ -315,6 +336,8 @@ std::optional<ApiError> read_options(const json& body, const ApiLimits& limits,
   }
   shape.max_tokens = static_cast<int32_t>(max_tokens);
   shape.sampling = limits.sampling_defaults;
+  if (auto e = read_choice_options(body, out)) return e;
+  shape.sampling.top_logprobs = out.logprobs;
   if (auto e = read_number(
           body, "temperature", "a number in [0, 2]",
           [](double v) { return v >= 0 && v <= kMaxTemperature; }, shape.sampling.temperature)) {
@@ -484,6 +507,14 @@ std::optional<ApiError> add_prompts(const engine::Request& shape,
     out.prompts.push_back(std::move(request));
   }
   TS_CHECK(!out.prompts.empty()) << "a request without prompts was accepted";
+  if (const int64_t choices = static_cast<int64_t>(out.prompts.size()) * out.n;
+      choices > kMaxChoices) {
+    return ApiError{400, "invalid_request_error", "n",
+                    "n: " + std::to_string(out.n) + " choices for each of " +
+                        std::to_string(out.prompts.size()) + " prompts make " +
+                        std::to_string(choices) + " choices; the limit is " +
+                        std::to_string(kMaxChoices)};
+  }
   return std::nullopt;
 }
 
@@ -555,9 +586,10 @@ ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_in
       break;
     case RejectReason::kBadSampling:
       // The engine's message starts with the field it is about.
-      param = terminal.message.rfind("top_p", 0) == 0   ? "top_p"
-              : terminal.message.rfind("top_k", 0) == 0 ? "top_k"
-                                                        : "temperature";
+      param = terminal.message.rfind("top_p", 0) == 0          ? "top_p"
+              : terminal.message.rfind("top_k", 0) == 0        ? "top_k"
+              : terminal.message.rfind("top_logprobs", 0) == 0 ? "logprobs"
+                                                               : "temperature";
       break;
     case RejectReason::kNone:
       break;
@@ -568,6 +600,14 @@ ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_in
   std::string code =
       terminal.reason == RejectReason::kExceedsContext ? "context_length_exceeded" : "";
   return ApiError{400, "invalid_request_error", param, message, code};
+}
+
+uint64_t choice_seed(uint64_t seed, int32_t j) {
+  if (j == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(j);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
 }
 
 std::string tokens_text(const std::vector<int32_t>& tokens, bool leading_space) {
@@ -606,20 +646,20 @@ json completion_object(const std::string& id, int64_t created, const std::string
 }
 
 json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
-                 const char* reason) {
+                 const char* reason, json logprobs) {
   return {{"index", index},
           {"text", tokens_text(tokens, leading_space)},
           {"token_ids", tokens},
-          {"logprobs", nullptr},
+          {"logprobs", std::move(logprobs)},
           {"finish_reason", reason ? json(reason) : json(nullptr)}};
 }
 
 json text_choice_json(size_t index, std::string text, const std::vector<int32_t>& tokens,
-                      const char* reason) {
+                      const char* reason, json logprobs) {
   return {{"index", index},
           {"text", std::move(text)},
           {"token_ids", tokens},
-          {"logprobs", nullptr},
+          {"logprobs", std::move(logprobs)},
           {"finish_reason", reason ? json(reason) : json(nullptr)}};
 }
 
@@ -632,18 +672,109 @@ json chat_object(const std::string& id, int64_t created, const std::string& mode
           {"choices", std::move(choices)}};
 }
 
-json chat_choice_json(size_t index, std::string content, const char* reason) {
+json chat_choice_json(size_t index, std::string content, const char* reason, json logprobs) {
   return {{"index", index},
           {"message", {{"role", "assistant"}, {"content", std::move(content)}}},
-          {"logprobs", nullptr},
+          {"logprobs", std::move(logprobs)},
           {"finish_reason", reason ? json(reason) : json(nullptr)}};
 }
 
-json chat_delta_json(size_t index, json delta, const char* reason) {
+json chat_delta_json(size_t index, json delta, const char* reason, json logprobs) {
   return {{"index", index},
           {"delta", std::move(delta)},
-          {"logprobs", nullptr},
+          {"logprobs", std::move(logprobs)},
           {"finish_reason", reason ? json(reason) : json(nullptr)}};
+}
+
+namespace {
+
+// OpenAI sends -inf (and anything below) as -9999.
+double shown_logprob(float logprob) {
+  return std::isnan(logprob) || logprob < -9999.0f ? -9999.0 : static_cast<double>(logprob);
+}
+
+bool valid_utf8(std::string_view text) {
+  for (size_t at = 0; at < text.size();) {
+    const size_t length = utf8_sequence_length(text, at);
+    if (length == 0) return false;
+    at += length;
+  }
+  return true;
+}
+
+json token_bytes_json(const TextCodec* text, int32_t id) {
+  json bytes = json::array();
+  if (text == nullptr) return bytes;
+  for (unsigned char c : text->token_bytes(id)) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+// Code points in `bytes` (its UTF-8 lead bytes): a token's share of text_offset.
+int64_t code_points(std::string_view bytes) {
+  int64_t n = 0;
+  for (unsigned char c : bytes) n += (c & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+}  // namespace
+
+std::string logprob_token(const TextCodec* text, int32_t id) {
+  if (text == nullptr) return std::to_string(id);
+  std::string bytes = text->token_bytes(id);
+  if (valid_utf8(bytes)) return bytes;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) {
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+json completion_logprobs_json(const TextCodec* text, std::span<const int32_t> tokens,
+                              std::span<const engine::RowLogprobs> rows, int64_t* text_offset) {
+  TS_CHECK(tokens.size() == rows.size()) << tokens.size() << " tokens, " << rows.size() << " rows";
+  json names = json::array();
+  json values = json::array();
+  json tops = json::array();
+  json offsets = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string name = logprob_token(text, tokens[i]);
+    json top = json::object();
+    for (const engine::TokenLogprob& t : rows[i].top) {
+      top[logprob_token(text, t.token)] = shown_logprob(t.logprob);
+    }
+    top[name] = shown_logprob(rows[i].logprob);  // the sampled token, always (OpenAI's n + 1)
+    offsets.push_back(*text_offset);
+    *text_offset += text ? code_points(text->token_bytes(tokens[i])) : code_points(name) + 1;
+    names.push_back(name);
+    values.push_back(shown_logprob(rows[i].logprob));
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(names)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json chat_logprobs_json(const TextCodec* text, std::span<const int32_t> tokens,
+                        std::span<const engine::RowLogprobs> rows) {
+  TS_CHECK(tokens.size() == rows.size()) << tokens.size() << " tokens, " << rows.size() << " rows";
+  auto entry = [&](int32_t id, float logprob) {
+    return json{{"token", logprob_token(text, id)},
+                {"logprob", shown_logprob(logprob)},
+                {"bytes", token_bytes_json(text, id)}};
+  };
+  json content = json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    json item = entry(tokens[i], rows[i].logprob);
+    json top = json::array();
+    for (const engine::TokenLogprob& t : rows[i].top) top.push_back(entry(t.token, t.logprob));
+    item["top_logprobs"] = std::move(top);
+    content.push_back(std::move(item));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
 json model_json(const std::string& model_id, int64_t created, int32_t max_context) {

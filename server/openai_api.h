@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,11 @@ class TextCodec {
   virtual void encode(std::string_view text, bool add_special_tokens,
                       std::vector<int32_t>& out) const = 0;
   virtual std::string token_name(int32_t id) const = 0;
+  // What one id decodes to on its own, special tokens kept: its text, or the raw byte of a
+  // byte-fallback token (so not always valid UTF-8). For logprobs.
+  virtual std::string token_bytes(int32_t id) const = 0;
+  // The text of `ids`, special tokens skipped (echo's prompt text).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // Why these stop strings cannot be matched, or nullopt when they can.
   virtual std::optional<std::string> refuse_stops(const std::vector<std::string>& stops) const = 0;
   // The prompt text of chat messages, or the 400 the template's error becomes.
@@ -88,12 +94,23 @@ struct ApiLimits {
 };
 
 inline constexpr int32_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
+// OpenAI's limits on top logprobs: completions' `logprobs`, chat's `top_logprobs`.
+inline constexpr int64_t kMaxCompletionLogprobs = 5;
+inline constexpr int64_t kMaxChatTopLogprobs = 20;
+// Choices of one request (n times the prompts): each is an engine request of its own.
+inline constexpr int64_t kMaxChoices = 128;
 
 enum class Api { kCompletions, kChat };
 
 struct CompletionRequest {
   Api api = Api::kCompletions;
-  std::vector<engine::Request> prompts;  // one engine request per choice, in prompt order
+  std::vector<engine::Request> prompts;  // one engine request per prompt, in prompt order
+  // Choices per prompt: choice index = prompt index * n + j, each its own engine request
+  // (choice_seed(seed, j)); usage counts each prompt once.
+  int32_t n = 1;
+  // Top logprobs per token (-1: none): also in every prompt's sampling.top_logprobs.
+  int32_t logprobs = -1;
+  bool echo = false;  // completions: the prompt's text comes before each choice's text
   // Stop strings (text mode only), for a text::TextStream per choice; already checked by
   // text::StopMatcher::create.
   std::vector<std::string> stop_strings;
@@ -103,9 +120,9 @@ struct CompletionRequest {
 };
 
 // Parses and checks a request body. Fields we do not know are ignored (clients send many);
-// fields whose non-default values we cannot honour (n, best_of, echo, logprobs, suffix,
-// presence_penalty, frequency_penalty, logit_bias) are refused by name rather than silently
-// ignored.
+// fields whose non-default values we cannot honour (best_of, suffix, presence_penalty,
+// frequency_penalty, logit_bias; echo together with logprobs, which would need the prompt's
+// logprobs) are refused by name rather than silently ignored.
 Result<CompletionRequest, ApiError> parse_completion(std::string_view body,
                                                      const ApiLimits& limits);
 // POST /v1/chat/completions: `messages` rendered with the chat template (its errors are 400s
@@ -117,6 +134,10 @@ Result<CompletionRequest, ApiError> parse_chat_completion(std::string_view body,
 // Maps an engine rejection (from Engine::validate or a Rejected terminal) to a 400 naming the
 // field the reason is about. `prompt_index` is the choice it concerns.
 ApiError error_from_rejection(const engine::Terminal& terminal, size_t prompt_index);
+
+// The seed of choice j of a prompt when the body gave `seed`: the seed itself for j = 0 (so n = 1
+// is unchanged), a mix of both otherwise, so sampled choices differ and replay.
+uint64_t choice_seed(uint64_t seed, int32_t j);
 
 // Token ids as text: "17 42 99". The server has no tokenizer; the ids are also sent as
 // `token_ids`. `leading_space` continues an earlier piece of the same choice.
@@ -135,18 +156,36 @@ nlohmann::json usage_json(const Usage& usage);
 // streamed chunk). Both share this shape.
 nlohmann::json completion_object(const std::string& id, int64_t created, const std::string& model,
                                  nlohmann::json choices);
+// `logprobs`: null, or completion_logprobs_json's object.
 nlohmann::json choice_json(size_t index, const std::vector<int32_t>& tokens, bool leading_space,
-                           const char* finish_reason);
+                           const char* finish_reason, nlohmann::json logprobs = nullptr);
 // A text-mode choice: `text` is the detokenized output (the ids stay in token_ids).
 nlohmann::json text_choice_json(size_t index, std::string text, const std::vector<int32_t>& tokens,
-                                const char* finish_reason);
+                                const char* finish_reason, nlohmann::json logprobs = nullptr);
+
+// A token as logprobs name it: with a tokenizer, the text it decodes to, or "bytes:\xNN..."
+// when that is not UTF-8 (a byte-fallback token), as OpenAI writes it; without one, its id.
+std::string logprob_token(const TextCodec* text, int32_t id);
+// Completions' logprobs of tokens[i] with rows[i] (same length): {tokens, token_logprobs,
+// top_logprobs: [{token: logprob}] (the top n and the sampled token), text_offset}. Offsets
+// count code points of the token texts from *text_offset, which is advanced past them (a
+// stream's chunks continue it). Logprobs below -9999 (or -inf) are sent as -9999, as OpenAI.
+nlohmann::json completion_logprobs_json(const TextCodec* text, std::span<const int32_t> tokens,
+                                        std::span<const engine::RowLogprobs> rows,
+                                        int64_t* text_offset);
+// Chat's: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+// refusal: null}.
+nlohmann::json chat_logprobs_json(const TextCodec* text, std::span<const int32_t> tokens,
+                                  std::span<const engine::RowLogprobs> rows);
 
 // chat.completion (chunk = false) or chat.completion.chunk.
 nlohmann::json chat_object(const std::string& id, int64_t created, const std::string& model,
                            nlohmann::json choices, bool chunk);
-nlohmann::json chat_choice_json(size_t index, std::string content, const char* finish_reason);
+nlohmann::json chat_choice_json(size_t index, std::string content, const char* finish_reason,
+                                nlohmann::json logprobs = nullptr);
 // A streamed choice: `delta` is {"role", "content"} first, then {"content"}, last {}.
-nlohmann::json chat_delta_json(size_t index, nlohmann::json delta, const char* finish_reason);
+nlohmann::json chat_delta_json(size_t index, nlohmann::json delta, const char* finish_reason,
+                               nlohmann::json logprobs = nullptr);
 
 // GET /v1/models/{id}, and GET /v1/models (the list of the one model).
 nlohmann::json model_json(const std::string& model_id, int64_t created, int32_t max_context);

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <set>
+
 namespace twinstep::server {
 namespace {
 
@@ -104,9 +108,16 @@ TEST(OpenAiApi, MistypedFieldsNameTheField) {
       {R"({"prompt":[1],"stream":true,"stream_options":{"include_usage":1}})",
        "stream_options.include_usage"},
       {R"({"prompt":[1],"model":7})", "model"},
-      {R"({"prompt":[1],"n":2})", "n"},
-      {R"({"prompt":[1],"echo":true})", "echo"},
-      {R"({"prompt":[1],"logprobs":3})", "logprobs"},
+      {R"({"prompt":[1],"n":0})", "n"},
+      {R"({"prompt":[1],"n":129})", "n"},
+      {R"({"prompt":[1],"n":"2"})", "n"},
+      {R"({"prompt":[[1],[2]],"n":65})", "n"},  // 130 choices: over kMaxChoices
+      {R"({"prompt":[1],"echo":1})", "echo"},
+      {R"({"prompt":[1],"echo":true,"logprobs":0})", "echo"},  // prompt logprobs: refused
+      {R"({"prompt":[1],"logprobs":6})", "logprobs"},          // OpenAI's completions limit
+      {R"({"prompt":[1],"logprobs":-1})", "logprobs"},
+      {R"({"prompt":[1],"logprobs":true})", "logprobs"},
+      {R"({"prompt":[1],"best_of":2})", "best_of"},
       {R"({"prompt":[1],"suffix":"x"})", "suffix"},
       {R"({"prompt":[1],"ignore_eos":1})", "ignore_eos"},
   };
@@ -258,6 +269,15 @@ class ByteCodec final : public TextCodec {
     for (unsigned char c : text) out.push_back(c + 3);
   }
   std::string token_name(int32_t id) const override { return "<" + std::to_string(id) + ">"; }
+  std::string token_bytes(int32_t id) const override {
+    if (id < 3) return token_name(id);
+    return std::string(1, static_cast<char>(id - 3));
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string out;
+    for (int32_t id : ids) out += id < 3 ? "" : token_bytes(id);
+    return out;
+  }
   std::optional<std::string> refuse_stops(const std::vector<std::string>& stops) const override {
     for (const std::string& s : stops) {
       if (s.empty()) return std::string("an empty stop string never ends anything");
@@ -362,8 +382,11 @@ TEST(OpenAiApiText, ChatRendersLimitsAndRefusals) {
   const Case cases[] = {
       {R"({"max_tokens":3})", "messages"},
       {R"({"messages":[{"role":"user"},{"role":"user"}]})", "messages"},
-      {R"({"messages":[{"role":"user"}],"n":2})", "n"},
-      {R"({"messages":[{"role":"user"}],"logprobs":true})", "logprobs"},
+      {R"({"messages":[{"role":"user"}],"n":0})", "n"},
+      {R"({"messages":[{"role":"user"}],"logprobs":1})", "logprobs"},
+      {R"({"messages":[{"role":"user"}],"logprobs":true,"top_logprobs":21})", "top_logprobs"},
+      {R"({"messages":[{"role":"user"}],"logprobs":true,"top_logprobs":-1})", "top_logprobs"},
+      {R"({"messages":[{"role":"user"}],"top_logprobs":3})", "top_logprobs"},  // no logprobs
       {R"({"messages":[{"role":"user"}],"tools":[{"type":"function"}]})", "tools"},
       {R"({"messages":[{"role":"user"}],"response_format":{"type":"json_object"}})",
        "response_format"},
@@ -397,6 +420,123 @@ TEST(OpenAiApiText, ChatDocuments) {
   EXPECT_EQ(chunk["object"], "chat.completion.chunk");
   EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
   EXPECT_EQ(text_choice_json(0, "hi", {4}, "length")["text"], "hi");
+}
+
+TEST(OpenAiApiChoices, NLogprobsAndEchoReachTheRequest) {
+  auto parsed = parse_completion(R"({"prompt":[[1],[2]],"n":3,"logprobs":5})", limits());
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->n, 3);
+  EXPECT_EQ(parsed->prompts.size(), 2u);  // one engine request per prompt; the session makes n
+  EXPECT_EQ(parsed->logprobs, 5);
+  EXPECT_EQ(parsed->prompts[1].sampling.top_logprobs, 5);
+  auto zero = parse_completion(R"({"prompt":[1],"logprobs":0,"echo":false})", limits());
+  ASSERT_TRUE(zero.ok()) << zero.error().message;
+  EXPECT_EQ(zero->prompts[0].sampling.top_logprobs, 0);  // the sampled token's only
+  auto plain = parse_completion(R"({"prompt":[1],"echo":true,"logprobs":null})", limits());
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EXPECT_TRUE(plain->echo);
+  EXPECT_EQ(plain->n, 1);
+  EXPECT_EQ(plain->prompts[0].sampling.top_logprobs, -1);  // not asked: none computed
+
+  auto chat = parse_chat_completion(
+      R"({"messages":[{"role":"user"}],"logprobs":true,"top_logprobs":20,"n":2})", text_limits());
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  EXPECT_EQ(chat->prompts[0].sampling.top_logprobs, 20);
+  EXPECT_EQ(chat->n, 2);
+  auto bare =
+      parse_chat_completion(R"({"messages":[{"role":"user"}],"logprobs":true})", text_limits());
+  ASSERT_TRUE(bare.ok()) << bare.error().message;
+  EXPECT_EQ(bare->prompts[0].sampling.top_logprobs, 0);
+  auto off = parse_chat_completion(
+      R"({"messages":[{"role":"user"}],"logprobs":false,"top_logprobs":0})", text_limits());
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  EXPECT_EQ(off->prompts[0].sampling.top_logprobs, -1);
+  // Chat has no echo: the field is not one of chat's, so it changes nothing there.
+  auto echo = parse_chat_completion(R"({"messages":[{"role":"user"}],"echo":true})", text_limits());
+  ASSERT_TRUE(echo.ok());
+  EXPECT_FALSE(echo->echo);
+}
+
+TEST(OpenAiApiChoices, ChoiceSeedsKeepNOneAndDifferPerChoice) {
+  EXPECT_EQ(choice_seed(42, 0), 42u);
+  std::set<uint64_t> seen;
+  for (int32_t j = 0; j < 64; ++j) seen.insert(choice_seed(42, j));
+  EXPECT_EQ(seen.size(), 64u);
+  EXPECT_NE(choice_seed(42, 1), choice_seed(43, 1));
+  EXPECT_EQ(choice_seed(7, 5), choice_seed(7, 5));
+}
+
+TEST(OpenAiApiChoices, AnEngineRejectionOfTopLogprobsNamesLogprobs) {
+  engine::Terminal t{engine::TerminalKind::kRejected, engine::RejectReason::kBadSampling,
+                     "top_logprobs is 21 (expected -1 or 0..20)"};
+  EXPECT_EQ(error_from_rejection(t, 0).param, "logprobs");
+}
+
+engine::RowLogprobs row(float logprob, std::vector<engine::TokenLogprob> top) {
+  engine::RowLogprobs r;
+  r.logprob = logprob;
+  r.top = std::move(top);
+  return r;
+}
+
+TEST(OpenAiApiLogprobs, CompletionShapeWithIds) {
+  const std::vector<int32_t> tokens = {17, 5};
+  const std::vector<engine::RowLogprobs> rows = {row(-0.5f, {{17, -0.5f}, {3, -1.25f}}),
+                                                 row(-3.0f, {{8, -0.25f}, {9, -2.0f}})};
+  int64_t offset = 0;
+  json lp = completion_logprobs_json(nullptr, tokens, rows, &offset);
+  EXPECT_EQ(lp["tokens"], json({"17", "5"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-0.5, -3.0}));
+  // The top n, and the sampled token beside them when it is not one of them.
+  EXPECT_EQ(lp["top_logprobs"][0], (json{{"17", -0.5}, {"3", -1.25}}));
+  EXPECT_EQ(lp["top_logprobs"][1], (json{{"8", -0.25}, {"9", -2.0}, {"5", -3.0}}));
+  // Offsets into the text "17 5" (ids joined by spaces), continued by a stream's next chunk.
+  EXPECT_EQ(lp["text_offset"], json({0, 3}));
+  EXPECT_EQ(offset, 5);
+  json next = completion_logprobs_json(nullptr, std::vector<int32_t>{99},
+                                       std::vector<engine::RowLogprobs>{row(-1.0f, {})}, &offset);
+  EXPECT_EQ(next["text_offset"], json({5}));  // " 99" continues "17 5"
+  EXPECT_EQ(next["top_logprobs"][0], (json{{"99", -1.0}}));
+}
+
+TEST(OpenAiApiLogprobs, CompletionShapeWithTextAndNonFiniteValues) {
+  ByteCodec codec;
+  // 'h' (0x68 + 3), then the two bytes of "\u00e9" one by one (0xc3, 0xa9), then 'i'.
+  const std::vector<int32_t> tokens = {0x68 + 3, 0xc3 + 3, 0xa9 + 3, 'i' + 3};
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<engine::RowLogprobs> rows = {row(-inf, {}), row(-0.125f, {}),
+                                                 row(std::nanf(""), {}), row(-20000.0f, {})};
+  int64_t offset = 10;
+  json lp = completion_logprobs_json(&codec, tokens, rows, &offset);
+  EXPECT_EQ(lp["tokens"], json({"h", "bytes:\\xc3", "bytes:\\xa9", "i"}));
+  EXPECT_EQ(lp["token_logprobs"], json({-9999.0, -0.125, -9999.0, -9999.0}));
+  // Code points: the two bytes of one character advance the offset by one.
+  EXPECT_EQ(lp["text_offset"], json({10, 11, 12, 12}));
+  EXPECT_EQ(offset, 13);
+  EXPECT_NO_THROW(lp.dump());  // valid UTF-8 throughout
+}
+
+TEST(OpenAiApiLogprobs, ChatShape) {
+  ByteCodec codec;
+  const std::vector<int32_t> tokens = {'o' + 3, 0xc3 + 3};
+  const std::vector<engine::RowLogprobs> rows = {row(-0.5f, {{'o' + 3, -0.5f}, {'k' + 3, -1.5f}}),
+                                                 row(-2.0f, {})};
+  json lp = chat_logprobs_json(&codec, tokens, rows);
+  ASSERT_EQ(lp["content"].size(), 2u);
+  EXPECT_TRUE(lp["refusal"].is_null());
+  const json& first = lp["content"][0];
+  EXPECT_EQ(first["token"], "o");
+  EXPECT_EQ(first["logprob"], -0.5);
+  EXPECT_EQ(first["bytes"], json({int{'o'}}));
+  EXPECT_EQ(first["top_logprobs"],
+            (json{{{"token", "o"}, {"logprob", -0.5}, {"bytes", {int{'o'}}}},
+                  {{"token", "k"}, {"logprob", -1.5}, {"bytes", {int{'k'}}}}}));
+  EXPECT_EQ(lp["content"][1]["token"], "bytes:\\xc3");
+  EXPECT_EQ(lp["content"][1]["bytes"], json({0xc3}));
+  EXPECT_EQ(lp["content"][1]["top_logprobs"], json::array());
+  json choice = chat_choice_json(0, "o", "stop", lp);
+  EXPECT_EQ(choice["logprobs"], lp);
+  EXPECT_TRUE(chat_choice_json(0, "o", "stop")["logprobs"].is_null());
 }
 
 }  // namespace

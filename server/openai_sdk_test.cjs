@@ -4,7 +4,7 @@
 // errors (BadRequestError, NotFoundError, AuthenticationError) with a wrong and a missing
 // API key. A second server, `--model gemma4-12b --tokenizer DIR` (the Gemma 3 tokenizer from
 // .ci/deps), takes text: completions.create({prompt: 'Hello'}) and chat.completions.create,
-// streaming and not. Usage: node openai_sdk_test.cjs TWINSTEP_SERVE_BINARY TOKENIZER_DIR. A
+// streaming and not, with logprobs / top_logprobs, n > 1 and echo. Usage: node openai_sdk_test.cjs TWINSTEP_SERVE_BINARY TOKENIZER_DIR. A
 // missing SDK or tokenizer fails.
 'use strict';
 const assert = require('node:assert/strict');
@@ -226,6 +226,99 @@ function registerText(base) {
     const last = chunks[chunks.length - 1];
     assert.deepEqual(last.choices, []);
     assert.deepEqual(last.usage, whole.usage);
+  });
+
+  test('text: completions logprobs and echo', async () => {
+    const r = await client.completions.create({
+      model: TEXT_MODEL, prompt: 'Hello', max_tokens: 6, temperature: 0, ignore_eos: true,
+      logprobs: 3,
+    });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 6);
+    assert.equal(lp.token_logprobs.length, 6);
+    assert.equal(lp.text_offset[0], 0);
+    for (let i = 0; i < 6; i++) {
+      assert.ok(lp.token_logprobs[i] <= 0, `logprob ${lp.token_logprobs[i]}`);
+      const top = lp.top_logprobs[i];
+      assert.ok(Object.keys(top).length >= 3 && Object.keys(top).length <= 4, JSON.stringify(top));
+      // Greedy: the sampled token is the most likely one.
+      assert.equal(Math.max(...Object.values(top)), lp.token_logprobs[i]);
+      assert.equal(top[lp.tokens[i]], lp.token_logprobs[i]);
+    }
+    const stream = await client.completions.create({
+      model: TEXT_MODEL, prompt: 'Hello', max_tokens: 6, temperature: 0, ignore_eos: true,
+      logprobs: 3, stream: true,
+    });
+    const streamed = [];
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) if (c.logprobs) streamed.push(...c.logprobs.token_logprobs);
+    }
+    assert.deepEqual(streamed, lp.token_logprobs);
+    const echoed = await client.completions.create({
+      model: TEXT_MODEL, prompt: 'Hello', max_tokens: 6, temperature: 0, ignore_eos: true,
+      echo: true,
+    });
+    assert.equal(echoed.choices[0].text, 'Hello' + r.choices[0].text);
+    await expectError(
+        client.completions.create({ model: TEXT_MODEL, prompt: 'Hello', logprobs: 6 }),
+        OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'logprobs'));
+    await expectError(
+        client.completions.create({ model: TEXT_MODEL, prompt: 'Hello', echo: true, logprobs: 1 }),
+        OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'echo'));
+  });
+
+  test('text: chat logprobs with top_logprobs, streaming and not', async () => {
+    const r = await client.chat.completions.create({ ...chat, logprobs: true, top_logprobs: 2 });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens -
+                 (r.choices[0].finish_reason === 'stop' ? 1 : 0));
+    for (const entry of content) {
+      assert.equal(typeof entry.token, 'string');
+      assert.ok(Array.isArray(entry.bytes));
+      assert.equal(entry.top_logprobs.length, 2);
+      assert.equal(entry.top_logprobs[0].token, entry.token);  // greedy
+      assert.ok(entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob);
+    }
+    const stream = await client.chat.completions.create({
+      ...chat, logprobs: true, top_logprobs: 2, stream: true,
+    });
+    const streamed = [];
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) if (c.logprobs) streamed.push(...c.logprobs.content);
+    }
+    assert.deepEqual(streamed, content);
+    await expectError(
+        client.chat.completions.create({ ...chat, logprobs: true, top_logprobs: 21 }),
+        OpenAI.BadRequestError, 400, (e) => assert.equal(e.param, 'top_logprobs'));
+  });
+
+  test('text: n choices, streaming and not', async () => {
+    const body = { model: TEXT_MODEL, prompt: 'Once', max_tokens: 5, temperature: 1, seed: 12,
+                   ignore_eos: true, n: 3 };
+    const r = await client.completions.create(body);
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    assert.notEqual(r.choices[0].text + r.choices[1].text + r.choices[2].text, '');
+    assert.ok(new Set(r.choices.map((c) => c.text)).size > 1, 'sampled choices differ');
+    // The prompt is counted once; every choice's tokens are.
+    const single = await client.completions.create({ ...body, n: 1 });
+    assert.equal(single.choices[0].text, r.choices[0].text);
+    assert.equal(r.usage.prompt_tokens, single.usage.prompt_tokens);
+    assert.equal(r.usage.completion_tokens, 15);
+    const again = await client.completions.create(body);
+    assert.deepEqual(again.choices.map((c) => c.text), r.choices.map((c) => c.text));
+    const stream = await client.completions.create({ ...body, stream: true });
+    const texts = ['', '', ''];
+    for await (const chunk of stream) for (const c of chunk.choices) texts[c.index] += c.text;
+    assert.deepEqual(texts, r.choices.map((c) => c.text));
+    const chats = await client.chat.completions.create({ ...chat, n: 2, temperature: 1 });
+    assert.deepEqual(chats.choices.map((c) => c.index), [0, 1]);
+    const chatStream = await client.chat.completions.create({ ...chat, n: 2, stream: true });
+    const contents = ['', ''];
+    for await (const chunk of chatStream) {
+      for (const c of chunk.choices) contents[c.index] += c.delta.content ?? '';
+    }
+    const whole = await client.chat.completions.create({ ...chat, n: 2 });
+    assert.deepEqual(contents, whole.choices.map((c) => c.message.content));
   });
 
   test('text: chat template errors raise BadRequestError naming messages', async () => {

@@ -390,5 +390,64 @@ TEST_F(ServerTest, ShutdownWhileBusyAbortsInFlightAndDrainsToBaseline) {
   server_.reset();
 }
 
+// Without a tokenizer a token is named by its id, and text_offset points into the text of ids
+// joined by spaces. Greedy n = 2: equal choices; the prompt is counted once. Echo: the prompt's
+// ids first.
+TEST_F(ServerTest, LogprobsNAndEchoWithIdsOnly) {
+  start();
+  json body = {{"prompt", {5, 6, 7}}, {"max_tokens", 4}, {"temperature", 0},
+               {"ignore_eos", true},  {"logprobs", 2},   {"n", 2}};
+  client::Response r = post(body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json doc = json::parse(r.body);
+  ASSERT_EQ(doc["choices"].size(), 2u);
+  EXPECT_EQ(doc["choices"][1]["index"], 1);
+  EXPECT_EQ(doc["choices"][0]["token_ids"], doc["choices"][1]["token_ids"]);
+  EXPECT_EQ(doc["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(doc["usage"]["completion_tokens"], 8);
+  const json& choice = doc["choices"][0];
+  const std::string text = choice["text"];
+  const json& lp = choice["logprobs"];
+  const auto ids = choice["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 4u);
+  // The engine's own rows for the same request.
+  engine::Request request = make_request({5, 6, 7}, 4, 0.0f, 0);
+  request.stop_ids.clear();
+  request.sampling.top_logprobs = 2;
+  sim::SimDevice device(model_);
+  auto direct = engine::Engine::create(model_, {}, device).value();
+  direct->submit(request);
+  std::vector<engine::RowLogprobs> rows;
+  while (!direct->idle()) {
+    for (const auto& u : direct->step().updates)
+      rows.insert(rows.end(), u.logprobs.begin(), u.logprobs.end());
+  }
+  ASSERT_EQ(rows.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string name = std::to_string(ids[i]);
+    EXPECT_EQ(lp["tokens"][i], name);
+    const size_t at = lp["text_offset"][i].get<size_t>();
+    EXPECT_EQ(text.substr(at, name.size()), name) << text;
+    EXPECT_EQ(lp["token_logprobs"][i].get<double>(), static_cast<double>(rows[i].logprob));
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 2u) << top;  // greedy: the sampled token is the first of the two
+    EXPECT_EQ(top[std::to_string(rows[i].top[0].token)],
+              static_cast<double>(rows[i].top[0].logprob));
+    EXPECT_EQ(top[std::to_string(rows[i].top[1].token)],
+              static_cast<double>(rows[i].top[1].logprob));
+    EXPECT_EQ(rows[i].top[0].token, ids[i]);
+  }
+  // Echo: "5 6 7" and then the completion's ids.
+  client::Response echoed = post({{"prompt", {5, 6, 7}},
+                                  {"max_tokens", 4},
+                                  {"temperature", 0},
+                                  {"ignore_eos", true},
+                                  {"echo", true}});
+  ASSERT_EQ(echoed.status, 200) << echoed.body;
+  const json e = json::parse(echoed.body)["choices"][0];
+  EXPECT_EQ(e["text"], "5 6 7 " + tokens_text(e["token_ids"].get<std::vector<int32_t>>(), false));
+  EXPECT_TRUE(e["logprobs"].is_null());
+}
+
 }  // namespace
 }  // namespace twinstep::server

@@ -41,8 +41,14 @@ constexpr std::chrono::milliseconds kProbeInterval{250};
 struct Choice {
   engine::RequestControl control;
   int64_t prompt_tokens = 0;
-  int64_t generated = 0;          // tokens the engine produced, a final stop id included
-  std::vector<int32_t> tokens;    // what the client gets: a final stop id is left out
+  int64_t generated = 0;        // tokens the engine produced, a final stop id included
+  std::vector<int32_t> tokens;  // what the client gets: a final stop id is left out
+  // [tokens.size()] when the exchange asked for logprobs (else empty): the device's rows.
+  std::vector<engine::RowLogprobs> logprobs;
+  int64_t text_offset = 0;    // completions' logprobs.text_offset of the next token streamed
+  bool counts_prompt = true;  // choice 0 of its prompt: usage counts the prompt once
+  std::string echo;           // echo: the prompt's text, sent before the choice's own
+  bool echo_sent = false;
   std::vector<int32_t> stop_ids;  // to leave the final one out of text and token_ids
   size_t sent = 0;                // tokens already streamed
   bool end_sent = false;          // the finishing event is queued
@@ -64,6 +70,7 @@ struct Exchange {
   bool stream = false;
   bool http11 = true;  // HTTP/1.1 streams are chunked; HTTP/1.0 ones end with the connection
   bool include_usage = false;
+  int32_t logprobs = -1;  // top logprobs per token; -1: none
   std::vector<Choice> choices;
   std::unordered_map<uint64_t, size_t> by_request;  // RequestId value -> choice
   size_t finished = 0;
@@ -321,22 +328,34 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     exchange->stream = body.stream;
     exchange->http11 = http11;
     exchange->include_usage = body.include_usage;
-    exchange->choices.resize(body.prompts.size());
+    exchange->logprobs = body.logprobs;
+    exchange->choices.resize(body.prompts.size() * static_cast<size_t>(body.n));
     exchange_ = std::move(exchange);
     if (exchange_->stream) {
       if (!http11) close_after_flush_ = true;  // HTTP/1.0: the close ends the stream
       server_.count_response(200);
       queue(stream_header());
     }
-    for (size_t i = 0; i < body.prompts.size(); ++i) submit(i, std::move(body.prompts[i]), body);
+    for (size_t i = 0; i < body.prompts.size(); ++i) {
+      for (int32_t j = 0; j < body.n; ++j) {
+        submit(i * static_cast<size_t>(body.n) + static_cast<size_t>(j), j, body.prompts[i], body);
+      }
+    }
     pump();
   }
 
-  void submit(size_t index, engine::Request request, const CompletionRequest& body) {
-    if (!body.seed_given) request.sampling.seed = server_.next_seed.fetch_add(1);
+  // Choice `index`, the j-th of its prompt.
+  void submit(size_t index, int32_t j, engine::Request request, const CompletionRequest& body) {
+    request.sampling.seed =
+        body.seed_given ? choice_seed(request.sampling.seed, j) : server_.next_seed.fetch_add(1);
     Choice& choice = exchange_->choices[index];
     choice.prompt_tokens = static_cast<int64_t>(request.prompt.size());
+    choice.counts_prompt = j == 0;
     choice.stop_ids = request.stop_ids;
+    if (body.echo) {
+      choice.echo = server_.options.text ? server_.options.text->decode(request.prompt)
+                                         : tokens_text(request.prompt, false);
+    }
     if (exchange_->text) {
       auto stream = text::TextStream::create(server_.options.text->tokenizer, body.stop_strings);
       TS_CHECK(stream.ok()) << "parse_completion let a bad stop string through: "
@@ -374,6 +393,13 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     // After a stop string, what the engine made before the abort took effect is not output.
     if (!choice.stopped_by_text()) {
       choice.tokens.insert(choice.tokens.end(), update.new_tokens.begin(), update.new_tokens.end());
+      if (exchange_->logprobs >= 0) {
+        TS_CHECK(update.logprobs.size() == update.new_tokens.size())
+            << update.id << ": " << update.logprobs.size() << " logprob rows for "
+            << update.new_tokens.size() << " tokens";
+        choice.logprobs.insert(choice.logprobs.end(), update.logprobs.begin(),
+                               update.logprobs.end());
+      }
     }
     if (update.terminal) {
       // As OpenAI does with stop sequences: the stop id that ended the choice is not output.
@@ -384,6 +410,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       if (by_stop_id) choice.tokens.pop_back();
     }
     if (choice.text) detokenize(choice, std::min(before, choice.tokens.size()), !!update.terminal);
+    if (exchange_->logprobs >= 0) choice.logprobs.resize(choice.tokens.size());
     if (update.terminal) {
       choice.terminal = std::move(update.terminal);
       ++exchange_->finished;
@@ -433,23 +460,53 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     flush();
   }
 
+  // The codec logprobs name tokens with: null without a tokenizer (tokens are their ids).
+  const TextCodec* codec() const { return server_.options.text.get(); }
+
+  // The logprobs of the choice's tokens not streamed yet, which count as streamed from now on;
+  // null when the exchange did not ask for them.
+  json take_logprobs(Choice& choice) {
+    const size_t from = choice.sent;
+    choice.sent = choice.tokens.size();
+    if (exchange_->logprobs < 0) return nullptr;
+    std::span<const int32_t> tokens(choice.tokens);
+    std::span<const engine::RowLogprobs> rows(choice.logprobs);
+    if (exchange_->api == Api::kChat) {
+      return chat_logprobs_json(codec(), tokens.subspan(from), rows.subspan(from));
+    }
+    return completion_logprobs_json(codec(), tokens.subspan(from), rows.subspan(from),
+                                    &choice.text_offset);
+  }
+
   void stream_pending(size_t index) {
     Choice& choice = exchange_->choices[index];
+    if (!choice.echo.empty() && !choice.echo_sent) {
+      choice.echo_sent = true;
+      send_event(chunk(text_choice_json(index, choice.echo, {}, nullptr)));
+    }
     if (exchange_->api == Api::kChat) {
       stream_chat_delta(index);
     } else if (choice.sent < choice.tokens.size() || (choice.text && choice.text->has_unsent())) {
       std::vector<int32_t> piece(choice.tokens.begin() + static_cast<ptrdiff_t>(choice.sent),
                                  choice.tokens.end());
-      send_event(chunk(choice.text
-                           ? text_choice_json(index, choice.text->take_unsent(), piece, nullptr)
-                           : choice_json(index, piece, choice.sent > 0, nullptr)));
+      const bool leading_space = choice.sent > 0 || !choice.echo.empty();
+      json logprobs = take_logprobs(choice);
+      send_event(chunk(
+          choice.text ? text_choice_json(index, choice.text->take_unsent(), piece, nullptr,
+                                         std::move(logprobs))
+                      : choice_json(index, piece, leading_space, nullptr, std::move(logprobs))));
     }
-    choice.sent = choice.tokens.size();
+    if (exchange_->api != Api::kChat) choice.sent = choice.tokens.size();
     if (!choice.terminal || choice.end_sent) return;
     choice.end_sent = true;
     if (const char* reason = reason_of(choice)) {
-      send_event(chunk(exchange_->api == Api::kChat ? chat_delta_json(index, json::object(), reason)
-                                                    : choice_json(index, {}, false, reason)));
+      // Chat: logprobs of tokens whose text never came (held back, then cut) end here.
+      json last = exchange_->api == Api::kChat && choice.sent < choice.tokens.size()
+                      ? take_logprobs(choice)
+                      : json(nullptr);
+      send_event(chunk(exchange_->api == Api::kChat
+                           ? chat_delta_json(index, json::object(), reason, std::move(last))
+                           : choice_json(index, {}, false, reason)));
     } else {
       json body = json::parse(error_body(choice_error(index)));
       body["error"]["index"] = index;
@@ -466,8 +523,12 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
     }
     TS_CHECK(choice.text.has_value()) << "a chat choice without its text";
     if (choice.text->has_unsent()) {
-      send_event(chunk(chat_delta_json(index, {{"content", choice.text->take_unsent()}}, nullptr)));
+      json content = {{"content", choice.text->take_unsent()}};
+      send_event(chunk(chat_delta_json(index, std::move(content), nullptr, take_logprobs(choice))));
     }
+    // Without logprobs every token counts as streamed; with them, a token's logprob goes out
+    // with the first content (or the finish) after it.
+    if (exchange_->logprobs < 0) choice.sent = choice.tokens.size();
   }
 
   // Why a choice ended without finishing, as the error a client gets.
@@ -532,7 +593,7 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
   Usage total_usage() const {
     Usage usage;
     for (const Choice& c : exchange_->choices) {
-      usage.prompt_tokens += c.prompt_tokens;
+      if (c.counts_prompt) usage.prompt_tokens += c.prompt_tokens;
       usage.completion_tokens += c.generated;
     }
     return usage;
@@ -545,9 +606,23 @@ class Session final : public Connection, public std::enable_shared_from_this<Ses
       const Choice& c = ex.choices[i];
       const char* reason = reason_of(c);
       if (!reason) return send_error(choice_error(i));
-      choices.push_back(ex.api == Api::kChat ? chat_choice_json(i, c.text->text(), reason)
-                        : c.text             ? text_choice_json(i, c.text->text(), c.tokens, reason)
-                                             : choice_json(i, c.tokens, false, reason));
+      json logprobs = nullptr;
+      if (ex.logprobs >= 0) {
+        int64_t offset = 0;
+        logprobs = ex.api == Api::kChat
+                       ? chat_logprobs_json(codec(), c.tokens, c.logprobs)
+                       : completion_logprobs_json(codec(), c.tokens, c.logprobs, &offset);
+      }
+      if (ex.api == Api::kChat) {
+        choices.push_back(chat_choice_json(i, c.text->text(), reason, std::move(logprobs)));
+      } else if (c.text) {
+        choices.push_back(
+            text_choice_json(i, c.echo + c.text->text(), c.tokens, reason, std::move(logprobs)));
+      } else {
+        json choice = choice_json(i, c.tokens, !c.echo.empty(), reason, std::move(logprobs));
+        choice["text"] = c.echo + choice["text"].get<std::string>();
+        choices.push_back(std::move(choice));
+      }
     }
     const std::string& model = server_.route.limits.model_id;
     json object = ex.api == Api::kChat

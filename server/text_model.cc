@@ -14,6 +14,16 @@ std::string TextModel::token_name(int32_t id) const {
   return std::string(tokenizer.id_to_token(id));
 }
 
+std::string TextModel::token_bytes(int32_t id) const {
+  const text::Tokenizer::Piece piece = tokenizer.piece(id, {.skip_special_tokens = false});
+  if (piece.byte >= 0) return std::string(1, static_cast<char>(piece.byte));
+  return std::string(piece.text);
+}
+
+std::string TextModel::decode(const std::vector<int32_t>& ids) const {
+  return tokenizer.decode(ids, {.skip_special_tokens = true});
+}
+
 std::optional<std::string> TextModel::refuse_stops(const std::vector<std::string>& stops) const {
   auto matcher = text::StopMatcher::create(stops);
   if (matcher.ok()) return std::nullopt;

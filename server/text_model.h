@@ -22,6 +22,8 @@ struct TextModel final : TextCodec {
   void encode(std::string_view text, bool add_special_tokens,
               std::vector<int32_t>& out) const override;
   std::string token_name(int32_t id) const override;
+  std::string token_bytes(int32_t id) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
   std::optional<std::string> refuse_stops(const std::vector<std::string>& stops) const override;
   Result<std::string, ApiError> render_chat(const nlohmann::json& messages) const override;
   std::string chat_missing() const override { return chat_missing_why; }

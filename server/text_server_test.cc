@@ -270,8 +270,9 @@ TEST_F(TextServerTest, ChatTemplateErrorsAre400sNamingMessages) {
     EXPECT_EQ(json::parse(r.body)["error"]["type"], "invalid_request_error") << r.body;
   }
   // Refused by name, not ignored.
-  json n2 = {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"n", 2}};
-  expect_error(post_to("/v1/chat/completions", n2), 400, "n", "n: not implemented");
+  json tools = {{"messages", {{{"role", "user"}, {"content", "a"}}}},
+                {"tools", {{{"type", "function"}}}}};
+  expect_error(post_to("/v1/chat/completions", tools), 400, "tools", "tools: not implemented");
 }
 
 TEST_F(TextServerTest, AnIdPastTheModelsVocabularyIsA400AndTheServerServesOn) {
@@ -298,6 +299,254 @@ TEST_F(ServerTest, WithoutATokenizerTextIsRefusedNamingTheFlag) {
   ASSERT_EQ(ids.status, 200) << ids.body;
   json choice = json::parse(ids.body)["choices"][0];
   EXPECT_EQ(choice["text"], tokens_text(choice["token_ids"].get<std::vector<int32_t>>(), false));
+}
+
+// ---- logprobs, n, echo (issue 14 item 4) ------------------------------------------------
+
+// What the engine itself reports for `request` on a fresh simulated device of the same model:
+// the tokens and logprob rows the server must render.
+struct Direct {
+  std::vector<int32_t> tokens;
+  std::vector<engine::RowLogprobs> rows;
+};
+Direct direct_run(const engine::ModelConfig& model, engine::Request request) {
+  sim::SimDevice device(model);
+  engine::EngineConfig config;
+  config.max_context = 4096;
+  auto engine = engine::Engine::create(model, config, device).value();
+  engine->submit(std::move(request));
+  Direct out;
+  for (int steps = 0; !engine->idle() && steps < 100'000; ++steps) {
+    for (const engine::RequestUpdate& u : engine->step().updates) {
+      out.tokens.insert(out.tokens.end(), u.new_tokens.begin(), u.new_tokens.end());
+      out.rows.insert(out.rows.end(), u.logprobs.begin(), u.logprobs.end());
+    }
+  }
+  return out;
+}
+
+// The streamed completions logprobs of choice 0, concatenated field by field.
+json streamed_completion_logprobs(const std::vector<json>& events) {
+  json all = {{"tokens", json::array()},
+              {"token_logprobs", json::array()},
+              {"top_logprobs", json::array()},
+              {"text_offset", json::array()}};
+  for (const json& event : events) {
+    for (const json& c : event["choices"]) {
+      if (c["logprobs"].is_null()) continue;
+      for (const char* field : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+        for (const json& v : c["logprobs"][field]) all[field].push_back(v);
+      }
+    }
+  }
+  return all;
+}
+
+TEST_F(TextServerTest, CompletionLogprobsAreTheEnginesStreamedAndNot) {
+  const std::string prompt = "The capital of France is";
+  json body = {{"prompt", prompt}, {"max_tokens", 8},    {"temperature", 0.8},
+               {"seed", 21},       {"ignore_eos", true}, {"logprobs", 3}};
+  client::Response r = post(body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = json::parse(r.body)["choices"][0];
+  const json& lp = choice["logprobs"];
+  const auto ids = choice["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 8u);
+  for (const char* field : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    ASSERT_EQ(lp[field].size(), ids.size()) << field;
+  }
+  engine::Request request;
+  request.prompt = tokenizer().encode(prompt, true);
+  request.max_tokens = 8;
+  request.sampling.temperature = 0.8f;
+  request.sampling.seed = 21;
+  request.sampling.top_logprobs = 3;
+  const Direct want = direct_run(model_, request);
+  ASSERT_EQ(want.tokens, ids);
+  std::string joined;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(lp["token_logprobs"][i].get<double>(), static_cast<double>(want.rows[i].logprob));
+    // The top 3 and the sampled token (unless it is one of them), under their texts.
+    const json& top = lp["top_logprobs"][i];
+    EXPECT_GE(top.size(), 3u);
+    EXPECT_LE(top.size(), 4u);
+    for (const engine::TokenLogprob& t : want.rows[i].top) {
+      bool found = false;
+      for (const auto& [key, value] : top.items()) {
+        found = found || value.get<double>() == static_cast<double>(t.logprob);
+      }
+      EXPECT_TRUE(found) << "rank logprob " << t.logprob << " missing from " << top;
+    }
+    EXPECT_EQ(top.value(lp["tokens"][i].get<std::string>(), json(1.0)), lp["token_logprobs"][i]);
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0);
+    if (i > 0) {
+      EXPECT_GE(lp["text_offset"][i], lp["text_offset"][i - 1]);
+    }
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  // Every token here decodes to whole characters: the token texts make up the choice's text.
+  if (joined.find("bytes:") == std::string::npos) {
+    EXPECT_EQ(joined, choice["text"]);
+  }
+
+  body["stream"] = true;
+  client::Response streamed = post(body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed_completion_logprobs(sse_documents(streamed.body)), lp);
+}
+
+TEST_F(TextServerTest, ChatLogprobsStreamedAndNot) {
+  json body = {{"messages", {{{"role", "user"}, {"content", "Hi there"}}}},
+               {"max_tokens", 6},
+               {"temperature", 0},
+               {"logprobs", true},
+               {"top_logprobs", 2}};
+  client::Response r = post_to("/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json doc = json::parse(r.body);
+  const json& choice = doc["choices"][0];
+  ASSERT_EQ(choice["finish_reason"], "length") << r.body;
+  const json& content = choice["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 6u) << choice;
+  std::string bytes_joined;
+  for (const json& entry : content) {
+    ASSERT_EQ(entry["top_logprobs"].size(), 2u) << entry;
+    // Greedy: the token is the most likely one, and the list is best first.
+    EXPECT_EQ(entry["token"], entry["top_logprobs"][0]["token"]);
+    EXPECT_EQ(entry["logprob"], entry["top_logprobs"][0]["logprob"]);
+    EXPECT_GT(entry["top_logprobs"][0]["logprob"], entry["top_logprobs"][1]["logprob"]);
+    for (const json& b : entry["bytes"]) {
+      ASSERT_TRUE(b.is_number_integer() && b >= 0 && b <= 255) << entry;
+      bytes_joined += static_cast<char>(b.get<int>());
+    }
+  }
+  // The bytes of the tokens are the message (the sim's tokens hold no special one here).
+  EXPECT_EQ(bytes_joined, choice["message"]["content"]);
+  // Without logprobs: null, as OpenAI sends it.
+  body.erase("logprobs");
+  body.erase("top_logprobs");
+  client::Response plain = post_to("/v1/chat/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_TRUE(json::parse(plain.body)["choices"][0]["logprobs"].is_null());
+
+  body["logprobs"] = true;
+  body["top_logprobs"] = 2;
+  body["stream"] = true;
+  client::Response streamed = post_to("/v1/chat/completions", body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  json entries = json::array();
+  for (const json& event : sse_documents(streamed.body)) {
+    for (const json& c : event["choices"]) {
+      if (c["logprobs"].is_null()) continue;
+      for (const json& e : c["logprobs"]["content"]) entries.push_back(e);
+    }
+  }
+  EXPECT_EQ(entries, content);
+}
+
+TEST_F(TextServerTest, NChoicesDifferReplayAndCountThePromptOnce) {
+  const std::string prompt = "Once upon a time";
+  json body = {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 1.0},
+               {"seed", 11},       {"n", 3},          {"ignore_eos", true}};
+  client::Response a = post(body);
+  client::Response b = post(body);
+  ASSERT_EQ(a.status, 200) << a.body;
+  ASSERT_EQ(b.status, 200) << b.body;
+  const json da = json::parse(a.body), db = json::parse(b.body);
+  ASSERT_EQ(da["choices"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(da["choices"][i]["index"], i);
+    EXPECT_EQ(da["choices"][i]["token_ids"], db["choices"][i]["token_ids"]) << "replay " << i;
+    EXPECT_EQ(da["choices"][i]["text"], decode(da["choices"][i]["token_ids"]));
+  }
+  EXPECT_NE(da["choices"][0]["token_ids"], da["choices"][1]["token_ids"]);
+  EXPECT_NE(da["choices"][1]["token_ids"], da["choices"][2]["token_ids"]);
+  const size_t prompt_tokens = tokenizer().encode(prompt, true).size();
+  EXPECT_EQ(da["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(da["usage"]["completion_tokens"], 18);
+  // Choice 0 is what n = 1 with the same seed gives.
+  json one = body;
+  one["n"] = 1;
+  client::Response single = post(one);
+  ASSERT_EQ(single.status, 200) << single.body;
+  EXPECT_EQ(json::parse(single.body)["choices"][0]["token_ids"], da["choices"][0]["token_ids"]);
+  // Two prompts, two choices each: prompt-major order, each prompt counted once.
+  json two = body;
+  two["prompt"] = {prompt, "Hello"};
+  two["n"] = 2;
+  client::Response c = post(two);
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json dc = json::parse(c.body);
+  ASSERT_EQ(dc["choices"].size(), 4u);
+  EXPECT_EQ(dc["choices"][0]["token_ids"], da["choices"][0]["token_ids"]);
+  EXPECT_EQ(dc["choices"][1]["token_ids"], da["choices"][1]["token_ids"]);
+  EXPECT_EQ(dc["usage"]["prompt_tokens"], prompt_tokens + tokenizer().encode("Hello", true).size());
+  EXPECT_EQ(dc["usage"]["completion_tokens"], 24);
+  // Streamed: every index gets its own text and finish.
+  body["stream"] = true;
+  client::Response streamed = post(body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::map<size_t, std::string> texts, reasons;
+  for (const json& event : sse_documents(streamed.body)) {
+    for (const json& ch : event["choices"]) {
+      texts[ch["index"]] += ch["text"].get<std::string>();
+      if (ch["finish_reason"].is_string()) reasons[ch["index"]] = ch["finish_reason"];
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(texts[i], da["choices"][i]["text"]) << "choice " << i;
+    EXPECT_EQ(reasons[i], "length") << "choice " << i;
+  }
+  // Chat: n choices too, with index.
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+               {"max_tokens", 4},
+               {"temperature", 1.0},
+               {"seed", 5},
+               {"n", 2}};
+  client::Response cr = post_to("/v1/chat/completions", chat);
+  ASSERT_EQ(cr.status, 200) << cr.body;
+  const json dchat = json::parse(cr.body);
+  ASSERT_EQ(dchat["choices"].size(), 2u);
+  EXPECT_EQ(dchat["choices"][1]["index"], 1);
+  EXPECT_TRUE(dchat["choices"][1]["message"]["content"].is_string());
+  EXPECT_TRUE(eventually([&] { return pools_at_baseline(); }));
+}
+
+TEST_F(TextServerTest, EchoPutsThePromptTextFirst) {
+  json body = {{"prompt", "Hello world"},
+               {"max_tokens", 4},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"echo", true}};
+  client::Response r = post(body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json choice = json::parse(r.body)["choices"][0];
+  EXPECT_EQ(choice["text"], "Hello world" + decode(choice["token_ids"]));
+  EXPECT_EQ(choice["token_ids"].size(), 4u);  // the completion's ids only
+  body["stream"] = true;
+  client::Response streamed = post(body);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::vector<json> events = sse_documents(streamed.body);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front()["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(streamed_text(events, false), choice["text"]);
+  // With logprobs it would need the prompt's logprobs: refused by name.
+  body["logprobs"] = 1;
+  expect_error(post(body), 400, "echo", "echo: together with logprobs is not implemented");
+}
+
+TEST_F(TextServerTest, BadLogprobsAndNAre400sNamingTheField) {
+  expect_error(post({{"prompt", "a"}, {"logprobs", 6}}), 400, "logprobs", "[0, 5]");
+  expect_error(post({{"prompt", "a"}, {"n", 0}}), 400, "n", "n:");
+  json chat = {{"messages", {{{"role", "user"}, {"content", "a"}}}},
+               {"logprobs", true},
+               {"top_logprobs", 21}};
+  expect_error(post_to("/v1/chat/completions", chat), 400, "top_logprobs", "[0, 20]");
+  chat["logprobs"] = false;
+  chat["top_logprobs"] = 2;
+  expect_error(post_to("/v1/chat/completions", chat), 400, "top_logprobs", "logprobs");
+  EXPECT_EQ(post({{"prompt", "fine"}, {"max_tokens", 2}}).status, 200);
 }
 
 }  // namespace
