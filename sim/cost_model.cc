@@ -262,8 +262,16 @@ Result<CalibratedCost, std::string> CalibratedCost::from_file(const std::string&
   return cost;
 }
 
-// The committed calibration's text, or "" (sim/CMakeLists.txt generates the definition).
-extern const char kDefaultCalibration12bJson[];
+// The committed calibration's text, or "": generated into the twinstep_sim target's include
+// path by sim/CMakeLists.txt; a target that compiles these sources itself (the fuzzer) has
+// none.
+namespace {
+#if __has_include("twinstep_default_calibration.inc")
+#include "twinstep_default_calibration.inc"
+#else
+inline constexpr char kDefaultCalibration12bJson[] = "";
+#endif
+}  // namespace
 
 std::shared_ptr<const CalibratedCost> default_calibration_12b() {
   static const std::shared_ptr<const CalibratedCost> cost =
