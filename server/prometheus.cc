@@ -198,6 +198,28 @@ std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& l
            std::string("family=\"") + engine::family_name(f) + "\"", m.family(f).pages_total);
   }
 
+  // The prefix cache (DESIGN.md §2.7).
+  header(out, "twinstep_kv_pages_cached", "gauge",
+         "KV pages no request holds, kept for prefix hits (evicted when a pool needs pages).");
+  for (engine::Family f : engine::kFamilies) {
+    sample(out, "twinstep_kv_pages_cached",
+           std::string("family=\"") + engine::family_name(f) + "\"", m.family(f).pages_cached);
+  }
+  header(out, "twinstep_kv_page_evictions_total", "counter",
+         "Cached KV pages taken back for new K/V, per family.");
+  for (engine::Family f : engine::kFamilies) {
+    sample(out, "twinstep_kv_page_evictions_total",
+           std::string("family=\"") + engine::family_name(f) + "\"",
+           static_cast<double>(m.family(f).evictions));
+  }
+  header(out, "twinstep_prefix_cache_hits_total", "counter",
+         "Admissions that took prompt K/V from the prefix cache.");
+  sample(out, "twinstep_prefix_cache_hits_total", "", static_cast<double>(m.counters.prefix_hits));
+  header(out, "twinstep_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens whose K/V came from the prefix cache instead of a prefill.");
+  sample(out, "twinstep_prefix_cache_hit_tokens_total", "",
+         static_cast<double>(m.counters.prefix_hit_tokens));
+
   const engine::Counters& c = m.counters;
   header(out, "twinstep_tokens_generated_total", "counter", "Output tokens generated.");
   sample(out, "twinstep_tokens_generated_total", "", static_cast<double>(c.tokens_generated));

@@ -74,6 +74,8 @@ An OpenAI-compatible completions server: token ids in and out, or text with --to
                            (default: the environment variable TWINSTEP_API_KEY, if set)
   --page-size N --pages-global N --pages-local N --max-running N --max-step-tokens N
   --max-context N          engine limits (defaults: the engine's; context 0 = the model's)
+  --no-prefix-cache        recompute every prompt (default: share the K/V pages of equal
+                           prefixes; /metrics reports hits, cached pages and evictions)
   --cuda-graphs on|off     cuda: replay decode steps as CUDA graphs, one per batch bucket,
                            captured before the pools are sized (default on)
   --gpu-memory-fraction F  cuda: size the KV pools from F (0 < F < 1) of the GPU memory free
@@ -196,6 +198,10 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     }
     if (arg == "--random-weights") {
       config.random_weights = true;
+      continue;
+    }
+    if (arg == "--no-prefix-cache") {
+      config.engine.prefix_cache = false;
       continue;
     }
     std::string name = arg, value;

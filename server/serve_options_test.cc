@@ -175,4 +175,14 @@ TEST(ServeOptions, TokenizerAndPresetModels) {
 }
 
 }  // namespace
+TEST(ServeOptions, PrefixCacheIsOnUnlessTurnedOff) {
+  auto on = parse_serve_args({});
+  ASSERT_TRUE(on.ok()) << on.error();
+  EXPECT_TRUE(on->engine.prefix_cache);
+  auto off = parse_serve_args({"--no-prefix-cache", "--max-running", "4"});
+  ASSERT_TRUE(off.ok()) << off.error();
+  EXPECT_FALSE(off->engine.prefix_cache);
+  EXPECT_EQ(off->engine.max_running, 4);
+}
+
 }  // namespace twinstep::server
