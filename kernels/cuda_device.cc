@@ -373,14 +373,7 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
 void CudaDevice::drop_graphs() {
   if (graphs_ == nullptr) return;
   cudaStreamSynchronize(stream_);
-  const DecodeGraphStats& s = graphs_->stats();
-  dropped_stats_.replays += s.replays;
-  dropped_stats_.padded_rows += s.padded_rows;
-  dropped_stats_.eager_decode_steps += s.eager_decode_steps;
-  dropped_stats_.misses_no_bucket += s.misses_no_bucket;
-  dropped_stats_.misses_page_capacity += s.misses_page_capacity;
-  dropped_stats_.misses_observer += s.misses_observer;
-  dropped_stats_.reinstantiated += s.reinstantiated;
+  dropped_stats_.add_counters(graphs_->stats());
   dropped_stats_.invalidations += 1;
   graphs_.reset();
 }
@@ -393,14 +386,7 @@ DecodeGraphStats CudaDevice::decode_graph_stats() const {
   out.largest_bucket = s.largest_bucket;
   out.graph_bytes = s.graph_bytes;
   out.rebind_bytes = s.rebind_bytes;
-  out.replays += s.replays;
-  out.padded_rows += s.padded_rows;
-  out.eager_decode_steps += s.eager_decode_steps;
-  out.misses_no_bucket += s.misses_no_bucket;
-  out.misses_page_capacity += s.misses_page_capacity;
-  out.misses_observer += s.misses_observer;
-  out.reinstantiated += s.reinstantiated;
-  return out;
+  return out.add_counters(s);
 }
 
 engine::DeviceStats CudaDevice::stats() const {

@@ -53,6 +53,20 @@ struct DecodeGraphStats {
   uint64_t misses_observer = 0;       //   of which: a forward phase observer was installed
   uint64_t invalidations = 0;         // graph sets dropped because the activation arena had to grow
   uint64_t reinstantiated = 0;        // graphs whose in-place update failed at bind (re-made)
+
+  // Adds the event counters (replays through reinstantiated) of `o`; the gauges (buckets,
+  // bytes) stay as they are.
+  DecodeGraphStats& add_counters(const DecodeGraphStats& o) {
+    replays += o.replays;
+    padded_rows += o.padded_rows;
+    eager_decode_steps += o.eager_decode_steps;
+    misses_no_bucket += o.misses_no_bucket;
+    misses_page_capacity += o.misses_page_capacity;
+    misses_observer += o.misses_observer;
+    invalidations += o.invalidations;
+    reinstantiated += o.reinstantiated;
+    return *this;
+  }
 };
 
 // Fixed device (and pinned host) buffers for the plan of one decode step of up to max_rows
