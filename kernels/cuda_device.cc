@@ -42,6 +42,17 @@ double sample_uniform(uint64_t seed, int32_t output_index) {
 
 int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// A row's logprobs from the kernel's result: its top `top_n`, and the sampled token's logprob:
+// the kernel's (greedy rows, sampled on the device) or, for a row sampled on the host from
+// `host_row`, logit - lse in fp32 with the kernel's lse.
+engine::RowLogprobs row_logprobs_of(const LogprobRow& r, int32_t top_n, const float* host_row,
+                                    int32_t sampled) {
+  engine::RowLogprobs out;
+  out.logprob = host_row == nullptr ? r.chosen : host_row[sampled] - r.lse;
+  for (int32_t j = 0; j < top_n && r.ids[j] >= 0; ++j) out.top.push_back({r.ids[j], r.logprobs[j]});
+  return out;
+}
+
 }  // namespace
 
 int32_t sample_logits(std::span<const float> logits, const engine::SamplingParams& s,
@@ -705,6 +716,20 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
       return unexpected(cuda_error(err, "cudaMemcpyAsync(logits)"));
     }
   }
+  // Logprobs of the rows that asked (kernels/logprobs.h), behind the copies above. Greedy
+  // rows' ids are on the device already; host-sampled ids are known after the sync only.
+  std::vector<int32_t> asked;
+  int32_t top_n = 0;
+  for (int32_t i = 0; i < L; ++i) {
+    if (by_slot[i]->sampling.top_logprobs < 0) continue;
+    asked.push_back(i);
+    top_n = std::max(top_n, by_slot[i]->sampling.top_logprobs);
+  }
+  const int32_t* chosen = need_host ? nullptr : device_sampled_;
+  if (auto s = logprob_stage_.run(logits, V, asked, chosen, top_n, stream_); !s.ok()) {
+    cudaStreamSynchronize(stream_);
+    return unexpected(from_kernel(s.error()));
+  }
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaStreamSynchronize(step)"));
   }
@@ -720,6 +745,13 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
       out.sampled[i] = sample_logits(std::span<const float>(host_logits).subspan(int64_t{i} * V, V),
                                      seq.sampling, seq.output_index);
     }
+  }
+  if (!asked.empty()) out.logprobs.resize(L);
+  for (size_t k = 0; k < asked.size(); ++k) {
+    const int32_t i = asked[k];
+    const float* row = need_host ? host_logits.data() + int64_t{i} * V : nullptr;
+    out.logprobs[i] = row_logprobs_of(logprob_stage_.results()[k],
+                                      by_slot[i]->sampling.top_logprobs, row, out.sampled[i]);
   }
   if (fire(engine::FaultSite::kSync)) {
     return unexpected(

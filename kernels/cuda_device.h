@@ -1,10 +1,10 @@
 // kernels/cuda_device.h: the CUDA Device. It implements engine::Device over device-resident
 // KV pools laid out as engine::PoolLayout says, executes the same StepPlan as the simulated
 // device through the Gemma forward (model_forward.h), and samples (greedy on the device;
-// seeded temperature / top-k / top-p on the host). It owns one stream on one CUDA device and
-// refuses work offered on any other stream or while another device is current. Every plan is
-// validated (tokens against the vocabulary, pages against their pool's identity and size)
-// before anything is uploaded or launched.
+// seeded temperature / top-k / top-p on the host; logprobs on the device, logprobs.h). It owns
+// one stream on one CUDA device and refuses work offered on any other stream or while another
+// device is current. Every plan is validated (tokens against the vocabulary, pages against
+// their pool's identity and size) before anything is uploaded or launched.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include "engine/device.h"
 #include "engine/fault.h"
 #include "kernels/decode_graphs.h"
+#include "kernels/logprobs.h"
 #include "kernels/model_forward.h"
 
 namespace twinstep::kernels {
@@ -155,6 +156,7 @@ class CudaDevice final : public engine::Device {
   std::vector<float> last_logits_;
   uint64_t launches_ = 0;
   int32_t* host_sampled_ = nullptr;                  // pinned, [sampled_capacity_]
+  LogprobStage logprob_stage_;                       // rows that asked for logprobs
   cudaEvent_t step_events_[2] = {nullptr, nullptr};  // time_steps only
   double last_step_gpu_ms_ = 0;
   // Decode graphs (decode_graphs.h), and the forward generation they were captured at.
