@@ -13,7 +13,8 @@ set -o pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+LOG="$OUT/run.log"  # one log (the call brings back at most 8 files)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$LOG"
 targets="engine_throughput_bench sim_replay_gate twinstep-cost-fit"
 usable() { [ -n "$1" ] && [ -x "$1/twinstep-cost-fit" ] && "$1/twinstep-cost-fit" --help > /dev/null &&
   ! ldd "$1/engine_throughput_bench" | grep -q "not found"; }
@@ -27,20 +28,20 @@ if ! usable "${BIN:-}"; then
 fi
 export TWINSTEP_KERNELS_SHA256=${TWINSTEP_KERNELS_SHA256:-$(cat kernels/*.cu kernels/*.cuh kernels/*.cc kernels/*.h | sha256sum | cut -c1-16)}
 export TWINSTEP_KERNELS=${TWINSTEP_KERNELS:-"prefill: attention_prefill_tc (wgmma at head_dim 256, mma.sync at 512); decode-only steps: attention_decode_split inside CUDA graph replays (a graph per batch bucket)"}
-echo "git rev $TWINSTEP_GIT_REV, kernels sha256 $TWINSTEP_KERNELS_SHA256" | tee "$OUT/provenance.txt"
+echo "git rev $TWINSTEP_GIT_REV, kernels sha256 $TWINSTEP_KERNELS_SHA256" | tee -a "$LOG"
 
-timeout ${RECORDS_TIMEOUT:-200} "$BIN/engine_throughput_bench" --records "$OUT/records.json" 2>&1 |
-  tee "$OUT/records.log" || echo "records sweep failed; fitting what it wrote"
+timeout ${RECORDS_TIMEOUT:-180} "$BIN/engine_throughput_bench" --records "$OUT/records.json" 2>&1 |
+  tee -a "$LOG" || echo "records sweep failed; fitting what it wrote"
 [ -f "$OUT/records.json" ] || exit 1
 "$BIN/twinstep-cost-fit" --records "$OUT/records.json" --out "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
-  tee "$OUT/fit.log" || { echo "fit failed"; exit 1; }
+  tee -a "$LOG" || { echo "fit failed"; exit 1; }
 TWINSTEP_COST_MODEL="$OUT/h200_gemma4_12b_cost.json" TWINSTEP_REPLAY_RECORDS="$OUT/replay_records.json" \
-  timeout ${GATE_TIMEOUT:-150} "$BIN/sim_replay_gate" 2>&1 | tee "$OUT/gate.log"
+  timeout ${GATE_TIMEOUT:-120} "$BIN/sim_replay_gate" 2>&1 | tee -a "$LOG"
 rc=$?
 if [ -f "$OUT/replay_records.json" ]; then
   echo "== the calibration on the replay's own steps"
   "$BIN/twinstep-cost-fit" --records "$OUT/replay_records.json" --check "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
-    tee "$OUT/replay_check.log" | tail -12
+    tee -a "$LOG" | tail -12
 fi
-grep -E "\[gate\] per-step|OK \]|FAILED|PASSED" "$OUT/gate.log"
+grep -E "\[gate\] per-step|OK \]|FAILED|PASSED" "$LOG"
 exit $rc
