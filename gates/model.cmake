@@ -7,3 +7,8 @@ target_compile_definitions(model_gates PRIVATE
   TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")
 # The CLI gate runs twinstep-generate from the build tree.
 add_dependencies(model_gates twinstep-generate)
+# Issue 15: a prefix-cache hit gives the cold run's greedy tokens and logits on the device.
+twinstep_add_gate(prefix_cache_gates SOURCES prefix_cache_gates.cc)
+target_link_libraries(prefix_cache_gates PRIVATE nlohmann_json::nlohmann_json)
+target_compile_definitions(prefix_cache_gates PRIVATE
+  TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")

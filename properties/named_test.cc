@@ -382,5 +382,64 @@ RC_GTEST_PROP(Properties, PrefixCacheDoesNotChangeTokens, ()) {
   RC_ASSERT(on.first == off.first);
 }
 
+// The hit is the minimum over the families of what each must read, from first principles: A
+// runs alone (one prefill step, one token), so its full pages are cached; a filler with tokens
+// of its own then evicts A's k oldest cached local pages (free pages go first, then A's in the
+// order A released them: logical order). B, A's prompt again, must hit every page the global
+// family kept when the window before its hit point survived (k <= that window's first page),
+// even though the local pages before the window are gone; otherwise no shorter hit helps
+// either (each shorter window reaches into the evicted pages), unless the window is one token.
+RC_GTEST_PROP(Properties, PrefixHitNeedsOnlyTheWindowLocally, ()) {
+  const int32_t p = *rc::gen::element(1, 2, 4, 8);
+  const int32_t window = *rc::gen::inRange(1, 33);
+  const int32_t prompt_len = *rc::gen::inRange(2, 97);
+  const int32_t filler_len = *rc::gen::inRange(1, 97);
+  const int32_t vocab = 4096;
+  Scenario s;
+  s.model = tiny_model(window, vocab);
+  const int32_t a_pages = (prompt_len + p - 1) / p;
+  const int32_t x_pages = (filler_len + p - 1) / p;
+  s.config.page_size = p;
+  s.config.pages_global = 2 * (a_pages + x_pages) + 4;  // nothing global is evicted
+  s.config.pages_local =
+      std::max({a_pages, x_pages, (window + p - 1) / p + 1}) + *rc::gen::inRange(0, a_pages + 1);
+  s.config.max_running = 1;
+  s.config.max_step_tokens = 128;  // every prompt in one step
+  sim::Harness h(s.model, s.config, 1);
+  engine::Request a;
+  a.prompt = *rc::gen::container<std::vector<int32_t>>(prompt_len, rc::gen::inRange(0, vocab / 2));
+  a.max_tokens = 1;
+  engine::Request x;
+  x.prompt =
+      *rc::gen::container<std::vector<int32_t>>(filler_len, rc::gen::inRange(vocab / 2, vocab));
+  x.max_tokens = 1;
+  h.submit(a);
+  RC_ASSERT(h.drain(100));
+  h.submit(x);
+  RC_ASSERT(h.drain(100));
+  const engine::RequestId b = h.submit(a).id();
+  const engine::StepOutputs& out = h.step();
+  assert_clean(h);
+  // A wrote prompt_len positions: its full pages were cached, its partial one freed.
+  const int32_t a_cached = prompt_len / p;
+  const int32_t free_after_a = s.config.pages_local - a_cached;
+  const int32_t evicted = std::clamp(x_pages - free_after_a, 0, a_cached);
+  const int32_t cap = (prompt_len - 1) / p;  // full pages B may take (its last token computed)
+  const int32_t window_first = std::max(0, cap * p - window + 1) / p;
+  int32_t expected = 0;
+  if (evicted <= window_first || window == 1) expected = cap * p;
+  int32_t cached = -1;
+  for (const engine::RequestUpdate& u : out.updates) {
+    if (u.id == b) cached = u.cached_tokens;
+  }
+  RC_CLASSIFY(evicted > 0 && expected > 0, "hit although local pages were evicted");
+  RC_CLASSIFY(evicted > window_first && expected == 0, "the window's pages were evicted");
+  RC_ASSERT(cached == expected);
+  RC_ASSERT(h.drain(100));
+  h.check_baseline();
+  assert_clean(h);
+  RC_ASSERT(h.records().at(b).output == h.records().at(engine::RequestId{1}).output);
+}
+
 }  // namespace
 }  // namespace twinstep::properties
