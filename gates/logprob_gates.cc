@@ -300,10 +300,12 @@ TEST_F(LogprobGates, DeviceReportsTheLogSoftmaxOfTheSampledRow) {
   EXPECT_GT(rows_checked, 40);
 
   // Greedy only, no captured logits: the ids and the sampled token's logprob come from the
-  // device (argmax, then the kernel), eagerly and through the decode graphs.
+  // device (argmax, then the kernel), eagerly and through the decode graphs. Four requests
+  // (62 prompt tokens: one prefill step) decode together in bucket 4 exactly, whose replay
+  // is the eager forward bit for bit (decode_graph_gates), so the tokens cannot flip.
   std::vector<engine::Request> greedy;
-  for (const engine::Request& r : mixed) {
-    if (r.sampling.greedy()) greedy.push_back(r);
+  for (const int32_t top : {20, 0, 5, 1}) {
+    greedy.push_back(request(static_cast<int>(greedy.size()), 0.0f, top));
   }
   auto host_device = make_device(c, true);  // sampled on the host from captured logits
   ASSERT_NE(host_device, nullptr);
