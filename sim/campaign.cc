@@ -203,9 +203,9 @@ void draw_sharing(Rng& rng, const Overrides& o, SeedConfig* c) {
   const bool sharing = rng.below(4) != 0;
   SharingSpec spec;
   spec.system_prompts = pick(rng, kSystemPrompts);
-  // As long as the seed's own prompts at most (drawn around the window), so sharing does not
-  // make a seed much longer than it was.
-  const int32_t system_max = std::max(c->workload.prompt.max, c->engine.page_size);
+  // Half the seed's longest prompt at most (prompts are drawn around the window), and the user
+  // part after it is half a drawn prompt, so sharing does not make a seed longer than it was.
+  const int32_t system_max = std::max(c->workload.prompt.max / 2, c->engine.page_size);
   spec.system_len = {std::max(1, system_max / 4), system_max, LengthShape::kUniform};
   spec.system_ppm = pick(rng, kSystemShare);
   spec.follow_up_ppm = pick(rng, kFollowUps);

@@ -149,11 +149,15 @@ void share_prefixes(const SharingSpec& sharing, const RequestLimits& limits, Rng
       const std::vector<int32_t> answer =
           oracle_outputs(earlier, earlier.max_tokens, limits.window, limits.vocab_size);
       prompt.insert(prompt.end(), answer.begin(), answer.end());
-      prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.end());
+      // A new turn a quarter of the drawn prompt: the conversation grows, but not by a whole
+      // prompt each turn.
+      const size_t turn = std::max<size_t>(1, r.prompt.size() / 4);
+      prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.begin() + static_cast<long>(turn));
       set_prompt(r, std::move(prompt), limits, rng);
     } else if (!systems.empty() && rng.chance_ppm(sharing.system_ppm)) {
       std::vector<int32_t> prompt = systems[rng.below(systems.size())];
-      prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.end());
+      const size_t user = std::max<size_t>(1, r.prompt.size() / 2);  // the system prompt's share
+      prompt.insert(prompt.end(), r.prompt.begin(), r.prompt.begin() + static_cast<long>(user));
       set_prompt(r, std::move(prompt), limits, rng);
     }
     valid.push_back(i);
