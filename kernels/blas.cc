@@ -100,9 +100,8 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
   }
   if (m == 0) return Ok{};
   if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
-    return y_type == CUDA_R_32F
-               ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_)
-               : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_);
+    return y_type == CUDA_R_32F ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_)
+                                : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_);
   }
   const float alpha = 1.0f;
   const float beta = 0.0f;
