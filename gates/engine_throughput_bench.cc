@@ -602,11 +602,12 @@ int main(int argc, char** argv) {
     auto enabled = device.enable_decode_graphs(g);
     if (!enabled.ok()) die("decode graphs: %s", enabled.error().message.c_str());
     const kernels::DecodeGraphStats gs = device.decode_graph_stats();
-    std::printf("decode graphs: %d buckets up to %d rows captured in %.2f s, %.1f MiB of device "
-                "memory (measured before the pools were sized)\n",
-                gs.buckets, gs.largest_bucket,
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                gs.graph_bytes / 1048576.0);
+    std::printf(
+        "decode graphs: %d buckets up to %d rows captured in %.2f s, %.1f MiB of device "
+        "memory (measured before the pools were sized)\n",
+        gs.buckets, gs.largest_bucket,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+        gs.graph_bytes / 1048576.0);
   }
   auto created = engine::Engine::create(config, ec, device);
   if (!created) die("engine: %s", created.error().message.c_str());
@@ -702,8 +703,7 @@ int main(int argc, char** argv) {
       live = batch;
       const double med = time_decode(e, cost, batch, "decode b=" + std::to_string(batch), table);
       device.set_decode_graph_mode(kernels::DecodeGraphMode::kOff);
-      const double eager =
-          time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
+      const double eager = time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
       device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
       std::printf("  graphs: %.3f ms/step, eager %.3f: %.2fx\n", med, eager, eager / med);
       if (batch == 64 || batch == 1) {
@@ -753,15 +753,15 @@ int main(int argc, char** argv) {
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(end)");
 
   const kernels::DecodeGraphStats gs = device.decode_graph_stats();
-  std::printf("\ndecode graphs: %llu replays (%llu padding rows), %llu eager decode steps (%llu "
-              "no bucket, %llu page capacity, %llu observed), %llu invalidations\n",
-              static_cast<unsigned long long>(gs.replays),
-              static_cast<unsigned long long>(gs.padded_rows),
-              static_cast<unsigned long long>(gs.eager_decode_steps),
-              static_cast<unsigned long long>(gs.misses_no_bucket),
-              static_cast<unsigned long long>(gs.misses_page_capacity),
-              static_cast<unsigned long long>(gs.misses_observer),
-              static_cast<unsigned long long>(gs.invalidations));
+  std::printf(
+      "\ndecode graphs: %llu replays (%llu padding rows), %llu eager decode steps (%llu "
+      "no bucket, %llu page capacity, %llu observed), %llu invalidations\n",
+      static_cast<unsigned long long>(gs.replays), static_cast<unsigned long long>(gs.padded_rows),
+      static_cast<unsigned long long>(gs.eager_decode_steps),
+      static_cast<unsigned long long>(gs.misses_no_bucket),
+      static_cast<unsigned long long>(gs.misses_page_capacity),
+      static_cast<unsigned long long>(gs.misses_observer),
+      static_cast<unsigned long long>(gs.invalidations));
   if (gs.invalidations != 0 || gs.replays == 0) die("the decode graphs did not run the decode");
   std::printf("\n== summary (gemma4-12b geometry, random bf16 weights, %s) ==\n", prop.name);
   std::printf("copy bandwidth %.0f GB/s, compute peak assumed %.0f TFLOP/s\n", bandwidth / 1e9,
