@@ -6,6 +6,8 @@
 //      the batch is cut by aborting requests), median step time over 20 steps after warm-up;
 //   3. long-context decode: batch 16 over 32768-token contexts (the global family reads all of
 //      them, the local family its 1024-token window);
+//   4. prefix cache: TTFT of waves of requests sharing 2048-token system prompts, with the
+//      cache off and on (its own engines, after the rest);
 //   and a per-phase GPU breakdown (CUDA events at the forward's phase boundaries, through
 //      kernels::set_forward_phase_observer) of one prefill step and one decode step at 64.
 // Every case also prints its roofline floor: max(bytes / measured copy bandwidth,
@@ -23,6 +25,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -539,6 +542,122 @@ int write_step_records(const engine::ModelConfig& config, kernels::CudaDevice& c
 }  // namespace cost_records
 // ==== end of issue 10's section ==========================================================
 
+// ==== Issue 15: TTFT of a shared-system-prompt workload, prefix cache on and off ==========
+// Its own devices and engines (the cache is an engine setting), made after the bench's own
+// cases are done and their device is gone. 4 system prompts of kSystemTokens; kWaves waves of
+// kWaveSize requests, each a system prompt plus kUserTokens of its own, max_tokens 4; a wave is
+// submitted once the one before it has finished. TTFT: submit to the step that returned the
+// request's first token (steps synchronise the device, so wall time is the GPU's too).
+namespace prefix_ttft {
+
+constexpr int kSystemPrompts = 4;
+constexpr int kSystemTokens = 2048;
+constexpr int kUserTokens = 64;
+constexpr int kWaves = 4;
+constexpr int kWaveSize = 16;
+
+struct Result {
+  std::vector<double> ttft_ms;        // every request of every wave
+  std::vector<double> later_ttft_ms;  // waves 2.. (the cache is warm by then)
+  uint64_t prompt_rows = 0;
+  uint64_t hits = 0, hit_tokens = 0;
+  double wall_ms = 0;
+};
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
+
+Result run(const engine::ModelConfig& config, bool cache) {
+  kernels::CudaDeviceOptions dopt;
+  dopt.random_seed = 12;
+  auto made = kernels::CudaDevice::create(config, nullptr, dopt);
+  if (!made) die("prefix ttft: cuda device: %s", made.error().message.c_str());
+  engine::EngineConfig ec;
+  ec.page_size = kPageSize;
+  const int pages = (kSystemTokens + kUserTokens + 16) / kPageSize + 1;
+  ec.pages_global = (kWaveSize + 2 * kSystemPrompts) * pages;
+  ec.pages_local = ec.pages_global;
+  ec.max_running = kWaveSize;
+  ec.max_step_tokens = kMaxStepTokens;
+  ec.prefix_cache = cache;
+  auto created = engine::Engine::create(config, ec, *made.value());
+  if (!created) die("prefix ttft: engine: %s", created.error().message.c_str());
+  engine::Engine& e = *created.value();
+  std::mt19937_64 rng(99);
+  const int32_t vocab = config.vocab_size;
+  std::uniform_int_distribution<int32_t> token(3, vocab - 1);
+  std::vector<std::vector<int32_t>> system(kSystemPrompts);
+  for (auto& s : system) {
+    s.push_back(config.bos_token_id);
+    while (static_cast<int>(s.size()) < kSystemTokens) s.push_back(token(rng));
+  }
+  Result r;
+  const auto t_all = std::chrono::steady_clock::now();
+  for (int w = 0; w < kWaves; ++w) {
+    std::map<uint64_t, std::chrono::steady_clock::time_point> submitted;
+    for (int i = 0; i < kWaveSize; ++i) {
+      engine::Request q;
+      q.prompt = system[(w * kWaveSize + i) % kSystemPrompts];
+      for (int j = 0; j < kUserTokens; ++j) q.prompt.push_back(token(rng));
+      q.max_tokens = 4;
+      if (auto why = e.validate(q)) die("prefix ttft: request refused: %s", why->message.c_str());
+      const engine::RequestId id = e.submit(std::move(q)).id();
+      submitted[id.value] = std::chrono::steady_clock::now();
+    }
+    for (int s = 0; !e.idle(); ++s) {
+      if (s > 1000) die("prefix ttft: a wave did not drain");
+      Timed t = step(e);
+      const auto now = std::chrono::steady_clock::now();
+      for (const engine::RequestUpdate& u : t.out.updates) {
+        auto it = submitted.find(u.id.value);
+        if (it == submitted.end() || u.new_tokens.empty()) continue;
+        const double ms = std::chrono::duration<double, std::milli>(now - it->second).count();
+        r.ttft_ms.push_back(ms);
+        if (w > 0) r.later_ttft_ms.push_back(ms);
+        submitted.erase(it);
+      }
+    }
+    if (!submitted.empty()) die("prefix ttft: %zu requests got no token", submitted.size());
+  }
+  r.wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_all).count();
+  const engine::Counters& c = e.metrics().counters;
+  r.prompt_rows = c.prompt_tokens_computed;
+  r.hits = c.prefix_hits;
+  r.hit_tokens = c.prefix_hit_tokens;
+  const std::vector<std::string> broken = e.check_invariants();
+  if (!broken.empty()) die("prefix ttft: invariants: %s", broken.front().c_str());
+  return r;
+}
+
+void report(const engine::ModelConfig& config) {
+  std::printf(
+      "\n== prefix cache (issue 15): %d waves of %d requests, %d system prompts of %d "
+      "tokens + %d own tokens, max_tokens 4 ==\n",
+      kWaves, kWaveSize, kSystemPrompts, kSystemTokens, kUserTokens);
+  const Result off = run(config, false);
+  const Result on = run(config, true);
+  for (const auto& [name, r] : {std::pair<const char*, const Result&>{"cache off", off},
+                                std::pair<const char*, const Result&>{"cache on", on}}) {
+    std::printf(
+        "  %-9s TTFT p50 %.1f ms, p90 %.1f ms (waves 2-%d: p50 %.1f, p90 %.1f); prompt "
+        "rows computed %llu; hits %llu (%llu tokens); wall %.0f ms\n",
+        name, percentile(r.ttft_ms, 0.5), percentile(r.ttft_ms, 0.9), kWaves,
+        percentile(r.later_ttft_ms, 0.5), percentile(r.later_ttft_ms, 0.9),
+        static_cast<unsigned long long>(r.prompt_rows), static_cast<unsigned long long>(r.hits),
+        static_cast<unsigned long long>(r.hit_tokens), r.wall_ms);
+  }
+  std::printf("  TTFT p50 off/on %.2fx (waves 2-%d: %.2fx); prompt rows off/on %.2fx\n",
+              percentile(off.ttft_ms, 0.5) / percentile(on.ttft_ms, 0.5), kWaves,
+              percentile(off.later_ttft_ms, 0.5) / percentile(on.later_ttft_ms, 0.5),
+              double(off.prompt_rows) / double(on.prompt_rows));
+}
+
+}  // namespace prefix_ttft
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -773,5 +892,10 @@ int main(int argc, char** argv) {
                 r.rows_per_step, r.ms_per_step, r.tokens_per_s, r.floor_mem_ms, r.floor_compute_ms,
                 r.ms_per_step / r.floor_ms);
   }
+  // The prefix-cache case makes its own devices and engines: this one goes first.
+  created.value().reset();
+  g_device = nullptr;
+  made.value().reset();
+  prefix_ttft::report(config);
   return 0;
 }
