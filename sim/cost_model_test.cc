@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -244,14 +246,16 @@ TEST(CalibratedCost, JsonRoundTripsAndRefusesBadFiles) {
   EXPECT_FALSE(CalibratedCost::from_file("/nonexistent/cost.json").ok());
 }
 
-TEST(CalibratedCost, TheBuiltInCalibrationParsesWhenPresent) {
+TEST(CalibratedCost, TheBuiltInCalibrationParses) {
   const auto cost = default_calibration_12b();
-  if (cost == nullptr) GTEST_SKIP() << "this build has no perf/h200_gemma4_12b_cost.json";
+  ASSERT_NE(cost, nullptr) << "the build did not take in perf/h200_gemma4_12b_cost.json";
   EXPECT_EQ(cost->model_name, "gemma4-12b");
   EXPECT_TRUE(cost->provenance.contains("git_rev"));
-  EXPECT_GT(cost->ns_per_unit[static_cast<int>(CostTerm::kStep)] +
-                cost->ns_per_unit[static_cast<int>(CostTerm::kLaunchesDecodePath)],
-            0.0);
+  // A one-row decode step still costs the weights' read and the fixed path: milliseconds.
+  StepShape one;
+  one.sliding_window = 1024;
+  one.seqs = {{100, 1, true}};
+  EXPECT_GT(cost->predict_ns(CostGeometry(gemma12b()).features(one)), 1e6);
 }
 
 TEST(StepShape, JsonRoundTrips) {
@@ -365,6 +369,58 @@ TEST(CalibratedClock, SimDeviceChargesThePrediction) {
     before = device.now_ns();
   }
   EXPECT_GT(steps, 3);
+}
+
+// The committed calibration against the committed H200 measurements (perf/): the file is the
+// fit of the sweep's records (nothing edited by hand), the build carries that file, and it
+// predicts the replay workload's measured steps within the gate's bounds, so a change to the
+// features that breaks the agreement with the H200 fails here, on the CPU.
+nlohmann::json read_json(const std::string& relative) {
+  std::ifstream in(std::string(TWINSTEP_SOURCE_DIR) + "/" + relative);
+  EXPECT_TRUE(static_cast<bool>(in)) << "cannot read " << relative;
+  return nlohmann::json::parse(in, nullptr, false);
+}
+
+std::vector<StepRecord> records_of(const nlohmann::json& file) {
+  std::vector<StepRecord> out;
+  for (const nlohmann::json& r : file["records"]) {
+    auto shape = StepShape::from_json(r["shape"]);
+    EXPECT_TRUE(shape.ok());
+    if (shape)
+      out.push_back({r["label"].get<std::string>(), *shape, r["measured_ms"].get<double>()});
+  }
+  return out;
+}
+
+TEST(CommittedCalibration, IsTheFitOfTheCommittedRecords) {
+  auto cost = CalibratedCost::from_json(read_json("perf/h200_gemma4_12b_cost.json"));
+  ASSERT_TRUE(cost.ok()) << cost.error();
+  const std::vector<StepRecord> records =
+      records_of(read_json("perf/h200_gemma4_12b_records.json"));
+  ASSERT_GT(records.size(), 200u);
+  const FitResult fit = fit_cost(gemma12b(), records);
+  for (int i = 0; i < kCostTermCount; ++i) {
+    EXPECT_NEAR(fit.cost.ns_per_unit[i], cost->ns_per_unit[i], 1e-6 * (1 + cost->ns_per_unit[i]))
+        << cost_term_name(static_cast<CostTerm>(i));
+  }
+  const auto built_in = default_calibration_12b();
+  ASSERT_NE(built_in, nullptr) << "the build did not take in perf/h200_gemma4_12b_cost.json";
+  EXPECT_EQ(built_in->ns_per_unit, cost->ns_per_unit);
+}
+
+TEST(CommittedCalibration, PredictsTheMeasuredReplay) {
+  auto cost = CalibratedCost::from_json(read_json("perf/h200_gemma4_12b_cost.json"));
+  ASSERT_TRUE(cost.ok()) << cost.error();
+  const std::vector<StepRecord> replay = records_of(read_json("perf/h200_gemma4_12b_replay.json"));
+  ASSERT_GT(replay.size(), 80u);
+  const CostGeometry g(gemma12b());
+  std::vector<double> err;
+  for (const StepRecord& r : replay) {
+    const double predicted_ms = cost->predict_ns(g.features(r.shape)) * 1e-6;
+    err.push_back(std::abs(predicted_ms - r.measured_ms) / r.measured_ms);
+  }
+  EXPECT_LE(quantile(err, 0.5), 0.10);
+  EXPECT_LE(quantile(err, 0.95), 0.25);
 }
 
 }  // namespace
