@@ -173,66 +173,80 @@ TEST_F(ModelGates, PagedMatchesOracleForward) {
 
 // ---- teacher-forced across the window edge ------------------------------------------
 
+// With the prefix cache off, every prefix computes its whole prompt and releases the local
+// pages behind its window as it goes (the release path); with it on (the default), later
+// prefixes take their window's pages from the cache instead and never hold pages behind it.
+// Both must give HF's logits.
 TEST_F(ModelGates, WindowCrossingMatchesHf) {
-  for (const char* g : kGeometries) {
-    SCOPED_TRACE(g);
-    HfRefs r = refs(g);
-    auto w = load(r);
-    ASSERT_NE(w, nullptr);
-    kernels::CudaDeviceOptions opt;
-    opt.capture_logits = true;
-    auto d = device(w->config(), w.get(), opt);
-    ASSERT_NE(d, nullptr);
-    RecordingDevice rec(*d);
-    engine::EngineConfig ec = tiny_engine_config();
-    ec.max_running = 64;
-    auto e = make_engine(w->config(), ec, rec);
-    ASSERT_NE(e, nullptr);
-    const json& tf = r.raw["teacher_forced"];
-    const std::vector<int32_t> tokens = tf["tokens"].get<std::vector<int32_t>>();
-    const int32_t W = w->config().sliding_window;
-    const int32_t V = w->config().vocab_size;
-    // One request per prefix: its only logits row is the teacher-forced position p.
-    std::map<engine::RequestId, int32_t> position_of;
-    const int32_t last = std::min<int32_t>(static_cast<int32_t>(tokens.size()) - 1, 3 * W + 3);
-    for (int32_t p = W - 4; p <= last; ++p) {
-      std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + p + 1);
-      position_of[e->submit(greedy_request(prefix, 1)).id()] = p;
-    }
-    int compared = 0, beyond_window = 0, argmax_checked = 0;
-    double worst = 0;
-    drive(*e, 1000, [&](const engine::StepOutputs& step) {
-      if (step.failed || !step.device_ran) return;
-      const engine::StepPlan& plan = rec.last_plan();
-      for (const engine::PlanSeq& seq : plan.seqs) {
-        if (seq.logits_index < 0) continue;
-        const int32_t p = position_of.at(seq.request);
-        ASSERT_EQ(seq.kv_len_before + seq.row_count - 1, p);
-        const json& ref = tf["positions"][p];
-        const float* ours = d->last_logits().data() + int64_t{seq.logits_index} * V;
-        const auto hf_ids = ref["topk"]["ids"].get<std::vector<int32_t>>();
-        const auto hf_logits = ref["topk"]["logits"].get<std::vector<double>>();
-        for (size_t k = 0; k < hf_ids.size(); ++k) {
-          const double diff = std::abs(ours[hf_ids[k]] - hf_logits[k]);
-          worst = std::max(worst, diff);
-          EXPECT_LE(diff, r.logit_tol) << "position " << p << " id " << hf_ids[k];
-        }
-        if (ref["margin"].get<double>() >= r.margin_gate) {
-          EXPECT_EQ(row_argmax(ours, V), ref["argmax"].get<int32_t>()) << "position " << p;
-          ++argmax_checked;
-        }
-        ++compared;
-        beyond_window += p >= W;
+  for (const char* g : kGeometries)
+    for (const bool cache : {false, true}) {
+      SCOPED_TRACE(std::string(g) + (cache ? ", prefix cache on" : ", prefix cache off"));
+      HfRefs r = refs(g);
+      auto w = load(r);
+      ASSERT_NE(w, nullptr);
+      kernels::CudaDeviceOptions opt;
+      opt.capture_logits = true;
+      auto d = device(w->config(), w.get(), opt);
+      ASSERT_NE(d, nullptr);
+      RecordingDevice rec(*d);
+      engine::EngineConfig ec = tiny_engine_config();
+      ec.max_running = 64;
+      ec.prefix_cache = cache;
+      auto e = make_engine(w->config(), ec, rec);
+      ASSERT_NE(e, nullptr);
+      const json& tf = r.raw["teacher_forced"];
+      const std::vector<int32_t> tokens = tf["tokens"].get<std::vector<int32_t>>();
+      const int32_t W = w->config().sliding_window;
+      const int32_t V = w->config().vocab_size;
+      // One request per prefix: its only logits row is the teacher-forced position p.
+      std::map<engine::RequestId, int32_t> position_of;
+      const int32_t last = std::min<int32_t>(static_cast<int32_t>(tokens.size()) - 1, 3 * W + 3);
+      for (int32_t p = W - 4; p <= last; ++p) {
+        std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + p + 1);
+        position_of[e->submit(greedy_request(prefix, 1)).id()] = p;
       }
-    });
-    EXPECT_EQ(compared, static_cast<int>(position_of.size()));
-    EXPECT_GT(beyond_window, W) << "too few positions past the window edge";
-    EXPECT_GT(e->metrics().counters.window_pages_released, 0u);
-    std::printf(
-        "[gate] %s: %d teacher-forced positions (%d past the window of %d), top-8 "
-        "|dlogit| vs HF fp32 max %.5f (tol %.5f), argmax checked on %d (margin >= %.4f)\n",
-        g, compared, beyond_window, W, worst, r.logit_tol, argmax_checked, r.margin_gate);
-  }
+      int compared = 0, beyond_window = 0, argmax_checked = 0;
+      double worst = 0;
+      drive(*e, 1000, [&](const engine::StepOutputs& step) {
+        if (step.failed || !step.device_ran) return;
+        const engine::StepPlan& plan = rec.last_plan();
+        for (const engine::PlanSeq& seq : plan.seqs) {
+          if (seq.logits_index < 0) continue;
+          const int32_t p = position_of.at(seq.request);
+          ASSERT_EQ(seq.kv_len_before + seq.row_count - 1, p);
+          const json& ref = tf["positions"][p];
+          const float* ours = d->last_logits().data() + int64_t{seq.logits_index} * V;
+          const auto hf_ids = ref["topk"]["ids"].get<std::vector<int32_t>>();
+          const auto hf_logits = ref["topk"]["logits"].get<std::vector<double>>();
+          for (size_t k = 0; k < hf_ids.size(); ++k) {
+            const double diff = std::abs(ours[hf_ids[k]] - hf_logits[k]);
+            worst = std::max(worst, diff);
+            EXPECT_LE(diff, r.logit_tol) << "position " << p << " id " << hf_ids[k];
+          }
+          if (ref["margin"].get<double>() >= r.margin_gate) {
+            EXPECT_EQ(row_argmax(ours, V), ref["argmax"].get<int32_t>()) << "position " << p;
+            ++argmax_checked;
+          }
+          ++compared;
+          beyond_window += p >= W;
+        }
+      });
+      EXPECT_EQ(compared, static_cast<int>(position_of.size()));
+      EXPECT_GT(beyond_window, W) << "too few positions past the window edge";
+      const engine::Counters& c = e->metrics().counters;
+      if (cache) {
+        EXPECT_GT(c.prefix_hits, 0u) << "no prefix took its window from the cache";
+      } else {
+        EXPECT_GT(c.window_pages_released, 0u);
+      }
+      std::printf(
+          "[gate] %s, cache %s: %d teacher-forced positions (%d past the window of %d), top-8 "
+          "|dlogit| vs HF fp32 max %.5f (tol %.5f), argmax checked on %d (margin >= %.4f); "
+          "window pages released %llu, prefix hits %llu\n",
+          g, cache ? "on" : "off", compared, beyond_window, W, worst, r.logit_tol, argmax_checked,
+          r.margin_gate, static_cast<unsigned long long>(c.window_pages_released),
+          static_cast<unsigned long long>(c.prefix_hits));
+    }
 }
 
 // ---- lifecycle on device pools ------------------------------------------------------
