@@ -40,6 +40,27 @@ class Failure {
     }                           \
   } while (0)
 
+// Who lists each page of a family in the plan being checked: one entry per pool page, reused
+// across plans (a page is current when its epoch is this check's), so the sharing checks are
+// O(pages listed) with no allocation once the table has grown to the pool.
+struct PageMark {
+  uint32_t epoch = 0;
+  int32_t last_seq = -1;  // the last seq that listed it
+  int32_t listings = 0;   // how many seqs list it
+};
+struct PageMarks {
+  std::vector<PageMark> marks;
+  uint32_t epoch = 0;
+  // A fresh epoch over `pages` entries.
+  void begin(int32_t pages) {
+    if (marks.size() < static_cast<size_t>(pages)) marks.resize(pages);
+    if (++epoch == 0) {  // wrapped: forget every old mark
+      std::fill(marks.begin(), marks.end(), PageMark{});
+      epoch = 1;
+    }
+  }
+};
+
 Status<DeviceError> check_rows(const StepPlan& plan, int32_t vocab_size) {
   const size_t rows = plan.tokens.size();
   PLAN_REQUIRE(plan.positions.size() == rows && plan.row_seq.size() == rows,
@@ -109,9 +130,10 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
         name << " page_indices[" << i << "] = " << fam.page_indices[i] << " outside [1, "
              << layout.pages_total << ")");
   }
-  // Seqs may share pages they only read (prefix cache); a page a row writes belongs to one seq.
-  std::vector<uint32_t> sorted = fam.page_indices;
-  std::sort(sorted.begin(), sorted.end());
+  // Seqs may share pages they only read (prefix cache); a page a row writes belongs to one seq;
+  // no seq lists a page twice.
+  thread_local PageMarks marks;
+  marks.begin(layout.pages_total);
 
   for (size_t s = 0; s < seqs; ++s) {
     const engine::PlanSeq& seq = plan.seqs[s];
@@ -138,18 +160,25 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
                    name << " row " << r << " (seq " << s << ", position " << p << ") row_slot "
                         << fam.row_slot[r] << ", expected " << expected);
     }
-    std::vector<uint32_t> own(fam.page_indices.begin() + begin,
-                              fam.page_indices.begin() + begin + count);
-    std::sort(own.begin(), own.end());
-    auto dup = std::adjacent_find(own.begin(), own.end());
-    PLAN_REQUIRE(dup == own.end(), name << " seq " << s << " lists page " << *dup << " twice");
+    for (int32_t i = begin; i < begin + count; ++i) {
+      PageMark& m = marks.marks[fam.page_indices[i]];
+      if (m.epoch != marks.epoch) {
+        m = PageMark{marks.epoch, static_cast<int32_t>(s), 1};
+        continue;
+      }
+      PLAN_REQUIRE(m.last_seq != static_cast<int32_t>(s),
+                   name << " seq " << s << " lists page " << fam.page_indices[i] << " twice");
+      m.last_seq = static_cast<int32_t>(s);
+      m.listings += 1;
+    }
   }
   for (size_t r = 0; r < fam.row_slot.size(); ++r) {
+    // The slot's page was checked against the seq's own list above: it is in [1, pages_total).
     const uint32_t page = static_cast<uint32_t>(fam.row_slot[r] / ps);
-    const auto listed = std::equal_range(sorted.begin(), sorted.end(), page);
-    PLAN_REQUIRE(listed.second - listed.first == 1,
-                 name << " page " << page << ", written by row " << r << ", is listed "
-                      << (listed.second - listed.first) << " times (a written page is one seq's)");
+    const PageMark& m = marks.marks[page];
+    const int32_t listed = m.epoch == marks.epoch ? m.listings : 0;
+    PLAN_REQUIRE(listed == 1, name << " page " << page << ", written by row " << r << ", is listed "
+                                   << listed << " times (a written page is one seq's)");
   }
   return Ok{};
 }
