@@ -16,7 +16,7 @@ if ! RC_PARAMS="max_success=200 noshrink=1" "$bin" >/dev/null 2>&1; then
 fi
 missed=0
 for m in "${mutants[@]}"; do
-  out=$(TWINSTEP_MUTANT="$m" RC_PARAMS="max_success=1000 noshrink=1" "$bin" 2>&1)
+  out=$(TWINSTEP_MUTANT="$m" RC_PARAMS="max_success=2000 noshrink=1" "$bin" 2>&1)
   caught=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([A-Za-z]*\.[A-Za-z]*\) .*/\1/p' | sort -u | paste -sd, -)
   if [ -n "$caught" ]; then
     printf 'mutant %-24s caught by: %s\n' "$m" "$caught"
