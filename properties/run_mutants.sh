@@ -17,7 +17,13 @@ fi
 missed=0
 for m in "${mutants[@]}"; do
   out=$(TWINSTEP_MUTANT="$m" RC_PARAMS="max_success=2000 noshrink=1" "$bin" 2>&1)
+  rc=$?
   caught=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([A-Za-z]*\.[A-Za-z]*\) .*/\1/p' | sort -u | paste -sd, -)
+  # A mutant that ends the process (an engine check aborting, a signal) before any property
+  # reports is caught too: the un-mutated binary passed above.
+  if [ -z "$caught" ] && [ "$rc" -ne 0 ]; then
+    caught="the binary itself (exit $rc: $(printf '%s\n' "$out" | grep -m1 -E 'Check failed|TS_CHECK|Abort|terminate' || echo 'no report'))"
+  fi
   if [ -n "$caught" ]; then
     printf 'mutant %-24s caught by: %s\n' "$m" "$caught"
   else
