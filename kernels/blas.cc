@@ -1,9 +1,11 @@
-// kernels/blas.cc: the cuBLAS GEMM wrapper of ops.h and the host-only helpers (CUDA error
-// conversion, the bf16-rounded embedding scale). Plain C++: no device code here.
+// kernels/blas.cc: the GEMM wrapper of ops.h (cuBLAS's default path, the tuned or pinned
+// cuBLASLt plans of kernels/blas_lt.h) and the host-only helpers (CUDA error conversion, the
+// bf16-rounded embedding scale). Plain C++: no device code here.
 #include <cmath>
 #include <string>
 #include <utility>
 
+#include "kernels/blas_lt.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/ops.h"
 
@@ -54,30 +56,54 @@ Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
     cudaFree(workspace);
     return unexpected(s.error());
   }
-  return Blas(handle, stream, workspace);
+  auto lt = BlasLt::create(workspace, kBlasWorkspaceBytes);
+  if (!lt) {
+    cublasDestroy(handle);
+    cudaFree(workspace);
+    return unexpected(lt.error());
+  }
+  return Blas(handle, stream, workspace, std::move(lt.value()));
 }
+
+Blas::Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt)
+    : handle_(handle), stream_(stream), workspace_(workspace), lt_(std::move(lt)) {}
 
 Blas::Blas(Blas&& other) noexcept
     : handle_(std::exchange(other.handle_, nullptr)),
       stream_(other.stream_),
       workspace_(std::exchange(other.workspace_, nullptr)),
-      skinny_max_rows_(other.skinny_max_rows_) {}
+      lt_(std::move(other.lt_)),
+      skinny_max_rows_(other.skinny_max_rows_),
+      batch_invariant_(other.batch_invariant_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
   if (this != &other) {
+    lt_.reset();
     if (handle_ != nullptr) cublasDestroy(handle_);
     if (workspace_ != nullptr) cudaFree(workspace_);
     handle_ = std::exchange(other.handle_, nullptr);
     stream_ = other.stream_;
     workspace_ = std::exchange(other.workspace_, nullptr);
+    lt_ = std::move(other.lt_);
     skinny_max_rows_ = other.skinny_max_rows_;
+    batch_invariant_ = other.batch_invariant_;
   }
   return *this;
 }
 
 Blas::~Blas() {
+  lt_.reset();
   if (handle_ != nullptr) cublasDestroy(handle_);
   if (workspace_ != nullptr) cudaFree(workspace_);
+}
+
+Result<BlasTuneReport, KernelError> Blas::tune(const std::vector<GemmShape>& shapes,
+                                               const BlasTuneOptions& options) {
+  TS_CHECK(handle_ != nullptr) << "tune on a moved-from Blas";
+  auto run_default = [this](const bf16* x, const bf16* w, void* y, const GemmShape& s) {
+    return gemm_default(x, w, y, s.fp32_out ? CUDA_R_32F : CUDA_R_16BF, s.m, s.n, s.k);
+  };
+  return lt_->tune(shapes, options, run_default, stream_);
 }
 
 KernelStatus Blas::gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k) {
@@ -99,6 +125,16 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
                                       " n=" + std::to_string(n) + " k=" + std::to_string(k)});
   }
   if (m == 0) return Ok{};
+  const GemmShape shape{m, n, k, y_type == CUDA_R_32F};
+  if (batch_invariant_) return lt_->run_invariant(shape, x, w, y, stream_);
+  if (const LtPlan* plan = lt_->tuned(shape, x, w, y); plan != nullptr) {
+    return lt_->run(*plan, x, w, y, stream_);
+  }
+  return gemm_default(x, w, y, y_type, m, n, k);
+}
+
+KernelStatus Blas::gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
+                                int32_t m, int32_t n, int32_t k) {
   if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
     return y_type == CUDA_R_32F ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_)
                                 : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_);

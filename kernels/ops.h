@@ -19,7 +19,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/result.h"
 
@@ -176,12 +178,20 @@ KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cud
 // GEMM through cuBLAS: y[m, n] = x[m, k] . w[n, k]^T, bf16 in, fp32 accumulate.
 // x: activations [m, k] row-major; w: an HF Linear weight [out = n, in = k] row-major;
 // y: [m, n] row-major, bf16 or fp32 (fp32 for logits). beta = 0 (y is overwritten).
+// x, w and y 16-byte aligned for the cuBLASLt paths (tuned shapes fall back to the default
+// path otherwise; batch-invariant mode returns kBadArgument).
 // The handle owns a fixed cuBLAS workspace (kBlasWorkspaceBytes, cublasSetWorkspace), so no
 // GEMM allocates: a GEMM may run inside a CUDA graph capture, and the Hopper kernels that want a
 // workspace get one. Not thread-safe: one Blas per stream/thread. Move-only.
 inline constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
 // Blas::skinny_max_rows by default (measured: gates/skinny_gemm_bench.cc, perf/NOTES.md).
 inline constexpr int32_t kDefaultSkinnyMaxRows = 0;
+// kernels/blas_lt.h: the cuBLASLt plans (tuned per shape, or pinned per weight when batch
+// invariant), and what tune() takes and reports.
+class BlasLt;
+struct GemmShape;
+struct BlasTuneOptions;
+struct BlasTuneReport;
 class Blas {
  public:
   static Result<Blas, KernelError> create(cudaStream_t stream);
@@ -198,16 +208,35 @@ class Blas {
   // of cuBLAS (0: always cuBLAS). Set before any graph capture: a graph keeps the kernel it saw.
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
+  // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
+  // cuBLASLt algorithm for every m, with no split-K, no stream-K and no workspace, so a row's
+  // result is bitwise independent of m, of its row index and of the graph bucket; the pin
+  // comes from the heuristic alone (kernels/blas_lt.h), so every process on the same GPU and
+  // cuBLAS picks it. Tuned plans and the skinny kernel are bypassed. Set before any graph
+  // capture (a graph keeps the kernels it saw). Off by default.
+  void set_batch_invariant(bool on) { batch_invariant_ = on; }
+  bool batch_invariant() const { return batch_invariant_; }
+  // Times cuBLASLt candidates for each exact shape against the default path on random
+  // operands and keeps, per shape, whichever is faster (BlasTuneOptions). Allocates and frees
+  // scratch operands; call once before any graph capture. Later GEMMs of a tuned shape run its
+  // plan; other shapes the default path. Defined in kernels/blas_lt.cc's terms (blas.cc).
+  Result<BlasTuneReport, KernelError> tune(const std::vector<GemmShape>& shapes,
+                                           const BlasTuneOptions& options);
+  BlasLt& lt() { return *lt_; }
 
  private:
-  Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace)
-      : handle_(handle), stream_(stream), workspace_(workspace) {}
+  Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt);
   KernelStatus gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type, int32_t m,
                          int32_t n, int32_t k);
+  // The path without cuBLASLt plans: the skinny kernel where it applies, else cublasGemmEx.
+  KernelStatus gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type, int32_t m,
+                            int32_t n, int32_t k);
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  void* workspace_ = nullptr;  // kBlasWorkspaceBytes of device memory
+  void* workspace_ = nullptr;  // kBlasWorkspaceBytes of device memory, shared with lt_
+  std::unique_ptr<BlasLt> lt_;
   int32_t skinny_max_rows_ = kDefaultSkinnyMaxRows;
+  bool batch_invariant_ = false;
 };
 
 // The error of a failed CUDA call as a KernelStatus (ok for cudaSuccess). `what` names the
