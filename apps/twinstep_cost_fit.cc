@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ Prints the median and p95 relative error per bench case and overall. Exit 0 on s
 struct Loaded {
   std::string model_name;
   nlohmann::json provenance;
+  std::optional<DecodeLaunch> launch;  // the first file's decode_launch (unknown if absent)
   std::vector<StepRecord> records;
 };
 
@@ -57,6 +59,13 @@ void load_records(const std::string& path, Loaded* out) {
   }
   out->model_name = model;
   if (out->provenance.is_null()) out->provenance = json.value("provenance", nlohmann::json{});
+  auto launch = DecodeLaunch::from_json(json.value("decode_launch", nlohmann::json()));
+  if (!launch) fail(path + ": " + launch.error());
+  if (out->launch && out->launch->to_json() != launch->to_json()) {
+    fail(path + ": decode_launch " + launch->to_json().dump() + ", but an earlier file had " +
+         out->launch->to_json().dump());
+  }
+  out->launch = std::move(launch.value());
   for (const nlohmann::json& r : json["records"]) {
     auto shape = StepShape::from_json(r.value("shape", nlohmann::json{}));
     if (!shape) fail(path + ": " + shape.error());
@@ -70,7 +79,7 @@ void load_records(const std::string& path, Loaded* out) {
 // Relative error of `cost` on every record, printed per label and overall.
 std::vector<double> report(const engine::ModelConfig& model, const CalibratedCost& cost,
                            const std::vector<StepRecord>& records) {
-  const CostGeometry geometry(model);
+  const CostGeometry geometry(model, cost.launch);
   std::map<std::string, std::vector<double>> by_label;
   std::map<std::string, std::pair<double, double>> sums;  // measured, predicted ms
   std::vector<double> all;
@@ -131,7 +140,11 @@ int run(int argc, char** argv) {
     report(model.value(), cost.value(), loaded.records);
     return 0;
   }
-  FitResult fit = fit_cost(model.value(), loaded.records);
+  const DecodeLaunch launch = loaded.launch.value_or(DecodeLaunch{});
+  std::printf("decode launch: %s\n",
+              launch.known() ? launch.to_json().dump().c_str()
+                             : "unknown (records without decode_launch: no critical-path terms)");
+  FitResult fit = fit_cost(model.value(), loaded.records, launch);
   fit.cost.model_name = loaded.model_name;
   fit.cost.provenance = loaded.provenance;
   std::printf("coefficients (ns per unit):\n");

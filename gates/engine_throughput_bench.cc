@@ -33,7 +33,9 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "kernels/attention_decode_split.h"
 #include "kernels/cuda_device.h"
+#include "kernels/decode_graphs.h"
 #include "kernels/model_forward.h"
 #include "sim/cost_model.h"
 
@@ -451,6 +453,70 @@ void sweep_long(Sweep& s) {
   s.run_until_idle("drain 16k");
 }
 
+// Decode batches of MIXED contexts (split-KV: the longest row's chunk is the critical path) at
+// batch sizes that are graph buckets and ones padded to the next bucket, plus prefill beside a
+// decode batch of mixed contexts (a 3000-token prompt in one step, a 9000-token one chunked),
+// as the replay gate's workload has them. `n_long` rows of `long_ctx` tokens are submitted
+// first, the rest `short_ctx`; aborts from the back keep the long rows to the end.
+struct MixedCase {
+  int n_long, long_ctx, short_ctx;
+  std::vector<int> batches;  // descending, the first is the batch prefilled
+  bool prefill_beside;       // at the batch below 40: a 3000 and a 9000 prompt arrive
+};
+void sweep_mixed(Sweep& s) {
+  const MixedCase cases[] = {
+      {1, 9000, 300, {56, 49, 41, 33, 25, 17, 12, 9, 5, 3, 2}, true},
+      {2, 4096, 1024, {24, 20, 13, 7, 3}, false},
+      {1, 16000, 512, {12, 9, 6, 3}, false},
+      {8, 2048, 256, {100, 72, 40}, false},
+  };
+  for (const MixedCase& m : cases) {
+    const std::string c = " long=" + std::to_string(m.n_long) + "x" + std::to_string(m.long_ctx) +
+                          " short=" + std::to_string(m.short_ctx);
+    std::vector<engine::RequestControl> controls;
+    const int top = m.batches.front();
+    for (int i = 0; i < top; ++i) {
+      controls.push_back(submit(s.e, s.rng, i < m.n_long ? m.long_ctx : m.short_ctx, 200));
+    }
+    for (int i = 0; !pure_decode(s.step("prefill+decode mixed" + c), top); ++i) {
+      if (i > 200) die("records: mixed setup%s did not reach a pure decode step", c.c_str());
+    }
+    int live = top;
+    bool beside_done = !m.prefill_beside;
+    for (const int batch : m.batches) {
+      for (int i = batch; i < live; ++i) controls[i].abort();
+      live = batch;
+      for (int k = 0; k < 4; ++k) s.step("mixed decode b=" + std::to_string(batch) + c);
+      if (!beside_done && batch < 40) {
+        beside_done = true;
+        for (const int len : {3000, 9000}) {
+          submit(s.e, s.rng, len, 1);  // max_tokens 1: done when its prefill is
+          const std::string label =
+              "prefill " + std::to_string(len) + " + mixed decode b=" + std::to_string(batch);
+          for (int k = 0; k < 4; ++k) {
+            if (!pure_decode(s.step(label + c), batch)) continue;
+            s.records.back()["label"] = "mixed decode b=" + std::to_string(batch) + c;
+            break;
+          }
+        }
+      }
+    }
+    for (auto& ctl : controls) ctl.abort();
+    s.run_until_idle("drain mixed" + c);
+  }
+}
+
+// The measured device's decode launch (sim/cost_model.h DecodeLaunch): the split policy's
+// resident-block slots per family and the graph buckets the engine replays.
+nlohmann::json decode_launch(const engine::ModelConfig& config, const cudaDeviceProp& prop,
+                             const std::vector<int32_t>& buckets) {
+  const int32_t sms = prop.multiProcessorCount;
+  return {{"split_slots",
+           {{"global", kernels::attention_decode_split_slots(config.global.head_dim, sms)},
+            {"local", kernels::attention_decode_split_slots(config.local.head_dim, sms)}}},
+          {"buckets", buckets}};
+}
+
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : fallback;
@@ -494,6 +560,7 @@ int write_step_records(const engine::ModelConfig& config, kernels::CudaDevice& c
   graphs.max_logits = ec.max_running;
   graphs.max_context = 16384 + 64 + kPageSize;  // the sweep's longest context
   graphs.page_size = ec.page_size;
+  graphs.buckets = kernels::default_decode_buckets(ec.max_running);  // recorded below
   if (auto enabled = cuda.enable_decode_graphs(graphs); !enabled.ok()) {
     die("records: decode graphs: %s", enabled.error().message.c_str());
   }
@@ -511,10 +578,12 @@ int write_step_records(const engine::ModelConfig& config, kernels::CudaDevice& c
   drain(s.e);
   // Written after each section, so a failure late in the sweep keeps what was measured.
   const nlohmann::json prov = provenance(prop, ec);
+  const nlohmann::json launch = decode_launch(config, prop, graphs.buckets);
   auto flush = [&](const char* section) {
     const nlohmann::json out = {{"format", "twinstep-step-records/1"},
                                 {"model", "gemma4-12b"},
                                 {"provenance", prov},
+                                {"decode_launch", launch},
                                 {"records", s.records}};
     std::ofstream file(path);
     file << out.dump(1) << "\n";
@@ -531,6 +600,8 @@ int write_step_records(const engine::ModelConfig& config, kernels::CudaDevice& c
   }
   sweep_long(s);
   flush("16k context");
+  sweep_mixed(s);
+  flush("mixed contexts");
   const engine::DeviceStats ds = device.stats();
   std::printf("records: decode graphs: %llu replays, %llu eager decode steps (%llu misses)\n",
               static_cast<unsigned long long>(ds.graph_replays),

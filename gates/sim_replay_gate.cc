@@ -37,7 +37,7 @@ constexpr double kP95ErrorMax = 0.25;
 
 // TWINSTEP_REPLAY_RECORDS=FILE: the measured steps as step records (twinstep-cost-fit reads
 // them: --check evaluates a calibration on them offline).
-void write_records(const std::vector<sim::ReplayStep>& measured, const nlohmann::json& provenance) {
+void write_records(const std::vector<sim::ReplayStep>& measured, const sim::CalibratedCost& cost) {
   const char* path = std::getenv("TWINSTEP_REPLAY_RECORDS");
   if (path == nullptr || *path == '\0') return;
   nlohmann::json records = nlohmann::json::array();
@@ -47,7 +47,8 @@ void write_records(const std::vector<sim::ReplayStep>& measured, const nlohmann:
   std::ofstream out(path);
   out << nlohmann::json{{"format", "twinstep-step-records/1"},
                         {"model", "gemma4-12b"},
-                        {"provenance", provenance},
+                        {"provenance", cost.provenance},
+                        {"decode_launch", cost.launch.to_json()},
                         {"records", records}}
              .dump(1)
       << "\n";
@@ -81,8 +82,10 @@ TEST(SimReplayGate, CalibratedClockPredictsTheH200) {
   const auto calibration = load_calibration();
   ASSERT_NE(calibration, nullptr)
       << "no calibration: set TWINSTEP_COST_MODEL or commit perf/h200_gemma4_12b_cost.json";
-  std::printf("[gate] calibration: model %s, %s\n", calibration->model_name.c_str(),
-              calibration->provenance.dump().c_str());
+  std::printf("[gate] calibration: model %s, %s, decode launch %s\n",
+              calibration->model_name.c_str(), calibration->provenance.dump().c_str(),
+              calibration->launch.known() ? calibration->launch.to_json().dump().c_str()
+                                          : "unknown (no critical-path terms)");
   const engine::EngineConfig ec = sim::replay_engine_config(c);
 
   sim::CostModel cost;
@@ -114,7 +117,7 @@ TEST(SimReplayGate, CalibratedClockPredictsTheH200) {
   const std::vector<sim::ReplayStep> measured =
       sim::run_replay(**cuda_engine, cuda_recorder,
                       [](const engine::StepOutputs&, double wall_ms) { return wall_ms; });
-  write_records(measured, calibration->provenance);
+  write_records(measured, *calibration);
   const engine::DeviceStats ds = cuda_recorder.stats();
   std::printf("[gate] CUDA decode graphs: %llu replays, %llu eager decode steps (%llu misses)\n",
               static_cast<unsigned long long>(ds.graph_replays),

@@ -490,34 +490,22 @@ KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int32_t attention_decode_split_head_blocks(int32_t q_heads, int32_t kv_heads) {
-  TS_CHECK(q_heads > 0 && kv_heads > 0 && q_heads % kv_heads == 0)
-      << "q_heads " << q_heads << " kv_heads " << kv_heads;
-  return (q_heads / kv_heads + kHeads - 1) / kHeads;
+  static_assert(kHeads == engine::kDecodeSplitHeadsPerBlock, "the shared policy's block heads");
+  return engine::decode_split_head_blocks(q_heads, kv_heads);
+}
+
+int64_t attention_decode_split_slots(int32_t head_dim, int32_t num_sms) {
+  TS_CHECK(num_sms > 0 && head_dim_supported(head_dim))
+      << "num_sms " << num_sms << " head_dim " << head_dim;
+  return int64_t{num_sms} * blocks_per_sm(head_dim);
 }
 
 int32_t attention_decode_split_count(int32_t rows, int32_t q_heads, int32_t kv_heads,
                                      int32_t head_dim, int32_t num_sms) {
-  TS_CHECK(rows >= 0 && num_sms > 0 && head_dim_supported(head_dim))
-      << "rows " << rows << " num_sms " << num_sms << " head_dim " << head_dim;
-  if (rows == 0) return 1;
+  TS_CHECK(rows >= 0) << "rows " << rows;
   const int64_t blocks =
       int64_t{rows} * kv_heads * attention_decode_split_head_blocks(q_heads, kv_heads);
-  const int64_t slots = int64_t{num_sms} * blocks_per_sm(head_dim);
-  if (blocks < slots) {
-    return static_cast<int32_t>(std::clamp<int64_t>(slots / blocks, 1, kDecodeSplitsMax));
-  }
-  int32_t best = 1;
-  double best_fill = 0.0;
-  for (int32_t s = 1; s <= 4; ++s) {
-    const int64_t b = blocks * s;
-    const double fill = static_cast<double>(b) /
-                        (static_cast<double>((b + slots - 1) / slots) * static_cast<double>(slots));
-    if (fill > best_fill + 1e-9) {
-      best = s;
-      best_fill = fill;
-    }
-  }
-  return best;
+  return engine::decode_split_count(blocks, attention_decode_split_slots(head_dim, num_sms));
 }
 
 int64_t attention_decode_split_workspace_bytes(int32_t rows, int32_t q_heads, int32_t head_dim,

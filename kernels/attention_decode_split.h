@@ -18,12 +18,15 @@
 
 #include <cstdint>
 
+#include "engine/decode_split_policy.h"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels {
 
-inline constexpr int32_t kDecodeSplitTileKeys = 32;  // keys per tile; a split is a multiple
-inline constexpr int32_t kDecodeSplitsMax = 256;     // upper bound of the split count
+// The policy's constants and its pure split count live in engine/decode_split_policy.h (the
+// simulator's cost model computes the same split without CUDA).
+inline constexpr int32_t kDecodeSplitTileKeys = engine::kDecodeSplitTileKeys;
+inline constexpr int32_t kDecodeSplitsMax = engine::kDecodeSplitsMax;
 
 // Blocks of one (row, kv head) group: ceil((q_heads / kv_heads) / 16) (a block holds at most
 // 16 query heads, the mma M). A GQA group of more than 16 heads reads its K/V once per block.
@@ -36,6 +39,10 @@ int32_t attention_decode_split_head_blocks(int32_t q_heads, int32_t kv_heads);
 // must be positive (rows == 0 gives 1).
 int32_t attention_decode_split_count(int32_t rows, int32_t q_heads, int32_t kv_heads,
                                      int32_t head_dim, int32_t num_sms);
+
+// `slots` above: num_sms * the blocks of this head_dim one SM holds. With it,
+// engine::decode_split_count(rows * kv_heads * head_blocks, slots) is the split count.
+int64_t attention_decode_split_slots(int32_t head_dim, int32_t num_sms);
 
 // Workspace for `splits` splits: rows * q_heads * splits * (head_dim + 2) fp32 (the partial
 // accumulators, then the (max, sum) pairs); 0 when splits == 1.

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "engine/check.h"
+#include "engine/decode_split_policy.h"
 
 namespace twinstep::sim {
 
@@ -31,6 +32,9 @@ constexpr std::string_view kTermNames[kCostTermCount] = {
     "attn_flops_local",
     "logits_rows",
     "lm_head_bytes",
+    "kv_critical_bytes_global",
+    "kv_critical_bytes_local",
+    "decode_pad_rows",
 };
 
 constexpr std::string_view kFormat = "twinstep-cost-model/1";
@@ -106,9 +110,51 @@ StepShape step_shape(const engine::StepPlan& plan) {
   return shape;
 }
 
+// ---- the decode launch ------------------------------------------------------------------
+
+int32_t DecodeLaunch::launch_rows(int32_t rows) const {
+  auto it = std::lower_bound(buckets.begin(), buckets.end(), rows);
+  return it == buckets.end() ? rows : *it;
+}
+
+nlohmann::json DecodeLaunch::to_json() const {
+  return {{"split_slots", {{"global", split_slots[0]}, {"local", split_slots[1]}}},
+          {"buckets", buckets}};
+}
+
+Result<DecodeLaunch, std::string> DecodeLaunch::from_json(const nlohmann::json& json) {
+  DecodeLaunch launch;
+  if (json.is_null()) return launch;
+  if (!json.is_object() || !json.contains("split_slots") || !json["split_slots"].is_object() ||
+      !json.contains("buckets") || !json["buckets"].is_array()) {
+    return unexpected("decode_launch needs split_slots {global, local} and buckets [], got " +
+                      json.dump());
+  }
+  for (const Family f : engine::kFamilies) {
+    const nlohmann::json& v =
+        json["split_slots"].value(std::string(engine::family_name(f)), nlohmann::json());
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+      return unexpected("decode_launch.split_slots." + std::string(engine::family_name(f)) +
+                        " is " + v.dump() + ", expected an integer >= 0");
+    }
+    launch.split_slots[static_cast<int>(f)] = v.get<int64_t>();
+  }
+  for (const nlohmann::json& b : json["buckets"]) {
+    if (!b.is_number_integer() || b.get<int64_t>() <= 0 ||
+        b.get<int64_t>() > std::numeric_limits<int32_t>::max() ||
+        (!launch.buckets.empty() && b.get<int32_t>() <= launch.buckets.back())) {
+      return unexpected("decode_launch.buckets must be ascending positive integers, got " +
+                        json["buckets"].dump());
+    }
+    launch.buckets.push_back(b.get<int32_t>());
+  }
+  return launch;
+}
+
 // ---- features ---------------------------------------------------------------------------
 
-CostGeometry::CostGeometry(const engine::ModelConfig& model) : model_(model) {
+CostGeometry::CostGeometry(const engine::ModelConfig& model, DecodeLaunch launch)
+    : model_(model), launch_(std::move(launch)) {
   TS_CHECK(static_cast<int32_t>(model.layer_types.size()) == model.num_layers)
       << "layer_types=" << model.layer_types.size() << " num_layers=" << model.num_layers;
   const double H = model.hidden_size;
@@ -137,6 +183,36 @@ CostGeometry::CostGeometry(const engine::ModelConfig& model) : model_(model) {
   // Row gather, final norm, LM head GEMM, softcap if any, device argmax.
   launches_lm_head_ = 4 + (model.final_logit_softcapping ? 1 : 0);
   TS_CHECK(linear_params_ > 0) << "a model with no linear weights";
+}
+
+int32_t CostGeometry::decode_splits(Family f, int32_t launch_rows) const {
+  const int64_t slots = launch_.split_slots[static_cast<int>(f)];
+  if (slots <= 0) return 1;
+  const engine::FamilyGeometry& g = model_.family(f);
+  const int64_t blocks = int64_t{launch_rows} * g.kv_heads *
+                         engine::decode_split_head_blocks(model_.num_q_heads, g.kv_heads);
+  return engine::decode_split_count(blocks, slots);
+}
+
+// Decode-only steps with a known launch: the longest row's chunk per family at the split count
+// of the rows the launch runs (the graph bucket's), and the bucket's padding rows.
+void CostGeometry::add_critical_path(const StepShape& step, CostFeatures* f) const {
+  if (!launch_.known()) return;
+  const int32_t rows = step.rows();
+  const int32_t launch_rows = launch_.launch_rows(rows);
+  const int32_t window = step.sliding_window;
+  int64_t longest = 0;
+  for (const SeqShape& s : step.seqs) longest = std::max<int64_t>(longest, s.kv_len_before + 1);
+  const int64_t keys[engine::kFamilyCount] = {
+      longest, window > 0 ? std::min<int64_t>(longest, window) : longest};
+  for (const Family fam : engine::kFamilies) {
+    const int i = static_cast<int>(fam);
+    const int64_t chunk = engine::decode_split_chunk_keys(keys[i], decode_splits(fam, launch_rows));
+    (*f)[idx(fam == Family::kGlobal ? CostTerm::kKvCriticalBytesGlobal
+                                    : CostTerm::kKvCriticalBytesLocal)] =
+        static_cast<double>(chunk) * kv_token_bytes_[i];
+  }
+  (*f)[idx(CostTerm::kDecodePadRows)] = launch_rows - rows;
 }
 
 double CostGeometry::attn_tile_flops(Family f, const SeqShape& seq, int32_t window) const {
@@ -201,6 +277,7 @@ CostFeatures CostGeometry::features(const StepShape& step) const {
     f[idx(CostTerm::kLmHeadBytes)] =
         kBf16Bytes * static_cast<double>(model_.vocab_size) * model_.hidden_size;
   }
+  if (decode) add_critical_path(step, &f);
   return f;
 }
 
@@ -221,6 +298,7 @@ nlohmann::json CalibratedCost::to_json() const {
           {"units", "ns per unit of each feature (sim/cost_model.h names the units)"},
           {"coefficients_ns", coefficients},
           {"provenance", provenance},
+          {"decode_launch", launch.known() ? launch.to_json() : nlohmann::json()},
           {"fit", fit}};
 }
 
@@ -235,6 +313,9 @@ Result<CalibratedCost, std::string> CalibratedCost::from_json(const nlohmann::js
   cost.model_name = json.value("model", "");
   cost.provenance = json.value("provenance", nlohmann::json::object());
   cost.fit = json.value("fit", nlohmann::json::object());
+  auto launch = DecodeLaunch::from_json(json.value("decode_launch", nlohmann::json()));
+  if (!launch) return unexpected(launch.error());
+  cost.launch = std::move(launch.value());
   std::array<bool, kCostTermCount> seen{};
   for (const auto& [name, value] : json["coefficients_ns"].items()) {
     const std::optional<CostTerm> term = cost_term_from_name(name);
@@ -286,7 +367,7 @@ std::shared_ptr<const CalibratedCost> default_calibration_12b() {
 
 CalibratedClock::CalibratedClock(const engine::ModelConfig& model,
                                  std::shared_ptr<const CalibratedCost> cost)
-    : geometry_(model), cost_(std::move(cost)) {
+    : geometry_(model, cost != nullptr ? cost->launch : DecodeLaunch{}), cost_(std::move(cost)) {
   TS_CHECK(cost_ != nullptr) << "a calibrated clock without coefficients";
 }
 
@@ -439,9 +520,10 @@ double quantile(std::vector<double> values, double q) {
   return values[i];
 }
 
-FitResult fit_cost(const engine::ModelConfig& model, const std::vector<StepRecord>& records) {
+FitResult fit_cost(const engine::ModelConfig& model, const std::vector<StepRecord>& records,
+                   const DecodeLaunch& launch) {
   TS_CHECK(!records.empty()) << "no records to fit";
-  const CostGeometry geometry(model);
+  const CostGeometry geometry(model, launch);
   std::vector<CostFeatures> features;
   Matrix a;
   std::vector<double> b;
@@ -456,6 +538,7 @@ FitResult fit_cost(const engine::ModelConfig& model, const std::vector<StepRecor
   }
   const std::vector<double> x = nnls(a, b);
   FitResult result;
+  result.cost.launch = launch;
   for (int i = 0; i < kCostTermCount; ++i) result.cost.ns_per_unit[i] = x[i];
   for (size_t k = 0; k < records.size(); ++k) {
     const double y_ns = records[k].measured_ms * 1e6;

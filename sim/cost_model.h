@@ -42,6 +42,12 @@ enum class CostTerm : int {
   kAttnFlopsLocal,   //   tiles the kernel computes (64-pair query tiles, 32-key stages)
   kLogitsRows,       // rows through the LM head (gather, norm, GEMM, softcap, sampling)
   kLmHeadBytes,      // the tied embedding, read when any row has logits
+  // Decode path, the split-KV kernel's critical path: each row's keys are cut into S chunks (S
+  // from the launch's rows, DecodeLaunch), so the longest row's chunk bounds the kernel when
+  // the batch's contexts differ: max over seqs of chunk keys x the family's per-token bytes.
+  kKvCriticalBytesGlobal,
+  kKvCriticalBytesLocal,
+  kDecodePadRows,  // decode path: rows a graph bucket runs beyond the step's (bucket - rows)
   kCount
 };
 inline constexpr int kCostTermCount = static_cast<int>(CostTerm::kCount);
@@ -94,13 +100,32 @@ class StepShapeRecorder final : public engine::Device {
 
 using CostFeatures = std::array<double, kCostTermCount>;  // indexed by CostTerm
 
+// What the decode path's launch depends on beyond the model, from the measured device: the
+// split-KV policy's resident-block slots per family (kernels' attention_decode_split_slots for
+// the family's head_dim; the split count is engine::decode_split_count of the launch's blocks
+// and these) and the decode graphs' batch buckets (a decode-only step of r rows runs the
+// smallest bucket >= r; none: r rows, eagerly). Unknown (slots 0): the critical-path terms are
+// 0, as in calibrations fitted before they existed.
+struct DecodeLaunch {
+  int64_t split_slots[engine::kFamilyCount] = {0, 0};  // by Family; 0 = unknown
+  std::vector<int32_t> buckets;                        // ascending, positive
+  bool known() const { return split_slots[0] > 0 && split_slots[1] > 0; }
+  int32_t launch_rows(int32_t rows) const;  // the bucket a decode step of `rows` runs
+  nlohmann::json to_json() const;
+  // Absent or null: unknown. Refuses negative slots and unsorted or non-positive buckets.
+  static Result<DecodeLaunch, std::string> from_json(const nlohmann::json& json);
+};
+
 // Per-model constants the features need (weights, GEMM shapes, per-token K/V bytes), computed
 // once; features() is then O(seqs) for decode and O(query tiles) for prefill.
 class CostGeometry {
  public:
-  explicit CostGeometry(const engine::ModelConfig& model);
+  explicit CostGeometry(const engine::ModelConfig& model, DecodeLaunch launch = {});
   CostFeatures features(const StepShape& step) const;
   const engine::ModelConfig& model() const { return model_; }
+  const DecodeLaunch& launch() const { return launch_; }
+  // The split count the decode kernel takes for family f at `launch_rows` rows (1 unknown).
+  int32_t decode_splits(engine::Family f, int32_t launch_rows) const;
 
  private:
   struct Gemm {
@@ -109,8 +134,10 @@ class CostGeometry {
     double count = 0;  // how many layers run this shape
   };
   double attn_tile_flops(engine::Family f, const SeqShape& seq, int32_t window) const;
+  void add_critical_path(const StepShape& step, CostFeatures* f) const;
 
   engine::ModelConfig model_;
+  DecodeLaunch launch_;
   std::vector<Gemm> gemms_;
   double linear_params_ = 0;
   double kv_token_bytes_[engine::kFamilyCount] = {};  // K+V bf16 of one token, all its layers
@@ -126,6 +153,7 @@ struct CalibratedCost {
   nlohmann::json provenance;  // GPU, driver, date, git rev, kernels, records (from the fit)
   nlohmann::json fit;         // fit statistics (median / p95 relative error on its records)
   std::string model_name;     // the geometry it was measured on (e.g. "gemma4-12b")
+  DecodeLaunch launch;        // the measured device's decode launch ("decode_launch")
 
   double predict_ns(const CostFeatures& f) const;
   nlohmann::json to_json() const;
@@ -169,7 +197,8 @@ struct FitResult {
 };
 // Fits the coefficients minimising the relative error of each record (rows weighted by
 // 1 / measured): a capacity planner cares about a decode step's 10% as much as a prefill's.
-FitResult fit_cost(const engine::ModelConfig& model, const std::vector<StepRecord>& records);
+FitResult fit_cost(const engine::ModelConfig& model, const std::vector<StepRecord>& records,
+                   const DecodeLaunch& launch = {});
 
 // Nearest-rank quantile q in [0, 1] of the values (0 for none).
 double quantile(std::vector<double> values, double q);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/decode_split_policy.h"
 #include "engine/engine.h"
 #include "sim/rng.h"
 #include "sim/sim_device.h"
@@ -305,6 +306,145 @@ TEST(FitCost, RecoversPlantedCoefficients) {
   for (const double v : fit.cost.ns_per_unit) EXPECT_GE(v, 0.0);
 }
 
+// The split policy against hand counts (H200: 132 SMs; one head_dim-512 block per SM).
+TEST(DecodeSplitPolicy, MatchesHandCounts) {
+  EXPECT_EQ(engine::decode_split_count(1, 132), 132);  // one block: as many splits as slots
+  EXPECT_EQ(engine::decode_split_count(1, 1000), 256) << "capped at kDecodeSplitsMax";
+  EXPECT_EQ(engine::decode_split_count(64, 132), 2);  // 64 x 2 = 128 <= 132 < 64 x 3
+  EXPECT_EQ(engine::decode_split_count(100, 132), 1);
+  EXPECT_EQ(engine::decode_split_count(132, 132), 1);  // one full wave at S = 1
+  // 200 blocks: S = 1 fills 200 / 264, S = 2 400 / 528 (the same), S = 3 600 / 660, S = 4
+  // 800 / 924: three.
+  EXPECT_EQ(engine::decode_split_count(200, 132), 3);
+  EXPECT_EQ(engine::decode_split_count(0, 132), 1);
+  EXPECT_EQ(engine::decode_split_head_blocks(16, 1), 1);
+  EXPECT_EQ(engine::decode_split_head_blocks(32, 1), 2);
+  EXPECT_EQ(engine::decode_split_head_blocks(16, 8), 1);
+  EXPECT_EQ(engine::decode_split_chunk_keys(9000, 3), 3008);  // 3000 keys, whole 32-key tiles
+  EXPECT_EQ(engine::decode_split_chunk_keys(64, 1), 64);
+  EXPECT_EQ(engine::decode_split_chunk_keys(1, 132), 32);
+}
+
+DecodeLaunch h200_launch() {
+  DecodeLaunch launch;
+  launch.split_slots[0] = 132;  // global: head_dim 512, one block per SM
+  launch.split_slots[1] = 264;  // local: head_dim 256, two
+  launch.buckets = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64};
+  return launch;
+}
+
+TEST(CostFeatures, DecodeCriticalPathIsTheLongestRowsChunk) {
+  const engine::ModelConfig m = gemma12b();
+  const CostGeometry g(m, h200_launch());
+  const double global_token = 8.0 * 2 * 1 * 512 * 2;
+  const double local_token = 40.0 * 2 * 8 * 256 * 2;
+  StepShape step;  // b = 9 runs the 16 bucket: one 9000-token row among eight of 1024
+  step.sliding_window = 1024;
+  step.seqs = {{8999, 1, true}};
+  for (int i = 0; i < 8; ++i) step.seqs.push_back({1023, 1, true});
+  const CostFeatures f = g.features(step);
+  // Global: 16 rows x 1 kv head = 16 blocks, 132 / 16 = 8 splits, ceil(9000 / 8) = 1125 keys
+  // -> 1152. Local: 16 x 8 = 128 blocks, 264 / 128 = 2 splits of the 1024-key window: 512.
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kKvCriticalBytesGlobal), 1152 * global_token);
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kKvCriticalBytesLocal), 512 * local_token);
+  EXPECT_EQ(term(f, CostTerm::kDecodePadRows), 7.0);
+  // The sum term still counts every row's keys.
+  EXPECT_DOUBLE_EQ(term(f, CostTerm::kKvReadBytesGlobal), (9000 + 8 * 1024) * global_token);
+
+  // Past the largest bucket: eager, the step's own rows, no padding. 70 rows: global 70 blocks
+  // < 132 -> 1 split; local 560 blocks -> S in 1..4 by fill: 560 / 792, 1120 / 1320, 1680 /
+  // 1848 (0.909), 2240 / 2376 (0.943): 4.
+  StepShape wide;
+  wide.sliding_window = 1024;
+  for (int i = 0; i < 70; ++i) wide.seqs.push_back({i == 5 ? 3000 : 100, 1, true});
+  const CostFeatures w = g.features(wide);
+  EXPECT_DOUBLE_EQ(term(w, CostTerm::kKvCriticalBytesGlobal), 3008 * global_token);
+  EXPECT_DOUBLE_EQ(term(w, CostTerm::kKvCriticalBytesLocal), 256 * local_token);
+  EXPECT_EQ(term(w, CostTerm::kDecodePadRows), 0.0);
+
+  // Not on a prefill step, and not without a known launch (calibrations before the term).
+  StepShape prefill;
+  prefill.sliding_window = 1024;
+  prefill.seqs = {{8999, 1, true}, {0, 300, true}};
+  EXPECT_EQ(term(g.features(prefill), CostTerm::kKvCriticalBytesGlobal), 0.0);
+  const CostFeatures unknown = CostGeometry(m).features(step);
+  EXPECT_EQ(term(unknown, CostTerm::kKvCriticalBytesGlobal), 0.0);
+  EXPECT_EQ(term(unknown, CostTerm::kKvCriticalBytesLocal), 0.0);
+  EXPECT_EQ(term(unknown, CostTerm::kDecodePadRows), 0.0);
+}
+
+TEST(DecodeLaunch, JsonRoundTripsAndRefusesBadValues) {
+  const DecodeLaunch launch = h200_launch();
+  auto back = DecodeLaunch::from_json(launch.to_json());
+  ASSERT_TRUE(back.ok()) << back.error();
+  EXPECT_EQ(back->split_slots[0], 132);
+  EXPECT_EQ(back->split_slots[1], 264);
+  EXPECT_EQ(back->buckets, launch.buckets);
+  EXPECT_EQ(back->launch_rows(49), 56);
+  EXPECT_EQ(back->launch_rows(64), 64);
+  EXPECT_EQ(back->launch_rows(65), 65);
+  auto none = DecodeLaunch::from_json(nlohmann::json());
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->known());
+  nlohmann::json bad = launch.to_json();
+  bad["buckets"] = {4, 2};
+  ASSERT_FALSE(DecodeLaunch::from_json(bad).ok());
+  EXPECT_NE(DecodeLaunch::from_json(bad).error().find("ascending"), std::string::npos);
+  bad = launch.to_json();
+  bad["split_slots"]["local"] = -1;
+  ASSERT_FALSE(DecodeLaunch::from_json(bad).ok());
+  EXPECT_NE(DecodeLaunch::from_json(bad).error().find("split_slots.local"), std::string::npos);
+  EXPECT_FALSE(DecodeLaunch::from_json(nlohmann::json{{"buckets", {1}}}).ok());
+  // A calibration carries its launch through its file.
+  CalibratedCost cost = some_cost();
+  cost.launch = launch;
+  auto cost_back = CalibratedCost::from_json(cost.to_json());
+  ASSERT_TRUE(cost_back.ok()) << cost_back.error();
+  EXPECT_EQ(cost_back->launch.to_json(), launch.to_json());
+}
+
+// Mixed-context decode batches at bucket and padded sizes, prefill and uniform decode beside
+// them: a fit with the launch recovers planted critical-path and padding coefficients.
+TEST(FitCost, RecoversAPlantedCriticalPath) {
+  const engine::ModelConfig m = gemma12b();
+  const CostGeometry g(m, h200_launch());
+  CalibratedCost planted;
+  auto set = [&](CostTerm t, double v) { planted.ns_per_unit[static_cast<int>(t)] = v; };
+  set(CostTerm::kStep, 400e3);
+  set(CostTerm::kLinearRoofline, 1.3e9);
+  set(CostTerm::kKvReadBytesLocal, 1.0 / 3.2);
+  set(CostTerm::kKvCriticalBytesGlobal, 1.0 / 0.9);
+  set(CostTerm::kKvCriticalBytesLocal, 1.0 / 1.7);
+  set(CostTerm::kDecodePadRows, 4e3);
+  set(CostTerm::kAttnFlopsLocal, 1.0 / 180e3);
+  Rng rng(21);
+  std::vector<StepRecord> records;
+  for (int i = 0; i < 200; ++i) {
+    StepShape s;
+    s.sliding_window = 1024;
+    const int batch = 1 + static_cast<int>(rng.below(64));
+    const bool decode = rng.below(4) != 0;
+    const int32_t short_ctx = 100 + static_cast<int32_t>(rng.below(1500));
+    const int32_t long_ctx = short_ctx + static_cast<int32_t>(rng.below(12000));
+    for (int k = 0; k < (decode ? batch : 1 + batch % 4); ++k) {
+      const int32_t ctx = k < 1 + static_cast<int>(rng.below(3)) ? long_ctx : short_ctx;
+      s.seqs.push_back({ctx, decode ? 1 : 1 + static_cast<int32_t>(rng.below(2048)), true});
+    }
+    records.push_back({"synthetic", s, planted.predict_ns(g.features(s)) * 1e-6});
+  }
+  const FitResult fit = fit_cost(m, records, h200_launch());
+  EXPECT_LT(quantile(fit.rel_err, 1.0), 1e-6);
+  EXPECT_EQ(fit.cost.launch.to_json(), h200_launch().to_json()) << "the fit keeps its launch";
+  for (const CostTerm t : {CostTerm::kKvCriticalBytesGlobal, CostTerm::kKvCriticalBytesLocal,
+                           CostTerm::kDecodePadRows}) {
+    const double want = planted.ns_per_unit[static_cast<int>(t)];
+    EXPECT_NEAR(fit.cost.ns_per_unit[static_cast<int>(t)], want, 1e-4 * want) << cost_term_name(t);
+  }
+  // Without the launch the same records cannot be fitted: the sum of keys misses the max.
+  const FitResult blind = fit_cost(m, records);
+  EXPECT_GT(quantile(blind.rel_err, 0.95), 0.01);
+}
+
 TEST(Quantile, NearestRank) {
   EXPECT_EQ(quantile({}, 0.5), 0.0);
   EXPECT_EQ(quantile({3, 1, 2}, 0.5), 2.0);
@@ -395,10 +535,14 @@ std::vector<StepRecord> records_of(const nlohmann::json& file) {
 TEST(CommittedCalibration, IsTheFitOfTheCommittedRecords) {
   auto cost = CalibratedCost::from_json(read_json("perf/h200_gemma4_12b_cost.json"));
   ASSERT_TRUE(cost.ok()) << cost.error();
-  const std::vector<StepRecord> records =
-      records_of(read_json("perf/h200_gemma4_12b_records.json"));
+  const nlohmann::json records_file = read_json("perf/h200_gemma4_12b_records.json");
+  const std::vector<StepRecord> records = records_of(records_file);
   ASSERT_GT(records.size(), 200u);
-  const FitResult fit = fit_cost(gemma12b(), records);
+  // The sweep's decode launch (absent from records before the critical-path terms: unknown).
+  auto launch = DecodeLaunch::from_json(records_file.value("decode_launch", nlohmann::json()));
+  ASSERT_TRUE(launch.ok()) << launch.error();
+  EXPECT_EQ(launch->to_json(), cost->launch.to_json());
+  const FitResult fit = fit_cost(gemma12b(), records, *launch);
   for (int i = 0; i < kCostTermCount; ++i) {
     EXPECT_NEAR(fit.cost.ns_per_unit[i], cost->ns_per_unit[i], 1e-6 * (1 + cost->ns_per_unit[i]))
         << cost_term_name(static_cast<CostTerm>(i));
@@ -413,7 +557,7 @@ TEST(CommittedCalibration, PredictsTheMeasuredReplay) {
   ASSERT_TRUE(cost.ok()) << cost.error();
   const std::vector<StepRecord> replay = records_of(read_json("perf/h200_gemma4_12b_replay.json"));
   ASSERT_GT(replay.size(), 80u);
-  const CostGeometry g(gemma12b());
+  const CostGeometry g(gemma12b(), cost->launch);
   std::vector<double> err;
   for (const StepRecord& r : replay) {
     const double predicted_ms = cost->predict_ns(g.features(r.shape)) * 1e-6;
