@@ -7,6 +7,10 @@
 #   3. sim_replay_gate with that calibration: the mixed workload on the CUDA engine and the
 #      sim, per-step median / p95 error (<= 10% / <= 25%), its steps as records;
 #   4. twinstep-cost-fit --check of the calibration on the replay's own steps.
+# Under $OUT, named as they are committed under perf/: h200_gemma4_12b_records.json (the sweep),
+# h200_gemma4_12b_cost.json (the fit), h200_gemma4_12b_replay.json (the gate's steps), run.log.
+# The fit must carry the sweep's decode launch (split slots, graph buckets: the critical-path
+# terms); a calibration without one is refused here.
 # Provenance: TWINSTEP_GIT_REV and TWINSTEP_KERNELS_SHA256 (of the source the binaries were
 # built from) are passed in by the caller when the binaries were built elsewhere.
 set -o pipefail
@@ -30,17 +34,21 @@ export TWINSTEP_KERNELS_SHA256=${TWINSTEP_KERNELS_SHA256:-$(cat kernels/*.cu ker
 export TWINSTEP_KERNELS=${TWINSTEP_KERNELS:-"prefill: attention_prefill_tc (wgmma at head_dim 256, mma.sync at 512); decode-only steps: attention_decode_split inside CUDA graph replays (a graph per batch bucket)"}
 echo "git rev $TWINSTEP_GIT_REV, kernels sha256 $TWINSTEP_KERNELS_SHA256" | tee -a "$LOG"
 
-timeout ${RECORDS_TIMEOUT:-180} "$BIN/engine_throughput_bench" --records "$OUT/records.json" 2>&1 |
+RECORDS="$OUT/h200_gemma4_12b_records.json"
+REPLAY="$OUT/h200_gemma4_12b_replay.json"
+timeout ${RECORDS_TIMEOUT:-240} "$BIN/engine_throughput_bench" --records "$RECORDS" 2>&1 |
   tee -a "$LOG" || echo "records sweep failed; fitting what it wrote"
-[ -f "$OUT/records.json" ] || exit 1
-"$BIN/twinstep-cost-fit" --records "$OUT/records.json" --out "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
+[ -f "$RECORDS" ] || exit 1
+"$BIN/twinstep-cost-fit" --records "$RECORDS" --out "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
   tee -a "$LOG" || { echo "fit failed"; exit 1; }
-TWINSTEP_COST_MODEL="$OUT/h200_gemma4_12b_cost.json" TWINSTEP_REPLAY_RECORDS="$OUT/replay_records.json" \
+grep -q '"split_slots"' "$OUT/h200_gemma4_12b_cost.json" ||
+  { echo "the fit has no decode_launch (records from a bench before the critical-path terms?)" | tee -a "$LOG"; exit 1; }
+TWINSTEP_COST_MODEL="$OUT/h200_gemma4_12b_cost.json" TWINSTEP_REPLAY_RECORDS="$REPLAY" \
   timeout ${GATE_TIMEOUT:-120} "$BIN/sim_replay_gate" 2>&1 | tee -a "$LOG"
 rc=$?
-if [ -f "$OUT/replay_records.json" ]; then
-  echo "== the calibration on the replay's own steps"
-  "$BIN/twinstep-cost-fit" --records "$OUT/replay_records.json" --check "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
+if [ -f "$REPLAY" ]; then
+  echo "== the calibration on the replay's own steps" | tee -a "$LOG"
+  "$BIN/twinstep-cost-fit" --records "$REPLAY" --check "$OUT/h200_gemma4_12b_cost.json" 2>&1 |
     tee -a "$LOG" | tail -12
 fi
 grep -E "\[gate\] per-step|OK \]|FAILED|PASSED" "$LOG"
