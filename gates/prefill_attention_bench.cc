@@ -7,12 +7,15 @@
 // and the tensor-core kernel on the same data. Method and figures: perf/NOTES.md.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "gates/bench_util.h"
+#include "kernels/attention_prefill_cudnn.h"
 #include "kernels/attention_prefill_tc.h"
 #include "kernels/ops.h"
 #include "sim/rng.h"
@@ -54,7 +57,51 @@ struct AttnShape {
 struct CaseTimes {
   double ref_ms, tc_ms, flops;
   std::vector<std::pair<const char*, double>> variants;  // the other kernels of the head dim
+  std::string cudnn;     // cuDNN's paged SDPA at head_dim <= 256: what it did, or why not
+  double cudnn_ms = -1;  // < 0: did not run
 };
+
+// cuDNN's paged SDPA forward (kernels/attention_prefill_cudnn.h) on the case's data: the plan
+// build (first prepare) is timed by the host clock, run() by events; its output is compared
+// with the tensor-core kernel's (`tc_out`, already computed into `out`'s twin).
+void time_cudnn(CaseTimes& r, const std::vector<int32_t>& row_seq,
+                const std::vector<int32_t>& positions, const kernels::KvPoolView& pv,
+                const kernels::PagingView& gv, const bf16* q, int64_t stride, bf16* out,
+                const bf16* tc_out, int32_t q_heads, int32_t window, cudaStream_t stream) {
+  auto batch = kernels::plan_cudnn_prefill(row_seq, positions);
+  auto att = kernels::CudnnPrefill::create(
+      pv, q_heads, window, {static_cast<int32_t>(batch.ok() ? batch->entries.size() : 1), 8192});
+  if (!batch.ok() || !att.ok()) {
+    r.cudnn = !batch.ok() ? batch.error().message : att.error().message;
+    return;
+  }
+  auto prepared = (*att)->prepare(*batch, gv, stride, stream);
+  if (prepared.ok()) prepared = (*att)->run(q, out, pv, 0, 1.0f, stream);
+  if (!prepared.ok()) {
+    r.cudnn = prepared.error().message;
+    return;
+  }
+  r.cudnn_ms =
+      gates::median_ms(stream, 3, 15, [&] { BENCH_OK((*att)->run(q, out, pv, 0, 1.0f, stream)); });
+  const size_t n = size_t(positions.size()) * q_heads * pv.head_dim;
+  std::vector<bf16> a(n), b(n);
+  BENCH_CUDA(cudaMemcpy(a.data(), out, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  BENCH_CUDA(cudaMemcpy(b.data(), tc_out, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  const auto& st = (*att)->stats();
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "cuDNN %s paged SDPA, engine %lld, plan %.0f ms, workspace %lld B, vs tc %.1e",
+                kernels::cudnn_describe().c_str(), static_cast<long long>(st.engine_global_index),
+                st.plan_build_ms_max, static_cast<long long>(st.workspace_bytes),
+                den > 0 ? std::sqrt(num / den) : -1.0);
+  r.cudnn = line;
+}
 
 CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream_t stream) {
   const int32_t q_heads = 16, page = 16, group = q_heads / f.kv_heads;
@@ -102,6 +149,14 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
     BENCH_OK(kernels::attention_prefill_tc(q, stride, out, q_heads, pv, 0, rv, gv, tv, f.window,
                                            1.0f, stream));
   });
+  if (f.head_dim <= 256) {
+    bf16* tc_out = nullptr;
+    BENCH_CUDA(cudaMalloc(&tc_out, size_t(rows) * stride * sizeof(bf16)));
+    BENCH_OK(kernels::attention_prefill_tc(q, stride, tc_out, q_heads, pv, 0, rv, gv, tv, f.window,
+                                           1.0f, stream));
+    time_cudnn(r, row_seq, positions, pv, gv, q, stride, out, tc_out, q_heads, f.window, stream);
+    cudaFree(tc_out);
+  }
   auto variant_ms = [&](kernels::PrefillVariant v) {
     return gates::median_ms(stream, 3, 15, [&] {
       BENCH_OK(kernels::attention_prefill_tc(q, stride, out, q_heads, pv, 0, rv, gv, tv, f.window,
@@ -111,7 +166,9 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
   using V = kernels::PrefillVariant;
   if (f.head_dim == 256) {
     for (const auto& [v, label] :
-         {std::pair{V::kWgmmaPairKeyTile64, "wgmma, 2 warpgroups, key tile 64"},
+         {std::pair{V::kTmaPairKeyTile64, "TMA-fed wgmma, 2 warpgroups, key tile 64"},
+          std::pair{V::kTmaPairKeyTile32, "TMA-fed wgmma, 2 warpgroups, key tile 32"},
+          std::pair{V::kWgmmaPairKeyTile64, "wgmma, 2 warpgroups, key tile 64"},
           std::pair{V::kWgmmaPairPipelined, "wgmma, 2 warpgroups, pipelined, key tile 64"},
           std::pair{V::kWgmmaPairPipelinedKeyTile32, "wgmma, 2 warpgroups, pipelined, key tile 32"},
           std::pair{V::kWgmmaPairKeyTile32, "wgmma, 2 warpgroups, key tile 32"},
@@ -121,6 +178,7 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
       r.variants.emplace_back(label, variant_ms(v));
     }
   } else if (f.head_dim == 512) {
+    r.variants.emplace_back("TMA-fed wgmma, split dims", variant_ms(V::kTmaSplitDims));
     r.variants.emplace_back("wgmma, 2 warpgroups splitting dims", variant_ms(V::kWgmmaSplitDims));
     r.variants.emplace_back("wgmma, split dims, pipelined",
                             variant_ms(V::kWgmmaSplitDimsPipelined));
@@ -152,6 +210,7 @@ int main() {
       "| family | step | GFLOP | reference ms | TFLOP/s | tensor-core ms | TFLOP/s | %% of "
       "peak | speedup |\n|---|---|---|---|---|---|---|---|---|\n");
   double step_ms[2][2] = {};  // [shape][local, global] for the 12B step estimate
+  double cudnn_local_ms[2] = {-1, -1};
   for (int shape = 0; shape < 2; ++shape) {
     const int32_t seqs = shape == 0 ? 4 : 1, len = shape == 0 ? 2048 : 8192;
     for (int fi = 0; fi < 3; ++fi) {
@@ -167,6 +226,14 @@ int main() {
                     r.flops / (ms * 1e-3) / 1e12, 100.0 * r.flops / (ms * 1e-3) / 1e12 / peak,
                     r.ref_ms / ms);
       }
+      if (r.cudnn_ms > 0) {
+        std::printf("|   (%s) | | | | | %.3f | %.1f | %.1f | %.1fx |\n", r.cudnn.c_str(),
+                    r.cudnn_ms, r.flops / (r.cudnn_ms * 1e-3) / 1e12,
+                    100.0 * r.flops / (r.cudnn_ms * 1e-3) / 1e12 / peak, r.ref_ms / r.cudnn_ms);
+      } else if (!r.cudnn.empty()) {
+        std::printf("|   (cuDNN did not run: %s) | | | | | | | | |\n", r.cudnn.c_str());
+      }
+      if (fi == 0) cudnn_local_ms[shape] = r.cudnn_ms;
       if (fi == 0) step_ms[shape][0] = r.tc_ms;
       if (fi == 2) step_ms[shape][1] = r.tc_ms;
     }
@@ -175,6 +242,10 @@ int main() {
     std::printf("12B attention per 8192-row step (%s: 40 local + 8 global layers): %.1f ms\n",
                 shape == 0 ? "4 x 2048" : "1 x 8192",
                 40 * step_ms[shape][0] + 8 * step_ms[shape][1]);
+    if (cudnn_local_ms[shape] > 0) {
+      std::printf("  with cuDNN for the 40 local layers: %.1f ms\n",
+                  40 * cudnn_local_ms[shape] + 8 * step_ms[shape][1]);
+    }
   }
   return 0;
 }
