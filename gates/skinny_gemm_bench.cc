@@ -1,15 +1,21 @@
-// gates/skinny_gemm_bench.cc: the decode GEMMs of the 12B at 1-16 rows, cuBLAS (the engine's
-// Blas) against kernels/gemm_skinny.h, as weight bytes per second against the device copy
-// bandwidth measured in the same process; then one decode step's GEMMs summed over the 48
-// layers and the LM head; then the rate cuBLAS sustains on one 8192-row prefill step's GEMMs.
+// gates/skinny_gemm_bench.cc: the 12B's GEMMs on every path of the engine's Blas in one process:
+// cuBLAS's default, cuBLASLt tuned per shape, batch-invariant pins (two reference choices) and
+// the skinny kernel (m <= 16). First the tuning report (its wall time, per shape the default's
+// and the best candidate's time); then the decode GEMMs at every decode bucket of max_running
+// 128 as us per GEMM and weight bytes per second against the device copy bandwidth measured in
+// the same process; one decode step's GEMMs summed over the 48 layers and the LM head; then
+// what each path sustains on one 8192-row prefill step's 192 GEMMs.
 // Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "gates/bench_util.h"
+#include "kernels/blas_lt.h"
+#include "kernels/decode_graphs.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/model_forward.h"
 #include "kernels/ops.h"
@@ -40,13 +46,32 @@ constexpr Gemm kGemms[] = {
     {"local o_proj", 3840, 4096, 40, false}, {"global o_proj", 3840, 8192, 8, false},
     {"gate|up", 30720, 3840, 48, false},     {"down", 3840, 15360, 48, false},
     {"LM head", 262144, 3840, 1, true}};
-constexpr int32_t kRows[] = {1, 2, 4, 8, 16};
+constexpr int32_t kPrefillRows = 8192;
+constexpr int32_t kMaxRunning = 128;
 
-// What cuBLAS sustains on one 12B prefill step's GEMMs (8192 rows): the 48 layers' four
-// GEMMs back to back, as the forward runs them, against the largest alone, repeated (what a
-// short benchmark sees). The engine's prefill GEMM phase cannot beat the first figure.
-void prefill_gemms(kernels::Blas& blas, cudaStream_t stream) {
-  constexpr int32_t M = 8192, H = 3840, I = 15360;
+// The GEMM paths compared in one process: cuBLAS's default heuristic (the engine today),
+// cuBLASLt tuned per shape (kernels/blas_lt.h; a shape keeps the default unless a candidate
+// beat it by 2%), batch-invariant pins chosen at m = 8192 (the default reference) and at m = 64,
+// and the skinny kernel at m <= 16.
+enum Path { kDefault, kTuned, kInv8192, kInv64, kSkinny, kPaths };
+constexpr const char* kPathNames[kPaths] = {"default", "tuned", "inv@8192", "inv@64", "skinny"};
+
+kernels::KernelStatus run_gemm(Path path, std::vector<kernels::Blas>& blas, const bf16* x,
+                               const bf16* w, void* y, int32_t m, const Gemm& g,
+                               cudaStream_t stream) {
+  if (path == kSkinny) {
+    return g.fp32_out ? kernels::skinny_gemm(x, w, static_cast<float*>(y), m, g.n, g.k, stream)
+                      : kernels::skinny_gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k, stream);
+  }
+  return g.fp32_out ? blas[path].gemm(x, w, static_cast<float*>(y), m, g.n, g.k)
+                    : blas[path].gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k);
+}
+
+// What each path sustains on one 12B prefill step's GEMMs (8192 rows): the 48 layers' four
+// GEMMs back to back, as the forward runs them, and the largest alone, repeated (what a short
+// benchmark sees). The engine's prefill GEMM phase cannot beat the first figure.
+void prefill_gemms(kernels::Blas& blas, const char* label, cudaStream_t stream) {
+  constexpr int32_t M = kPrefillRows, H = 3840, I = 15360;
   struct Shape {
     int32_t n, k, layers;
   };
@@ -77,13 +102,44 @@ void prefill_gemms(kernels::Blas& blas, cudaStream_t stream) {
   const double one = gates::median_ms(
       stream, 2, 5, [&] { BENCH_OK(blas.gemm(x, w, y, M, shapes[4].n, shapes[4].k)); });
   std::printf(
-      "\nprefill GEMMs of one 8192-row 12B step (48 layers x qkv, o, gate|up, down), cuBLAS "
-      "back to back: %.1f ms, %.0f TFLOP/s; gate|up alone: %.3f ms, %.0f TFLOP/s\n",
-      ms, flops / (ms * 1e-3) / 1e12, one,
+      "prefill GEMMs of one 8192-row 12B step (48 layers x qkv, o, gate|up, down), %-8s back "
+      "to back: %.1f ms, %.0f TFLOP/s; gate|up alone: %.3f ms, %.0f TFLOP/s\n",
+      label, ms, flops / (ms * 1e-3) / 1e12, one,
       2.0 * M * shapes[4].n * shapes[4].k / (one * 1e-3) / 1e12);
   BENCH_CUDA(cudaFree(x));
   BENCH_CUDA(cudaFree(w));
   BENCH_CUDA(cudaFree(y));
+}
+
+// Tunes blas over every shape this bench runs (the engine's: 8192-row prefill and every
+// decode bucket of max_running 128, all 12B weights, the LM head at the buckets).
+void tune(kernels::Blas& blas, const std::vector<int32_t>& buckets) {
+  std::vector<kernels::GemmShape> shapes;
+  for (const Gemm& g : kGemms) {
+    for (int32_t m : buckets) shapes.push_back({m, g.n, g.k, g.fp32_out});
+    if (!g.fp32_out) shapes.push_back({kPrefillRows, g.n, g.k, false});
+  }
+  kernels::BlasTuneOptions options;
+  auto report = blas.tune(shapes, options);
+  BENCH_OK(report);
+  int lt = 0;
+  for (const kernels::GemmTuneResult& r : report.value().gemms) lt += r.uses_lt ? 1 : 0;
+  std::printf(
+      "tuning: %zu shapes, %d candidates max each, %.0f ms wall, %lld MiB scratch, %d "
+      "shapes skipped (budget), %d run cuBLASLt, the rest cuBLAS's default\n",
+      shapes.size(), options.candidates, report.value().wall_ms,
+      static_cast<long long>(report.value().scratch_bytes >> 20), report.value().skipped, lt);
+  std::printf("| %-13s | %5s | %10s | %10s | %5s | %4s | %s |\n", "gemm", "m", "default us",
+              "best Lt us", "gain", "rank", "used");
+  for (const kernels::GemmTuneResult& r : report.value().gemms) {
+    const char* what = "?";
+    for (const Gemm& g : kGemms) {
+      if (g.n == r.shape.n && g.k == r.shape.k) what = g.what;
+    }
+    std::printf("| %-13s | %5d | %10.2f | %10.2f | %5.3f | %4d | %s |\n", what, r.shape.m,
+                r.default_us, r.best_lt_us, r.default_us / r.best_lt_us, r.best_rank,
+                r.uses_lt ? "Lt" : "default");
+  }
 }
 
 }  // namespace
@@ -92,11 +148,18 @@ int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
-  auto blas = kernels::Blas::create(stream);
-  if (!blas.ok()) {
-    std::fprintf(stderr, "cuBLAS: %s\n", blas.error().message.c_str());
-    return 1;
+  std::vector<kernels::Blas> blas;  // by Path, kDefault .. kInv64
+  for (int p = 0; p < kSkinny; ++p) {
+    auto made = kernels::Blas::create(stream);
+    if (!made.ok()) {
+      std::fprintf(stderr, "cuBLAS: %s\n", made.error().message.c_str());
+      return 1;
+    }
+    blas.push_back(std::move(made.value()));
   }
+  blas[kInv8192].set_batch_invariant(true);
+  blas[kInv64].set_batch_invariant(true);
+  blas[kInv64].lt().set_invariant_reference_rows(64);
   // Copy bandwidth: 1 GiB device to device, read + write.
   const size_t copy_bytes = size_t{1} << 30;
   void *a = nullptr, *b = nullptr;
@@ -111,12 +174,26 @@ int main() {
   BENCH_CUDA(cudaFree(b));
   std::printf("copy bandwidth (D2D 1 GiB, read+write): %.0f GB/s\n\n", copy_gbs);
 
+  const std::vector<int32_t> buckets = kernels::default_decode_buckets(kMaxRunning);
+  tune(blas[kTuned], buckets);
+  std::printf("\ninvariant pins (reference m=8192 | m=64):\n");
+  for (const Gemm& g : kGemms) {
+    const kernels::GemmShape s{1, g.n, g.k, g.fp32_out};
+    auto p8k = blas[kInv8192].lt().describe_pin(s);
+    auto p64 = blas[kInv64].lt().describe_pin(s);
+    BENCH_OK(p8k);
+    BENCH_OK(p64);
+    std::printf("  %-13s %s | %s\n", g.what, p8k.value().c_str(), p64.value().c_str());
+  }
+
   // Weights larger than L2 for every shape: each GEMM gets its own matrix, and they are cycled
   // so a timed launch never finds its weights in the 50 MB L2 from the launch before.
   constexpr int kCopies = 4;
-  std::printf("| %-13s | %6s | %5s | %2s | %9s %6s | %9s %6s | %5s |\n", "gemm", "n", "k", "m",
-              "cuBLAS ms", "%copy", "skinny ms", "%copy", "gain");
-  double step_cublas[std::size(kRows)] = {}, step_skinny[std::size(kRows)] = {};
+  std::printf("\ndecode GEMMs per bucket: us per GEMM (%% of copy = weight bytes / time / copy)\n");
+  std::printf("| %-13s | %3s |", "gemm", "m");
+  for (int p = 0; p < kPaths; ++p) std::printf(" %8s us %%copy |", kPathNames[p]);
+  std::printf("\n");
+  std::vector<std::vector<double>> step_ms(kPaths, std::vector<double>(buckets.size(), 0.0));
   for (const Gemm& g : kGemms) {
     const size_t w_elems = static_cast<size_t>(g.n) * g.k;
     std::vector<bf16*> w(kCopies);
@@ -126,43 +203,45 @@ int main() {
     }
     bf16* x = nullptr;
     void* y = nullptr;
-    BENCH_CUDA(cudaMalloc(&x, static_cast<size_t>(kernels::kSkinnyMaxRows) * g.k * 2));
-    fill_random(x, int64_t{kernels::kSkinnyMaxRows} * g.k, 3, 1.0f, stream);
-    BENCH_CUDA(cudaMalloc(&y, static_cast<size_t>(kernels::kSkinnyMaxRows) * g.n * 4));
-    for (size_t r = 0; r < std::size(kRows); ++r) {
-      const int32_t m = kRows[r];
-      int next = 0;
-      auto run = [&](bool skinny) {
-        const bf16* wp = w[next];
-        next = (next + 1) % kCopies;
-        if (g.fp32_out) {
-          auto* yo = static_cast<float*>(y);
-          BENCH_OK(skinny ? kernels::skinny_gemm(x, wp, yo, m, g.n, g.k, stream)
-                          : blas.value().gemm(x, wp, yo, m, g.n, g.k));
-        } else {
-          auto* yo = static_cast<bf16*>(y);
-          BENCH_OK(skinny ? kernels::skinny_gemm(x, wp, yo, m, g.n, g.k, stream)
-                          : blas.value().gemm(x, wp, yo, m, g.n, g.k));
+    BENCH_CUDA(cudaMalloc(&x, static_cast<size_t>(kMaxRunning) * g.k * 2));
+    fill_random(x, int64_t{kMaxRunning} * g.k, 3, 1.0f, stream);
+    BENCH_CUDA(cudaMalloc(&y, static_cast<size_t>(kMaxRunning) * g.n * 4));
+    for (size_t r = 0; r < buckets.size(); ++r) {
+      const int32_t m = buckets[r];
+      std::printf("| %-13s | %3d |", g.what, m);
+      for (int p = 0; p < kPaths; ++p) {
+        if (p == kSkinny && !kernels::skinny_gemm_supported(m, g.n, g.k)) {
+          std::printf(" %11s %5s |", "-", "-");
+          continue;
         }
-      };
-      const double tc = gates::median_ms(stream, 4, 21, [&] { run(false); });
-      const double ts = gates::median_ms(stream, 4, 21, [&] { run(true); });
-      const double gb = w_elems * 2.0 / 1e9;
-      std::printf("| %-13s | %6d | %5d | %2d | %9.4f %5.1f%% | %9.4f %5.1f%% | %5.2f |\n", g.what,
-                  g.n, g.k, m, tc, 100.0 * gb / (tc * 1e-3) / copy_gbs, ts,
-                  100.0 * gb / (ts * 1e-3) / copy_gbs, tc / ts);
-      step_cublas[r] += tc * g.layers;
-      step_skinny[r] += ts * g.layers;
+        int next = 0;
+        const double ms = gates::median_ms(stream, 3, 15, [&] {
+          BENCH_OK(run_gemm(static_cast<Path>(p), blas, x, w[next], y, m, g, stream));
+          next = (next + 1) % kCopies;
+        });
+        const double gb = w_elems * 2.0 / 1e9;
+        std::printf(" %11.2f %4.0f%% |", ms * 1e3, 100.0 * gb / (ms * 1e-3) / copy_gbs);
+        step_ms[p][r] += ms * g.layers;
+      }
+      std::printf("\n");
     }
     for (bf16* p : w) BENCH_CUDA(cudaFree(p));
     BENCH_CUDA(cudaFree(x));
     BENCH_CUDA(cudaFree(y));
   }
-  std::printf("\none 12B decode step's GEMMs (48 layers + LM head), summed from the rows above:\n");
-  for (size_t r = 0; r < std::size(kRows); ++r) {
-    std::printf("  m=%2d: cuBLAS %.3f ms, skinny %.3f ms (%.2fx)\n", kRows[r], step_cublas[r],
-                step_skinny[r], step_cublas[r] / step_skinny[r]);
+  std::printf(
+      "\none 12B decode step's GEMMs (48 layers + LM head), summed from the rows above, "
+      "ms:\n| %3s |",
+      "m");
+  for (int p = 0; p < kPaths; ++p) std::printf(" %8s |", kPathNames[p]);
+  std::printf(" tuned/default | inv@8192/default |\n");
+  for (size_t r = 0; r < buckets.size(); ++r) {
+    std::printf("| %3d |", buckets[r]);
+    for (int p = 0; p < kPaths; ++p) std::printf(" %8.3f |", step_ms[p][r]);
+    std::printf(" %13.3f | %16.3f |\n", step_ms[kTuned][r] / step_ms[kDefault][r],
+                step_ms[kInv8192][r] / step_ms[kDefault][r]);
   }
-  prefill_gemms(blas.value(), stream);
+  std::printf("\n");
+  for (int p = 0; p < kSkinny; ++p) prefill_gemms(blas[p], kPathNames[p], stream);
   return 0;
 }

@@ -120,11 +120,19 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
          std::to_string(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
 }
 
-// No split of the reduction: one k loop per output tile, in one CTA.
+// No split of the reduction: one k loop per output tile, in one CTA. An attribute that cannot
+// be read counts as a split (the candidate is passed over).
 bool single_pass(const cublasLtMatmulAlgo_t& algo) {
-  return algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1 &&
-         algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
-             CUBLASLT_REDUCTION_SCHEME_NONE;
+  int32_t splits = 0;
+  uint32_t scheme = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                           sizeof(splits), &written) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                           sizeof(scheme), &written) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  return splits <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE;
 }
 
 }  // namespace

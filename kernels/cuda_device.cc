@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "engine/weight_init.h"
+#include "kernels/blas_lt.h"
 #include "kernels/plan_check.h"
 
 namespace twinstep::kernels {
@@ -337,6 +338,15 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
   if (buckets.empty())
     return device_error(DeviceErrorCode::kBadLayout, "decode graphs: no buckets");
   const int32_t largest = buckets.back();
+  if (options_.tune_gemms && !blas_->batch_invariant()) {
+    // Before anything is reserved: the tuning's scratch operands are freed again.
+    std::vector<int32_t> step_rows = buckets, logit_rows = buckets;
+    step_rows.push_back(gc.max_step_rows);
+    logit_rows.push_back(gc.max_logits);
+    auto tuned = blas_->tune(engine_gemm_shapes(*model_, step_rows, logit_rows), BlasTuneOptions{});
+    if (!tuned) return unexpected(from_kernel(tuned.error()));
+    gemm_tune_ms_ = tuned.value().wall_ms;
+  }
   // The activations and the sampled ids at their final size: graphs hold their addresses.
   if (auto r =
           forward_->reserve(std::max(gc.max_step_rows, largest), std::max(gc.max_logits, largest));

@@ -23,6 +23,9 @@
 
 namespace twinstep::kernels {
 
+// CudaDeviceOptions::tune_gemms by default (measured: gates/skinny_gemm_bench.cc, perf/NOTES.md).
+inline constexpr bool kDefaultTuneGemms = false;
+
 struct CudaDeviceOptions {
   int device_ordinal = 0;
   uint64_t random_seed = 0;                 // used when no weights are given
@@ -31,6 +34,10 @@ struct CudaDeviceOptions {
   // Benchmarks: CUDA events around each step's GPU work (plan upload to the sampled ids), so
   // that step wall time minus last_step_gpu_ms() is the host path.
   bool time_steps = false;
+  // enable_decode_graphs() first tunes the GEMMs of every shape the graphs and a full prefill
+  // step run (Blas::tune, kernels/blas_lt.h): per shape, cuBLASLt's fastest candidate where it
+  // beats cuBLAS's default on this device. Not in the batch-invariant mode (pinned instead).
+  bool tune_gemms = kDefaultTuneGemms;
 };
 
 // How a decode-only step that fits a captured bucket runs.
@@ -110,6 +117,8 @@ class CudaDevice final : public engine::Device {
   // time_steps: GPU time of the last successful step, from the plan upload to the sampled ids
   // (or logits) being ready to copy back; 0 otherwise.
   double last_step_gpu_ms() const { return last_step_gpu_ms_; }
+  // Host wall time the GEMM tuning of enable_decode_graphs() took (0: none ran).
+  double gemm_tune_ms() const { return gemm_tune_ms_; }
   // A whole family pool as bf16 bits (gates: untouched-pool checks).
   Result<std::vector<uint16_t>, engine::DeviceError> download_pool(engine::Family family) const;
   void set_faults(engine::FaultInjector* faults) { options_.faults = faults; }
@@ -159,6 +168,7 @@ class CudaDevice final : public engine::Device {
   LogprobStage logprob_stage_;                       // rows that asked for logprobs
   cudaEvent_t step_events_[2] = {nullptr, nullptr};  // time_steps only
   double last_step_gpu_ms_ = 0;
+  double gemm_tune_ms_ = 0;
   // Decode graphs (decode_graphs.h), and the forward generation they were captured at.
   std::unique_ptr<DecodeGraphs> graphs_;
   uint64_t graphs_generation_ = 0;

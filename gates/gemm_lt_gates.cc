@@ -1,0 +1,324 @@
+// gates/gemm_lt_gates.cc: the cuBLASLt GEMM paths of kernels/blas_lt.h (issues 12, 13, 16).
+//   - Batch-invariant mode: the same rows of x placed at different positions among random
+//     other rows, at m = 1, 7, 64, 128 and 8192, give bitwise the same output rows as each row
+//     alone, for every weight shape of a small and of the 12B geometry. With the mode off the
+//     gate prints how many rows differ (a report: cuBLAS's default may pick other kernels).
+//   - Tuned plans (forced onto cuBLASLt) and the invariant pins against a reference the gate
+//     computes itself on the host: fp64 sums of the same bf16 operands, on sampled rows and
+//     columns, within the fp32-accumulation bound (plus bf16 output rounding).
+//   - Both run inside a CUDA graph capture and replay to the eager bits.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gates/kernel_gate_util.h"
+#include "kernels/blas_lt.h"
+#include "kernels/model_forward.h"
+
+namespace twinstep::gates {
+namespace {
+
+struct Weight {
+  int32_t n, k;
+  bool fp32_out;
+  const char* what;
+};
+// The 12B (hidden 3840, intermediate 15360, 16 q heads; local head_dim 256 x 8 KV heads,
+// global 512 x 1 KV head with K == V, vocab 262144) and the g12b gate geometry (hidden 128,
+// intermediate 256, 4 q heads; local 64 x 2 KV heads, global 128 x 1 with K == V, vocab 512).
+constexpr Weight kWeights[] = {
+    {8192, 3840, false, "12b local qkv"},  {8704, 3840, false, "12b global qkv"},
+    {3840, 4096, false, "12b local o"},    {3840, 8192, false, "12b global o"},
+    {30720, 3840, false, "12b gate|up"},   {3840, 15360, false, "12b down"},
+    {262144, 3840, true, "12b LM head"},   {512, 128, false, "small local qkv"},
+    {640, 128, false, "small global qkv"}, {128, 256, false, "small local o"},
+    {128, 512, false, "small global o"},   {512, 128, false, "small gate|up"},
+    {128, 256, false, "small down"},       {512, 128, true, "small LM head"}};
+constexpr int32_t kInvariantRows[] = {1, 7, 64, 128, 8192};
+constexpr int32_t kProbes = 3;
+
+void fill(bf16* p, int64_t count, uint32_t id, float stddev, cudaStream_t stream) {
+  engine::WeightInitSpec spec;
+  spec.seed = 0x6e11;
+  spec.tensor_id = id;
+  spec.stddev = stddev;
+  KERNEL_OK(kernels::fill_random_weights(p, count, spec, stream));
+}
+
+// The bytes of rows `rows` of y [m, n] (elem bytes each).
+std::vector<uint8_t> rows_bytes(const void* y, int32_t n, int32_t elem,
+                                const std::vector<int32_t>& rows) {
+  std::vector<uint8_t> out(rows.size() * n * elem);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(cudaMemcpy(out.data() + i * n * elem,
+                         static_cast<const uint8_t*>(y) + int64_t{rows[i]} * n * elem,
+                         static_cast<size_t>(n) * elem, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+  return out;
+}
+
+kernels::KernelStatus gemm(kernels::Blas& blas, const bf16* x, const bf16* w, void* y, int32_t m,
+                           const Weight& wt) {
+  return wt.fp32_out ? blas.gemm(x, w, static_cast<float*>(y), m, wt.n, wt.k)
+                     : blas.gemm(x, w, static_cast<bf16*>(y), m, wt.n, wt.k);
+}
+
+// Where the probe rows sit among m rows (distinct, inside [0, m)).
+std::vector<int32_t> probe_positions(int32_t m) {
+  if (m == 1) return {0};
+  if (m < 64) return {m - 1, 0, m / 2};
+  return {m / 2 + 1, m - 1, 0};
+}
+
+class GemmLtGates : public GpuGate {};
+
+TEST_F(GemmLtGates, InvariantRowsDoNotDependOnTheBatch) {
+  auto inv = kernels::Blas::create(stream_);
+  auto def = kernels::Blas::create(stream_);
+  ASSERT_TRUE(inv.ok() && def.ok());
+  inv.value().set_batch_invariant(true);
+  const int32_t m_max = kInvariantRows[std::size(kInvariantRows) - 1];
+  int64_t x_max = 0, w_max = 0, y_max = 0;
+  for (const Weight& wt : kWeights) {
+    x_max = std::max<int64_t>(x_max, int64_t{m_max} * wt.k);
+    w_max = std::max<int64_t>(w_max, int64_t{wt.n} * wt.k);
+    y_max = std::max<int64_t>(y_max, int64_t{m_max} * wt.n * (wt.fp32_out ? 4 : 2));
+  }
+  DeviceBuffer<bf16> x(x_max), w(w_max), probes(int64_t{kProbes} * 15360);
+  DeviceBuffer<uint8_t> y(y_max);
+  int64_t rows_checked = 0, rows_differ_default = 0;
+  uint32_t seed = 100;
+  for (const Weight& wt : kWeights) {
+    SCOPED_TRACE(wt.what);
+    const auto pin = inv.value().lt().describe_pin(kernels::GemmShape{1, wt.n, wt.k, wt.fp32_out});
+    ASSERT_TRUE(pin.ok()) << pin.error().message;
+    std::printf("%-17s n=%6d k=%5d pin: %s\n", wt.what, wt.n, wt.k, pin.value().c_str());
+    const int32_t elem = wt.fp32_out ? 4 : 2;
+    const size_t row_bytes = static_cast<size_t>(wt.n) * elem;
+    fill(w.get(), int64_t{wt.n} * wt.k, seed++, 0.02f, stream_);
+    fill(probes.get(), int64_t{kProbes} * wt.k, seed++, 1.0f, stream_);
+    // Each probe row alone (m = 1), per mode: the expected bits.
+    std::vector<std::vector<uint8_t>> alone[2];
+    for (int mode = 0; mode < 2; ++mode) {
+      kernels::Blas& blas = mode == 0 ? inv.value() : def.value();
+      for (int32_t p = 0; p < kProbes; ++p) {
+        KERNEL_OK(gemm(blas, probes.get() + int64_t{p} * wt.k, w.get(), y.get(), 1, wt));
+        alone[mode].push_back(rows_bytes(y.get(), wt.n, elem, {0}));
+      }
+    }
+    int64_t differ_default = 0;
+    for (int32_t m : kInvariantRows) {
+      const std::vector<int32_t> pos = probe_positions(m);
+      fill(x.get(), int64_t{m} * wt.k, seed++, 1.0f, stream_);
+      for (size_t p = 0; p < pos.size(); ++p) {
+        CUDA_OK(cudaMemcpyAsync(x.get() + int64_t{pos[p]} * wt.k, probes.get() + p * wt.k,
+                                static_cast<size_t>(wt.k) * 2, cudaMemcpyDeviceToDevice, stream_));
+      }
+      for (int mode = 0; mode < 2; ++mode) {
+        kernels::Blas& blas = mode == 0 ? inv.value() : def.value();
+        KERNEL_OK(gemm(blas, x.get(), w.get(), y.get(), m, wt));
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        const std::vector<uint8_t> got = rows_bytes(y.get(), wt.n, elem, pos);
+        for (size_t p = 0; p < pos.size(); ++p) {
+          const bool same =
+              std::memcmp(got.data() + p * row_bytes, alone[mode][p].data(), row_bytes) == 0;
+          if (mode == 0) {
+            ++rows_checked;
+            EXPECT_TRUE(same) << "invariant mode: probe " << p << " at row " << pos[p]
+                              << " of m=" << m << " differs from the same row alone";
+          } else if (!same) {
+            ++differ_default;
+          }
+        }
+      }
+    }
+    rows_differ_default += differ_default;
+    std::printf("%-17s default path: %lld of %d probe rows differ from the row alone\n", wt.what,
+                static_cast<long long>(differ_default),
+                static_cast<int>(3 * (std::size(kInvariantRows) - 1) + 1));
+  }
+  std::printf(
+      "invariant mode: %lld probe rows bitwise equal to the row alone checked; default "
+      "path: %lld differ\n",
+      static_cast<long long>(rows_checked), static_cast<long long>(rows_differ_default));
+}
+
+// The fp64 product of sampled rows and columns, and the bound an fp32-accumulating bf16 GEMM
+// must meet there: 64 * 2^-24 * sum_i |x_i w_i| (a k-term fp32 sum's rounding, with a margin
+// far below the O(|y|) error of a wrong operand, transpose or dropped k tile), plus half a bf16
+// ulp of |y| for bf16 output.
+struct Sampled {
+  std::vector<int32_t> rows, cols;
+  std::vector<double> ref, bound;  // [rows][cols]
+};
+
+Sampled reference(const bf16* x, const bf16* w, int32_t m, const Weight& wt) {
+  Sampled s;
+  s.rows = {0, m / 3, m - 1};
+  s.rows.erase(std::unique(s.rows.begin(), s.rows.end()), s.rows.end());
+  const int32_t stride = std::max(1, wt.n / 1024);
+  for (int32_t j = 0; j < wt.n; j += stride) s.cols.push_back(j);
+  if (s.cols.back() != wt.n - 1) s.cols.push_back(wt.n - 1);
+  std::vector<bf16> xr(wt.k), wr(wt.k);
+  std::vector<std::vector<float>> xs;
+  for (int32_t r : s.rows) {
+    EXPECT_EQ(cudaMemcpy(xr.data(), x + int64_t{r} * wt.k, wt.k * 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    xs.push_back(to_float(xr));
+  }
+  s.ref.assign(s.rows.size() * s.cols.size(), 0);
+  s.bound.assign(s.ref.size(), 0);
+  for (size_t c = 0; c < s.cols.size(); ++c) {
+    EXPECT_EQ(
+        cudaMemcpy(wr.data(), w + int64_t{s.cols[c]} * wt.k, wt.k * 2, cudaMemcpyDeviceToHost),
+        cudaSuccess);
+    const std::vector<float> wf = to_float(wr);
+    for (size_t r = 0; r < s.rows.size(); ++r) {
+      double sum = 0, abs_sum = 0;
+      for (int32_t i = 0; i < wt.k; ++i) {
+        const double p = static_cast<double>(xs[r][i]) * wf[i];
+        sum += p;
+        abs_sum += std::abs(p);
+      }
+      const size_t at = r * s.cols.size() + c;
+      s.ref[at] = sum;
+      s.bound[at] = 64.0 * std::ldexp(1.0, -24) * abs_sum +
+                    (wt.fp32_out ? 0.0 : std::ldexp(1.0, -8) * std::abs(sum));
+    }
+  }
+  return s;
+}
+
+// Worst |y - ref| / bound over the sampled entries (<= 1 passes); +inf on a non-finite value.
+double worst_ratio(const void* y, const Sampled& s, const Weight& wt) {
+  const int32_t elem = wt.fp32_out ? 4 : 2;
+  const std::vector<uint8_t> got = rows_bytes(y, wt.n, elem, s.rows);
+  double worst = 0;
+  for (size_t r = 0; r < s.rows.size(); ++r) {
+    for (size_t c = 0; c < s.cols.size(); ++c) {
+      const size_t off = (r * wt.n + s.cols[c]) * elem;
+      float v = 0;
+      if (wt.fp32_out) {
+        std::memcpy(&v, got.data() + off, 4);
+      } else {
+        bf16 b;
+        std::memcpy(&b, got.data() + off, 2);
+        v = to_f(b);
+      }
+      if (!std::isfinite(v)) return INFINITY;
+      const size_t at = r * s.cols.size() + c;
+      worst = std::max(worst, std::abs(v - s.ref[at]) / s.bound[at]);
+    }
+  }
+  return worst;
+}
+
+constexpr int32_t kTunedRows[] = {1, 16, 64, 8192};
+
+TEST_F(GemmLtGates, TunedAndPinnedMatchTheFp64Reference) {
+  auto tuned = kernels::Blas::create(stream_);
+  auto inv = kernels::Blas::create(stream_);
+  ASSERT_TRUE(tuned.ok() && inv.ok());
+  inv.value().set_batch_invariant(true);
+  std::vector<kernels::GemmShape> shapes;
+  for (const Weight& wt : kWeights) {
+    for (int32_t m : kTunedRows) {
+      // The engine runs the LM head only on logits rows (at most max_running).
+      if (!(wt.fp32_out && m > 128)) shapes.push_back({m, wt.n, wt.k, wt.fp32_out});
+    }
+  }
+  kernels::BlasTuneOptions options;
+  options.candidates = 8;
+  options.keep_default_when_faster = false;  // check the cuBLASLt path itself
+  options.budget_ms = 120000;
+  auto report = tuned.value().tune(shapes, options);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  ASSERT_EQ(report.value().skipped, 0);
+  ASSERT_EQ(report.value().gemms.size(), shapes.size());
+  for (const kernels::GemmTuneResult& g : report.value().gemms) {
+    EXPECT_TRUE(g.uses_lt && g.candidates > 0) << kernels::to_string(g.shape);
+  }
+  std::printf("tuned %zu shapes in %.0f ms (%lld MiB of scratch)\n", shapes.size(),
+              report.value().wall_ms, static_cast<long long>(report.value().scratch_bytes >> 20));
+  EXPECT_EQ(tuned.value().lt().tuned_shapes(), static_cast<int32_t>(shapes.size()));
+  int64_t x_max = 0, w_max = 0, y_max = 0;
+  for (const kernels::GemmShape& s : shapes) {
+    x_max = std::max<int64_t>(x_max, int64_t{s.m} * s.k);
+    w_max = std::max<int64_t>(w_max, int64_t{s.n} * s.k);
+    y_max = std::max<int64_t>(y_max, int64_t{s.m} * s.n * (s.fp32_out ? 4 : 2));
+  }
+  DeviceBuffer<bf16> x(x_max), w(w_max);
+  DeviceBuffer<uint8_t> y(y_max);
+  uint32_t seed = 500;
+  for (const Weight& wt : kWeights) {
+    fill(w.get(), int64_t{wt.n} * wt.k, seed++, 0.02f, stream_);
+    for (int32_t m : kTunedRows) {
+      if (wt.fp32_out && m > 128) continue;
+      SCOPED_TRACE(std::string(wt.what) + " m=" + std::to_string(m));
+      fill(x.get(), int64_t{m} * wt.k, seed++, 1.0f, stream_);
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      const Sampled s = reference(x.get(), w.get(), m, wt);
+      // Garbage first, so a GEMM that writes nothing cannot pass on a previous result.
+      CUDA_OK(cudaMemset(y.get(), 0x7f, y.size()));
+      KERNEL_OK(gemm(tuned.value(), x.get(), w.get(), y.get(), m, wt));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      const double r_tuned = worst_ratio(y.get(), s, wt);
+      CUDA_OK(cudaMemset(y.get(), 0x7f, y.size()));
+      KERNEL_OK(gemm(inv.value(), x.get(), w.get(), y.get(), m, wt));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      const double r_inv = worst_ratio(y.get(), s, wt);
+      EXPECT_LE(r_tuned, 1.0) << "tuned cuBLASLt plan outside the fp32 accumulation bound";
+      EXPECT_LE(r_inv, 1.0) << "invariant pin outside the fp32 accumulation bound";
+      std::printf("%-17s m=%5d worst |err|/bound: tuned %.4f, invariant %.4f\n", wt.what, m,
+                  r_tuned, r_inv);
+    }
+  }
+}
+
+TEST_F(GemmLtGates, TunedAndPinnedReplayInsideAGraph) {
+  cudaStream_t capture = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
+  auto tuned = kernels::Blas::create(capture);
+  auto inv = kernels::Blas::create(capture);
+  ASSERT_TRUE(tuned.ok() && inv.ok());
+  inv.value().set_batch_invariant(true);
+  const Weight wt = kWeights[4];  // 12B gate|up
+  const int32_t m = 64;
+  kernels::BlasTuneOptions options;
+  options.candidates = 8;
+  options.keep_default_when_faster = false;
+  ASSERT_TRUE(tuned.value().tune({{m, wt.n, wt.k, false}}, options).ok());
+  DeviceBuffer<bf16> x(int64_t{m} * wt.k), w(int64_t{wt.n} * wt.k);
+  DeviceBuffer<bf16> eager(int64_t{2} * m * wt.n), replay(int64_t{2} * m * wt.n);
+  fill(x.get(), int64_t{m} * wt.k, 900, 1.0f, capture);
+  fill(w.get(), int64_t{wt.n} * wt.k, 901, 0.02f, capture);
+  auto both = [&](bf16* out) -> kernels::KernelStatus {
+    if (auto s = tuned.value().gemm(x.get(), w.get(), out, m, wt.n, wt.k); !s.ok()) return s;
+    return inv.value().gemm(x.get(), w.get(), out + int64_t{m} * wt.n, m, wt.n, wt.k);
+  };
+  KERNEL_OK(both(eager.get()));
+  CUDA_OK(cudaStreamSynchronize(capture));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
+  const kernels::KernelStatus captured = both(replay.get());
+  CUDA_OK(cudaStreamEndCapture(capture, &graph));
+  KERNEL_OK(captured);
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaMemset(replay.get(), 0x7f, replay.size() * 2));
+  CUDA_OK(cudaGraphLaunch(exec, capture));
+  CUDA_OK(cudaStreamSynchronize(capture));
+  const std::vector<bf16> a = eager.download(), b = replay.download();
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 2), 0)
+      << "graph replay of the tuned and pinned GEMMs differs from the eager run";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(capture);
+}
+
+}  // namespace
+}  // namespace twinstep::gates
