@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -95,7 +96,8 @@ TEST_F(GemmLtGates, InvariantRowsDoNotDependOnTheBatch) {
   for (const Weight& wt : kWeights) {
     SCOPED_TRACE(wt.what);
     const auto pin = inv.value().lt().describe_pin(kernels::GemmShape{1, wt.n, wt.k, wt.fp32_out});
-    ASSERT_TRUE(pin.ok()) << pin.error().message;
+    EXPECT_TRUE(pin.ok()) << pin.error().message;
+    if (!pin.ok()) continue;
     std::printf("%-17s n=%6d k=%5d pin: %s\n", wt.what, wt.n, wt.k, pin.value().c_str());
     const int32_t elem = wt.fp32_out ? 4 : 2;
     const size_t row_bytes = static_cast<size_t>(wt.n) * elem;
@@ -244,7 +246,9 @@ TEST_F(GemmLtGates, TunedAndPinnedMatchTheFp64Reference) {
   }
   std::printf("tuned %zu shapes in %.0f ms (%lld MiB of scratch)\n", shapes.size(),
               report.value().wall_ms, static_cast<long long>(report.value().scratch_bytes >> 20));
-  EXPECT_EQ(tuned.value().lt().tuned_shapes(), static_cast<int32_t>(shapes.size()));
+  // Weights of the same (n, k) (the small geometry's qkv and gate|up) share a plan.
+  const std::set<kernels::GemmShape> distinct(shapes.begin(), shapes.end());
+  EXPECT_EQ(tuned.value().lt().tuned_shapes(), static_cast<int32_t>(distinct.size()));
   int64_t x_max = 0, w_max = 0, y_max = 0;
   for (const kernels::GemmShape& s : shapes) {
     x_max = std::max<int64_t>(x_max, int64_t{s.m} * s.k);
@@ -268,9 +272,10 @@ TEST_F(GemmLtGates, TunedAndPinnedMatchTheFp64Reference) {
       CUDA_OK(cudaStreamSynchronize(stream_));
       const double r_tuned = worst_ratio(y.get(), s, wt);
       CUDA_OK(cudaMemset(y.get(), 0x7f, y.size()));
-      KERNEL_OK(gemm(inv.value(), x.get(), w.get(), y.get(), m, wt));
+      const kernels::KernelStatus st = gemm(inv.value(), x.get(), w.get(), y.get(), m, wt);
+      EXPECT_TRUE(st.ok()) << st.error().message;
       CUDA_OK(cudaStreamSynchronize(stream_));
-      const double r_inv = worst_ratio(y.get(), s, wt);
+      const double r_inv = st.ok() ? worst_ratio(y.get(), s, wt) : INFINITY;
       EXPECT_LE(r_tuned, 1.0) << "tuned cuBLASLt plan outside the fp32 accumulation bound";
       EXPECT_LE(r_inv, 1.0) << "invariant pin outside the fp32 accumulation bound";
       std::printf("%-17s m=%5d worst |err|/bound: tuned %.4f, invariant %.4f\n", wt.what, m,

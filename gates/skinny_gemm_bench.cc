@@ -181,9 +181,9 @@ int main() {
     const kernels::GemmShape s{1, g.n, g.k, g.fp32_out};
     auto p8k = blas[kInv8192].lt().describe_pin(s);
     auto p64 = blas[kInv64].lt().describe_pin(s);
-    BENCH_OK(p8k);
-    BENCH_OK(p64);
-    std::printf("  %-13s %s | %s\n", g.what, p8k.value().c_str(), p64.value().c_str());
+    std::printf("  %-13s %s | %s\n", g.what,
+                p8k.ok() ? p8k.value().c_str() : p8k.error().message.c_str(),
+                p64.ok() ? p64.value().c_str() : p64.error().message.c_str());
   }
 
   // Weights larger than L2 for every shape: each GEMM gets its own matrix, and they are cycled
@@ -210,7 +210,10 @@ int main() {
       const int32_t m = buckets[r];
       std::printf("| %-13s | %3d |", g.what, m);
       for (int p = 0; p < kPaths; ++p) {
-        if (p == kSkinny && !kernels::skinny_gemm_supported(m, g.n, g.k)) {
+        const bool pinned =
+            (p != kInv8192 && p != kInv64) ||
+            blas[p].lt().describe_pin(kernels::GemmShape{m, g.n, g.k, g.fp32_out}).ok();
+        if ((p == kSkinny && !kernels::skinny_gemm_supported(m, g.n, g.k)) || !pinned) {
           std::printf(" %11s %5s |", "-", "-");
           continue;
         }
@@ -242,6 +245,18 @@ int main() {
                 step_ms[kInv8192][r] / step_ms[kDefault][r]);
   }
   std::printf("\n");
-  for (int p = 0; p < kSkinny; ++p) prefill_gemms(blas[p], kPathNames[p], stream);
+  for (int p = 0; p < kSkinny; ++p) {
+    bool pinned = true;
+    for (const Gemm& g : kGemms) {
+      if ((p == kInv8192 || p == kInv64) && !g.fp32_out) {
+        pinned = pinned && blas[p].lt().describe_pin(kernels::GemmShape{1, g.n, g.k, false}).ok();
+      }
+    }
+    if (pinned) {
+      prefill_gemms(blas[p], kPathNames[p], stream);
+    } else {
+      std::printf("prefill GEMMs, %s: no pin for every shape (above)\n", kPathNames[p]);
+    }
+  }
   return 0;
 }

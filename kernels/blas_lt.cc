@@ -23,6 +23,7 @@ struct LtPin {
   cublasLtMatmulDescOpaque_t op;
   cublasLtMatrixLayoutOpaque_t a;  // w; x and y layouts depend on m: built per call
   cublasLtMatmulAlgo_t algo;
+  size_t workspace_bytes = 0;  // the most any probed m needs (0 for a strict pin)
   std::string description;
 };
 
@@ -35,9 +36,9 @@ namespace {
   } while (0)
 
 constexpr uint32_t kAlignBytes = 16;
-// m values every pin must support (cublasLtMatmulAlgoCheck), beyond the reference: the
-// decode buckets' range, odd counts, and prefill sizes up to twice the usual max_step_tokens.
-constexpr int32_t kPinProbeRows[] = {1, 2, 3, 7, 8, 16, 33, 64, 127, 128, 1000, 8192, 16384};
+// m values every pin must support (cublasLtMatmulAlgoCheck): the decode buckets' range, odd
+// counts, and prefill steps up to the usual max_step_tokens (a larger m is tried, not promised).
+constexpr int32_t kPinProbeRows[] = {8192, 1, 2, 3, 7, 8, 16, 33, 64, 127, 128, 1000, 4096};
 
 KernelStatus lt_status(cublasStatus_t st, const std::string& what) {
   if (st == CUBLAS_STATUS_SUCCESS) return Ok{};
@@ -203,54 +204,106 @@ KernelStatus BlasLt::run(const LtPlan& p, const bf16* x, const bf16* w, void* y,
                    "cublasLtMatmul(tuned)");
 }
 
+// Single-pass candidates for (n, k, type): the heuristic's (no workspace, no reduction scheme)
+// at the reference m first, then at smaller m, in the heuristic's order: a fixed list for a
+// given GPU and cuBLAS.
+Result<std::vector<BlasLt::PinCandidate>, KernelError> BlasLt::pin_candidates(
+    const LtPin& p, const GemmShape& shape) {
+  Preference pref;
+  LT_TRY(pref.init(0, /*no_reduction=*/true));
+  std::vector<PinCandidate> out;
+  for (int32_t ref_m : {invariant_reference_rows_, 1024, 128, 64, 16, 1}) {
+    GemmShape ref = shape;
+    ref.m = ref_m;
+    cublasLtMatrixLayoutOpaque_t b, d;
+    LT_TRY(init_x(&b, ref));
+    LT_TRY(init_y(&d, ref));
+    cublasLtMatmulHeuristicResult_t results[16] = {};
+    int returned = 0;
+    auto* op = const_cast<cublasLtMatmulDescOpaque_t*>(&p.op);
+    auto* a = const_cast<cublasLtMatrixLayoutOpaque_t*>(&p.a);
+    LT_TRY(lt_status(cublasLtMatmulAlgoGetHeuristic(handle_, op, a, &b, &d, &d, &pref.pref, 16,
+                                                    results, &returned),
+                     "cublasLtMatmulAlgoGetHeuristic(" + to_string(ref) + ")"));
+    for (int i = 0; i < returned; ++i) {
+      if (results[i].state != CUBLAS_STATUS_SUCCESS || !single_pass(results[i].algo)) continue;
+      // Spelled out, so that no m can read a default as "choose a split".
+      cublasLtMatmulAlgo_t algo = results[i].algo;
+      const int32_t one = 1;
+      const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
+                                               sizeof(one)) != CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                               sizeof(none)) != CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      out.push_back({algo, ref_m, i});
+    }
+  }
+  return out;
+}
+
+// Empty when `algo` runs every probed m with at most `workspace_max` bytes (the most it needs
+// goes to *workspace); else the first m it does not, and why.
+std::string BlasLt::pin_check(const LtPin& p, const GemmShape& shape,
+                              const cublasLtMatmulAlgo_t& algo, size_t workspace_max,
+                              size_t* workspace) {
+  *workspace = 0;
+  for (int32_t m : kPinProbeRows) {
+    GemmShape probe = shape;
+    probe.m = m;
+    cublasLtMatrixLayoutOpaque_t b, d;
+    if (!init_x(&b, probe).ok() || !init_y(&d, probe).ok()) return "m=" + std::to_string(m);
+    cublasLtMatmulHeuristicResult_t check{};
+    auto* op = const_cast<cublasLtMatmulDescOpaque_t*>(&p.op);
+    auto* a = const_cast<cublasLtMatrixLayoutOpaque_t*>(&p.a);
+    const cublasStatus_t st = cublasLtMatmulAlgoCheck(handle_, op, a, &b, &d, &d, &algo, &check);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      return "m=" + std::to_string(m) + " " + cublasGetStatusName(st);
+    }
+    if (check.workspaceSize > workspace_max) {
+      return "m=" + std::to_string(m) + " wants " + std::to_string(check.workspaceSize) +
+             " B of workspace";
+    }
+    *workspace = std::max(*workspace, check.workspaceSize);
+  }
+  return {};
+}
+
 Result<const LtPin*, KernelError> BlasLt::pin(const GemmShape& shape) {
   const auto key = std::make_tuple(shape.n, shape.k, shape.fp32_out);
   if (auto it = pins_.find(key); it != pins_.end()) return it->second.get();
   auto p = std::make_unique<LtPin>();
   LT_TRY(init_op(&p->op));
   LT_TRY(init_w(&p->a, shape));
-  GemmShape ref = shape;
-  ref.m = invariant_reference_rows_;
-  cublasLtMatrixLayoutOpaque_t b, d;
-  LT_TRY(init_x(&b, ref));
-  LT_TRY(init_y(&d, ref));
-  Preference pref;
-  LT_TRY(pref.init(0, /*no_reduction=*/true));
-  cublasLtMatmulHeuristicResult_t results[16] = {};
-  int returned = 0;
-  LT_TRY(lt_status(cublasLtMatmulAlgoGetHeuristic(handle_, &p->op, &p->a, &b, &d, &d, &pref.pref,
-                                                  16, results, &returned),
-                   "cublasLtMatmulAlgoGetHeuristic(" + to_string(ref) + ")"));
-  for (int i = 0; i < returned; ++i) {
-    const cublasLtMatmulHeuristicResult_t& r = results[i];
-    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize != 0 || !single_pass(r.algo)) continue;
-    bool every_m = true;
-    for (int32_t m : kPinProbeRows) {
-      GemmShape probe = shape;
-      probe.m = m;
-      cublasLtMatrixLayoutOpaque_t pb, pd;
-      LT_TRY(init_x(&pb, probe));
-      LT_TRY(init_y(&pd, probe));
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(handle_, &p->op, &p->a, &pb, &pd, &pd, &r.algo, &check) !=
-              CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize != 0) {
-        every_m = false;
-        break;
+  auto cands = pin_candidates(*p, shape);
+  if (!cands) return unexpected(cands.error());
+  // First a candidate that needs no workspace at any m (nothing to split or fix up with);
+  // failing that, one whose workspace fits the fixed one (the gates check its rows bitwise).
+  std::string why;
+  for (const size_t workspace_max : {size_t{0}, static_cast<size_t>(workspace_bytes_)}) {
+    for (size_t i = 0; i < cands.value().size(); ++i) {
+      const PinCandidate& c = cands.value()[i];
+      size_t workspace = 0;
+      const std::string fail = pin_check(*p, shape, c.algo, workspace_max, &workspace);
+      if (!fail.empty()) {
+        if (workspace_max == 0 && i < 6) why += "; candidate " + std::to_string(i) + ": " + fail;
+        continue;
       }
+      p->algo = c.algo;
+      p->workspace_bytes = workspace;
+      p->description = describe(c.algo) + " (heuristic rank " + std::to_string(c.rank) +
+                       " at m=" + std::to_string(c.ref_m) + ", workspace " +
+                       std::to_string(workspace) + " B)";
+      const LtPin* out = p.get();
+      pins_.emplace(key, std::move(p));
+      return out;
     }
-    if (!every_m) continue;
-    p->algo = r.algo;
-    p->description = describe(r.algo) + " (heuristic rank " + std::to_string(i) +
-                     " at m=" + std::to_string(ref.m) + ")";
-    const LtPin* out = p.get();
-    pins_.emplace(key, std::move(p));
-    return out;
   }
-  return unexpected(lt_error(
-      "batch-invariant GEMM: none of the " + std::to_string(returned) +
-      " cuBLASLt algorithms without split-K or workspace for n=" + std::to_string(shape.n) +
-      " k=" + std::to_string(shape.k) + " runs every m probed (1..16384)"));
+  return unexpected(
+      lt_error("batch-invariant GEMM: none of the " + std::to_string(cands.value().size()) +
+               " single-pass cuBLASLt candidates for n=" + std::to_string(shape.n) +
+               " k=" + std::to_string(shape.k) + " runs every m probed (1..8192)" + why));
 }
 
 Result<std::string, KernelError> BlasLt::describe_pin(const GemmShape& shape) {
@@ -275,8 +328,9 @@ KernelStatus BlasLt::run_invariant(const GemmShape& shape, const bf16* x, const 
   const float alpha = 1.0f, beta = 0.0f;
   auto* op = const_cast<cublasLtMatmulDescOpaque_t*>(&pin.op);
   auto* a = const_cast<cublasLtMatrixLayoutOpaque_t*>(&pin.a);
+  void* workspace = pin.workspace_bytes > 0 ? workspace_ : nullptr;
   return lt_status(cublasLtMatmul(handle_, op, &alpha, w, a, x, &b, &beta, y, &d, y, &d, &pin.algo,
-                                  nullptr, 0, stream),
+                                  workspace, pin.workspace_bytes, stream),
                    "cublasLtMatmul(batch-invariant " + to_string(shape) + ")");
 }
 

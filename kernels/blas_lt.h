@@ -124,6 +124,15 @@ class BlasLt {
  private:
   BlasLt(cublasLtHandle_t handle, void* workspace, int64_t workspace_bytes);
   Result<const LtPin*, KernelError> pin(const GemmShape& shape);
+  struct PinCandidate {
+    cublasLtMatmulAlgo_t algo;
+    int32_t ref_m;  // the m whose heuristic returned it
+    int32_t rank;   // its place there
+  };
+  Result<std::vector<PinCandidate>, KernelError> pin_candidates(const LtPin& p,
+                                                                const GemmShape& shape);
+  std::string pin_check(const LtPin& p, const GemmShape& shape, const cublasLtMatmulAlgo_t& algo,
+                        size_t workspace_max, size_t* workspace);
   struct Scratch;
   Result<GemmTuneResult, KernelError> tune_one(const GemmShape& shape,
                                                const BlasTuneOptions& options,
