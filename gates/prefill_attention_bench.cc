@@ -124,9 +124,10 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
   }
   const int64_t pool_elems = int64_t{pages_total} * 2 * page * f.kv_heads * f.head_dim;
   bf16* pool = to_device(random_bf16(rng, pool_elems, 1.0f));
-  bf16* q = to_device(random_bf16(rng, size_t(rows) * q_heads * f.head_dim, 0.5f));
+  // seq_len rows of slack past the step: what cuDNN's ragged kernels may touch (row_slack).
+  bf16* q = to_device(random_bf16(rng, size_t(rows + seq_len) * q_heads * f.head_dim, 0.5f));
   bf16* out = nullptr;
-  BENCH_CUDA(cudaMalloc(&out, size_t(rows) * q_heads * f.head_dim * sizeof(bf16)));
+  BENCH_CUDA(cudaMalloc(&out, size_t(rows + seq_len) * q_heads * f.head_dim * sizeof(bf16)));
   int32_t* d_pos = to_device(positions);
   int32_t* d_seq = to_device(row_seq);
   uint32_t* d_pages = to_device(order);
@@ -151,7 +152,7 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
   });
   if (f.head_dim <= 256) {
     bf16* tc_out = nullptr;
-    BENCH_CUDA(cudaMalloc(&tc_out, size_t(rows) * stride * sizeof(bf16)));
+    BENCH_CUDA(cudaMalloc(&tc_out, size_t(rows + seq_len) * stride * sizeof(bf16)));
     BENCH_OK(kernels::attention_prefill_tc(q, stride, tc_out, q_heads, pv, 0, rv, gv, tv, f.window,
                                            1.0f, stream));
     time_cudnn(r, row_seq, positions, pv, gv, q, stride, out, tc_out, q_heads, f.window, stream);

@@ -68,6 +68,16 @@ Result<CudnnPrefillBatch, KernelError> plan_cudnn_prefill(std::span<const int32_
   return batch;
 }
 
+namespace {
+int32_t bucket(int32_t n) {
+  int32_t b = 64;
+  while (b < n) b *= 2;
+  return b;
+}
+}  // namespace
+
+int32_t CudnnPrefill::row_slack(const CudnnPrefillBatch& batch) { return bucket(batch.max_q_len); }
+
 #if !TWINSTEP_HAVE_CUDNN
 
 bool cudnn_compiled_in() { return false; }
@@ -210,13 +220,8 @@ struct Shape {  // one plan key
 
 struct Geometry {
   int32_t q_heads, kv_heads, head_dim, page_size, pages_total, window;
+  cudnnDataType_t ragged_type;  // of the Q/O ragged offsets
 };
-
-int32_t bucket(int32_t n) {
-  int32_t b = 64;
-  while (b < n) b *= 2;
-  return b;
-}
 
 // The op graph of one shape (see the header for the sequence), built on `g`.
 class SdpaGraph {
@@ -230,8 +235,8 @@ class SdpaGraph {
     auto* seq_q = tensor(kUidSeqLenQ, CUDNN_DATA_INT32, {B, 1, 1, 1}, {1, 1, 1, 1});
     auto* seq_kv = tensor(kUidSeqLenKv, CUDNN_DATA_INT32, {B, 1, 1, 1}, {1, 1, 1, 1});
     auto* table = tensor(kUidPageTable, CUDNN_DATA_INT32, {B, 1, pages, 1}, {pages, pages, 1, 1});
-    auto* rag_q = tensor(kUidRaggedQ, CUDNN_DATA_INT32, {B + 1, 1, 1, 1}, {1, 1, 1, 1});
-    auto* rag_o = tensor(kUidRaggedO, CUDNN_DATA_INT32, {B + 1, 1, 1, 1}, {1, 1, 1, 1});
+    auto* rag_q = tensor(kUidRaggedQ, geo_.ragged_type, {B + 1, 1, 1, 1}, {1, 1, 1, 1});
+    auto* rag_o = tensor(kUidRaggedO, geo_.ragged_type, {B + 1, 1, 1, 1}, {1, 1, 1, 1});
     auto* q = tensor(kUidQ, CUDNN_DATA_BFLOAT16, {B, Hq, Sq, D}, {Sq * qs, D, qs, 1}, false, false,
                      rag_q);
     auto* o = tensor(kUidO, CUDNN_DATA_BFLOAT16, {B, Hq, Sq, D}, {Sq * os, D, os, 1}, false, false,
@@ -454,7 +459,7 @@ struct CudnnPrefill::Impl {
   void* scratch = nullptr;
   CudnnPrefillSeq* d_entries = nullptr;
   int32_t *d_table = nullptr, *d_seq_q = nullptr, *d_seq_kv = nullptr;
-  int32_t *d_ragged_q = nullptr, *d_ragged_o = nullptr;
+  void *d_ragged_q = nullptr, *d_ragged_o = nullptr;  // int32 or int64 (geo.ragged_type)
   void* workspace = nullptr;
   CudnnPrefillStats stats;
   float neg_inf = -INFINITY;
@@ -518,8 +523,12 @@ std::string first_plan(const std::vector<cudnnBackendDescriptor_t>& cfgs, cudnnH
       continue;
     }
     int64_t n = 0;
-    cudnnBackendGetAttribute(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                             &n, &plan.workspace);
+    st = cudnnBackendGetAttribute(p.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                  CUDNN_TYPE_INT64, 1, &n, &plan.workspace);
+    if (st != CUDNN_STATUS_SUCCESS || plan.workspace < 0) {
+      tried += " config " + std::to_string(i) + ": workspace size: " + status_text(st) + ";";
+      continue;
+    }
     Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     cudnnBackendDescriptor_t e = engine.get();
     if (cudnnBackendGetAttribute(cfgs[i], CUDNN_ATTR_ENGINECFG_ENGINE,
@@ -586,6 +595,10 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
     return fail("q_heads " + std::to_string(q_heads) + " must be a positive multiple of kv_heads " +
                 std::to_string(pool.kv_heads));
   }
+  if (limits.ragged_offset_bits != 32 && limits.ragged_offset_bits != 64) {
+    return fail("ragged_offset_bits " + std::to_string(limits.ragged_offset_bits) +
+                ": must be 32 or 64");
+  }
   if (limits.max_entries <= 0 || limits.max_kv_len <= 0 || pool.page_size <= 0 ||
       pool.pages_total < 2 || window < 0) {
     return fail("limits (" + std::to_string(limits.max_entries) + " entries, " +
@@ -594,8 +607,13 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
                 ", window " + std::to_string(window) + ": need > 0, > 0, > 0, >= 2, >= 0");
   }
   auto impl = std::make_unique<Impl>();
-  impl->geo =
-      Geometry{q_heads, pool.kv_heads, pool.head_dim, pool.page_size, pool.pages_total, window};
+  impl->geo = Geometry{q_heads,
+                       pool.kv_heads,
+                       pool.head_dim,
+                       pool.page_size,
+                       pool.pages_total,
+                       window,
+                       limits.ragged_offset_bits == 64 ? CUDNN_DATA_INT64 : CUDNN_DATA_INT32};
   impl->limits = limits;
   if (cudnnStatus_t st = cudnnCreate(&impl->handle); st != CUDNN_STATUS_SUCCESS) {
     impl->handle = nullptr;
@@ -608,7 +626,7 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
   const int64_t entry_bytes = E * int64_t{sizeof(CudnnPrefillSeq)};
   const int64_t table_bytes = E * max_pages * 4;
   const int64_t lens_bytes = E * 4;
-  const int64_t ragged_bytes = (E + 1) * 4;
+  const int64_t ragged_bytes = (E + 1) * 8;  // room for int64 offsets
   auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
   const int64_t total =
       up(entry_bytes) + up(table_bytes) + 2 * up(lens_bytes) + 2 * up(ragged_bytes);
@@ -621,8 +639,8 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
   impl->d_table = reinterpret_cast<int32_t*>(p), p += up(table_bytes);
   impl->d_seq_q = reinterpret_cast<int32_t*>(p), p += up(lens_bytes);
   impl->d_seq_kv = reinterpret_cast<int32_t*>(p), p += up(lens_bytes);
-  impl->d_ragged_q = reinterpret_cast<int32_t*>(p), p += up(ragged_bytes);
-  impl->d_ragged_o = reinterpret_cast<int32_t*>(p);
+  impl->d_ragged_q = p, p += up(ragged_bytes);
+  impl->d_ragged_o = p;
   return std::unique_ptr<CudnnPrefill>(new CudnnPrefill(std::move(impl)));
 }
 
@@ -641,7 +659,8 @@ KernelStatus CudnnPrefill::prepare(const CudnnPrefillBatch& batch, const PagingV
     return bad("CudnnPrefill::prepare: q_row_stride " + std::to_string(q_row_stride) +
                " must be >= " + std::to_string(min_stride) + " and a multiple of 8");
   }
-  if (int64_t{batch.rows} * q_row_stride >= (int64_t{1} << 31)) {
+  if (m.geo.ragged_type == CUDNN_DATA_INT32 &&
+      int64_t{batch.rows} * q_row_stride >= (int64_t{1} << 31)) {
     return bad("CudnnPrefill::prepare: " + std::to_string(batch.rows) + " rows x stride " +
                std::to_string(q_row_stride) + " overflow the int32 ragged offsets");
   }
@@ -670,6 +689,7 @@ KernelStatus CudnnPrefill::prepare(const CudnnPrefillBatch& batch, const PagingV
   a.table_stride = m.table_stride;
   a.q_row_stride = q_row_stride;
   a.o_row_stride = int64_t{m.geo.q_heads} * m.geo.head_dim;
+  a.ragged_int64 = m.geo.ragged_type == CUDNN_DATA_INT64;
   a.table = m.d_table;
   a.seq_len_q = m.d_seq_q;
   a.seq_len_kv = m.d_seq_kv;

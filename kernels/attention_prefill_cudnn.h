@@ -59,8 +59,9 @@ Result<CudnnPrefillBatch, KernelError> plan_cudnn_prefill(std::span<const int32_
                                                           std::span<const int32_t> positions);
 
 struct CudnnPrefillLimits {
-  int32_t max_entries = 0;  // seqs with rows in one step
-  int32_t max_kv_len = 0;   // longest kv_len of an entry
+  int32_t max_entries = 0;          // seqs with rows in one step
+  int32_t max_kv_len = 0;           // longest kv_len of an entry
+  int32_t ragged_offset_bits = 64;  // element type of the Q/O ragged offsets: 32 or 64
 };
 
 // What building execution plans has cost so far (perf/NOTES.md quotes it).
@@ -100,6 +101,11 @@ class CudnnPrefill {
 
   const CudnnPrefillStats& stats() const;
 
+  // Rows past the step's last row that run()'s q and out buffers must still cover: cuDNN's
+  // ragged (THD) kernels address Q and O as [entries][rows bucket] and may touch rows past the
+  // last entry's (perf/NOTES.md, "cuDNN paged SDPA"). The rows bucket of the batch.
+  static int32_t row_slack(const CudnnPrefillBatch& batch);
+
  private:
   struct Impl;
   explicit CudnnPrefill(std::unique_ptr<Impl> impl);
@@ -120,11 +126,12 @@ struct CudnnTablesArgs {
   int32_t table_stride = 0;  // logical pages per entry in `table`
   int64_t q_row_stride = 0;
   int64_t o_row_stride = 0;
+  bool ragged_int64 = true;       // ragged_* hold int64 (else int32) elements
   int32_t* table = nullptr;       // [count][table_stride]
   int32_t* seq_len_q = nullptr;   // [count]
   int32_t* seq_len_kv = nullptr;  // [count]
-  int32_t* ragged_q = nullptr;    // [count + 1]
-  int32_t* ragged_o = nullptr;    // [count + 1]
+  void* ragged_q = nullptr;       // [count + 1]
+  void* ragged_o = nullptr;       // [count + 1]
 };
 KernelStatus cudnn_prefill_tables(const CudnnTablesArgs& args, cudaStream_t stream);
 

@@ -37,11 +37,20 @@ __global__ void cudnn_tables_kernel(CudnnTablesArgs a) {
   if (threadIdx.x == 0) {
     a.seq_len_q[b] = e.q_len;
     a.seq_len_kv[b] = e.kv_len;
-    a.ragged_q[b] = static_cast<int32_t>(e.row_begin * a.q_row_stride);
-    a.ragged_o[b] = static_cast<int32_t>(e.row_begin * a.o_row_stride);
-    if (b == a.count - 1) {
-      a.ragged_q[b + 1] = static_cast<int32_t>((e.row_begin + e.q_len) * a.q_row_stride);
-      a.ragged_o[b + 1] = static_cast<int32_t>((e.row_begin + e.q_len) * a.o_row_stride);
+    const int64_t rq = e.row_begin * a.q_row_stride, ro = e.row_begin * a.o_row_stride;
+    const int64_t end_q = (e.row_begin + e.q_len) * a.q_row_stride;
+    const int64_t end_o = (e.row_begin + e.q_len) * a.o_row_stride;
+    const bool last = b == a.count - 1;
+    if (a.ragged_int64) {
+      static_cast<int64_t*>(a.ragged_q)[b] = rq;
+      static_cast<int64_t*>(a.ragged_o)[b] = ro;
+      if (last) static_cast<int64_t*>(a.ragged_q)[b + 1] = end_q;
+      if (last) static_cast<int64_t*>(a.ragged_o)[b + 1] = end_o;
+    } else {
+      static_cast<int32_t*>(a.ragged_q)[b] = static_cast<int32_t>(rq);
+      static_cast<int32_t*>(a.ragged_o)[b] = static_cast<int32_t>(ro);
+      if (last) static_cast<int32_t*>(a.ragged_q)[b + 1] = static_cast<int32_t>(end_q);
+      if (last) static_cast<int32_t*>(a.ragged_o)[b + 1] = static_cast<int32_t>(end_o);
     }
   }
 }

@@ -23,14 +23,36 @@ if [ "${FORCE_BUILD:-0}" = 1 ] || ! "$bin/prefill_cudnn_gates" --gtest_list_test
     prefill_attention_bench > "$OUT/build.log" 2>&1 || grep -m 20 error "$OUT/build.log"
 fi
 ldd "$bin/prefill_cudnn_gates" | grep -E "cudnn|not found"
-CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_log_full.txt" timeout 200 \
-  "$bin/prefill_cudnn_gates" > "$OUT/gate.log" 2>&1
-echo "gate rc $?"
-head -c 4000000 "$OUT/cudnn_log_full.txt" > "$OUT/cudnn_log.txt" 2>/dev/null
+gate() {  # gate [ENV=VALUE...]: one run of the cuDNN gate, its summary lines
+  env "$@" CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$OUT/cudnn_log_full.txt" timeout 200 \
+    "$bin/prefill_cudnn_gates" > "$OUT/gate_run.log" 2>&1
+  local rc=$?
+  echo "== gate $* rc $rc"
+  grep -E "\[gate\]|OK \]|FAILED \]|Failure|rror|xpected|Which is|Value of|message" \
+    "$OUT/gate_run.log" | grep -v "Google Test trace" | cut -c1-500 | head -${LINES_MAX:-40}
+  cat "$OUT/gate_run.log" >> "$OUT/gate.log"
+  return $rc
+}
+sanitize() {
+  env "$@" timeout 150 "${SANITIZER:-compute-sanitizer}" --tool memcheck --print-limit 3 \
+    "$bin/prefill_cudnn_gates" --gtest_filter='*Matches*' > "$OUT/sanitizer_run.log" 2>&1
+  echo "== sanitizer $* rc $?"
+  grep -E "Invalid|bytes|Address|at .*0x|Saved host|====" "$OUT/sanitizer_run.log" | head -30
+  cat "$OUT/sanitizer_run.log" >> "$OUT/sanitizer.log"
+}
+command -v compute-sanitizer > /dev/null || SANITIZER=/usr/local/cuda/bin/compute-sanitizer
+gate TWINSTEP_CUDNN_GATE_RAGGED_BITS=64
+ok=$?
+if [ $ok != 0 ]; then
+  LINES_MAX=12 gate TWINSTEP_CUDNN_GATE_RAGGED_BITS=32 TWINSTEP_CUDNN_GATE_CASES=2
+  LINES_MAX=12 gate TWINSTEP_CUDNN_GATE_RAGGED_BITS=64 TWINSTEP_CUDNN_GATE_EXACT=1 TWINSTEP_CUDNN_GATE_CASES=2
+  sanitize TWINSTEP_CUDNN_GATE_RAGGED_BITS=64 TWINSTEP_CUDNN_GATE_CASES=1
+fi
+[ "${SANITIZE_EXACT:-1}" = 1 ] &&
+  sanitize TWINSTEP_CUDNN_GATE_RAGGED_BITS=${EXACT_BITS:-64} TWINSTEP_CUDNN_GATE_EXACT=1 TWINSTEP_CUDNN_GATE_CASES=1
+head -c 3000000 "$OUT/cudnn_log_full.txt" > "$OUT/cudnn_log.txt" 2>/dev/null
 rm -f "$OUT/cudnn_log_full.txt"
-grep -E "\[gate\]|OK \]|FAILED|PASSED|Failure|rror|xpected|Which is|Value of" "$OUT/gate.log" |
-  cut -c1-600 | head -60
-if [ "${BENCH:-1}" = 1 ]; then
+if [ "${BENCH:-1}" = 1 ] && [ $ok = 0 ]; then
   timeout 240 "$bin/prefill_attention_bench" > "$OUT/bench.log" 2>&1
   echo "bench rc $?"
   cut -c1-400 "$OUT/bench.log" | tail -45
