@@ -2,7 +2,9 @@
 // against the CUDA-core reference attention_prefill and an fp64 host computation, on mixed
 // steps (prefill chunks continuing a prompt, fresh prompts, decode rows), shuffled page tables
 // whose unlisted pages (the padding page, spares) hold NaN sentinels, released local pages,
-// every head dim, windows below and above a tile, GQA ratios 1, 2, 8, 16.
+// every head dim, windows below and above a tile, GQA ratios 1, 2, 8, 16. Inside listed pages
+// the slots no row attends (before the first seq key a row can see, past the last row) hold the
+// NaN sentinel too: a kernel that copies whole pages must zero or mask them, V x 0 being NaN.
 //
 // Tolerance: not a constant. Per case the gate measures the bf16 noise floor (the fp64 result
 // rounded to bf16 against itself) and the reference kernel's own error; the tensor-core kernel
@@ -89,6 +91,29 @@ Errors rounding_floor(const std::vector<std::vector<double>>& ref, int32_t hd) {
   return errors_of(ref, rounded, hd);
 }
 
+// The sentinel into every slot of a listed page that no row of its seq attends, in all layers.
+void poison_unattended(const PagedScenario& sc, std::vector<bf16>& pool) {
+  const int64_t te = sc.token_elems();
+  for (size_t s = 0; s < sc.seqs.size(); ++s) {
+    const int32_t lo = sc.first_key(sc.seqs[s].kv_len_before);
+    const int32_t hi = sc.seqs[s].kv_len_before + sc.seqs[s].row_count;  // one past the last key
+    for (int32_t idx = sc.seq_page_begin[s]; idx < sc.seq_page_begin[s + 1]; ++idx) {
+      const int32_t lp = sc.seq_first_page[s] + (idx - sc.seq_page_begin[s]);
+      for (int32_t t = 0; t < sc.page_size; ++t) {
+        const int32_t j = lp * sc.page_size + t;
+        if (j >= lo && j < hi) continue;
+        for (int32_t l = 0; l < sc.layers; ++l) {
+          for (int kind = 0; kind < 2; ++kind) {
+            const int64_t at = l * sc.layer_elems() +
+                               ((int64_t{sc.page_indices[idx]} * 2 + kind) * sc.page_size + t) * te;
+            std::fill(pool.begin() + at, pool.begin() + at + te, sentinel_bf16());
+          }
+        }
+      }
+    }
+  }
+}
+
 void run_tc_case(const TcCase& tc, cudaStream_t stream) {
   SCOPED_TRACE(tc.name);
   sim::Rng rng(0x7c + tc.head_dim * 7 + tc.window * 3 + tc.q_heads);
@@ -105,6 +130,7 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
       std::copy(vals.begin(), vals.end(), pool.begin() + base);
     }
   }
+  poison_unattended(a, pool);
   const int64_t q_stride = int64_t{tc.q_heads} * hd;
   const auto q = random_bf16(rng, size_t(a.rows()) * q_stride, -0.5f, 0.5f);
   DeviceBuffer<bf16> d_pool(pool), d_q(q);
@@ -170,11 +196,14 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kWgmmaPairKeyTile32, "wgmma, two warpgroups, key tile 32"},
                 {V::kWgmmaPairKeyTile64, "wgmma, two warpgroups, key tile 64"},
                 {V::kWgmmaPairPipelined, "wgmma, two warpgroups, pipelined, key tile 64"},
-                {V::kWgmmaPairPipelinedKeyTile32, "wgmma, two warpgroups, pipelined, key tile 32"}};
+                {V::kWgmmaPairPipelinedKeyTile32, "wgmma, two warpgroups, pipelined, key tile 32"},
+                {V::kTmaPairKeyTile64, "TMA-fed wgmma, two warpgroups, key tile 64"},
+                {V::kTmaPairKeyTile32, "TMA-fed wgmma, two warpgroups, key tile 32"}};
   } else if (hd == 512) {
     variants = {{V::kMma, "mma.sync, pair exchange"},
                 {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"},
-                {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"}};
+                {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"},
+                {V::kTmaSplitDims, "TMA-fed wgmma, split dims"}};
   }
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);
@@ -215,6 +244,27 @@ const TcCase kCases[] = {
      7,
      7,
      {{9, 1}, {0, 70}, {40, 33}, {90, 1}}},
+    {"hd 256, GQA 8 (16q/2kv), window 40, page 8 (TMA boxes of 8)",
+     256,
+     16,
+     2,
+     40,
+     8,
+     {{3, 1}, {0, 90}, {70, 37}, {150, 1}}},
+    {"hd 256, GQA 2 (8q/4kv), no window, page 128 (> a key tile)",
+     256,
+     8,
+     4,
+     0,
+     128,
+     {{9, 1}, {0, 140}, {200, 30}, {300, 1}}},
+    {"hd 512, GQA 16 (16q/1kv), window 50, page 64 (> a key tile)",
+     512,
+     16,
+     1,
+     50,
+     64,
+     {{9, 1}, {0, 100}, {130, 20}, {260, 1}}},
     {"hd 128, GQA 1 (4q/4kv), window 24, page 4",
      128,
      4,

@@ -10,6 +10,7 @@
 #include "engine/check.h"
 #include "kernels/attention_args.h"
 #include "kernels/attention_prefill_tc.h"
+#include "kernels/attention_prefill_tma.cuh"
 #include "kernels/attention_tc.cuh"
 #include "kernels/common.cuh"
 
@@ -103,8 +104,9 @@ __global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
 
 bool variant_built(PrefillVariant v, int32_t head_dim) {
   if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
-  const bool split =
-      v == PrefillVariant::kWgmmaSplitDims || v == PrefillVariant::kWgmmaSplitDimsPipelined;
+  const bool split = v == PrefillVariant::kWgmmaSplitDims ||
+                     v == PrefillVariant::kWgmmaSplitDimsPipelined ||
+                     v == PrefillVariant::kTmaSplitDims;
   if (head_dim == 512) return split;
   return head_dim == 256 && !split;
 }
@@ -190,6 +192,12 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
           return launch_prefill_wgmma256_pipelined(a, 64, stream);
         case PrefillVariant::kWgmmaPairPipelinedKeyTile32:
           return launch_prefill_wgmma256_pipelined(a, 32, stream);
+        case PrefillVariant::kTmaPairKeyTile64:
+        case PrefillVariant::kTmaPairKeyTile32: {
+          const int32_t key_tile = variant == PrefillVariant::kTmaPairKeyTile32 ? 32 : 64;
+          if (auto launched = launch_prefill_tma256(a, key_tile, stream)) return *launched;
+          return launch_prefill_wgmma256_pair(a, key_tile, stream);  // boxes cannot tile pages
+        }
         default:  // kDefault, kWgmmaPairKeyTile64: the measured fastest (perf/NOTES.md)
           return launch_prefill_wgmma256_pair(a, 64, stream);
       }
@@ -197,6 +205,9 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
       if (variant == PrefillVariant::kMma) return launch_tc<512, 32, 2>(a, stream);
       if (variant == PrefillVariant::kWgmmaSplitDimsPipelined) {
         return launch_prefill_wgmma512_pipelined(a, stream);
+      }
+      if (variant == PrefillVariant::kTmaSplitDims) {
+        if (auto launched = launch_prefill_tma512(a, stream)) return *launched;
       }
       return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
     default:

@@ -65,6 +65,13 @@ enum class PrefillVariant {
   kWgmmaPairPipelined,
   kWgmmaPairPipelinedKeyTile32,
   kWgmmaSplitDimsPipelined,
+  // TMA-fed (attention_prefill_tma.cu): one warp issues bulk tensor copies into an mbarrier
+  // ring, two warpgroups without block barriers; head_dim 256 the pair split (key tile 64 / 32),
+  // 512 the split dims. A page size the copy boxes cannot tile (not a multiple of 8, or neither
+  // a divisor nor a multiple of the key tile) runs the matching cp.async kernel instead.
+  kTmaPairKeyTile64,
+  kTmaPairKeyTile32,
+  kTmaSplitDims,
 };
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,

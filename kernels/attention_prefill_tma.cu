@@ -1,0 +1,510 @@
+// kernels/attention_prefill_tma.cu: the wgmma prefill attention kernels of
+// attention_prefill_wgmma.cu (same contract, tiles and products) fed by the tensor memory
+// accelerator instead of per-thread cp.async, FlashAttention-3 style:
+// - one warp (the feeder: warp 0 of warpgroup 1) walks the page table and issues one
+//   cp.async.bulk.tensor per (page box, 64-dim panel, K or V) over a tensor map of the layer
+//   ([token rows][kv heads][head_dim], SWIZZLE_128B: the copy engine writes the wgmma panel
+//   layout itself), NS stages ahead of the consumers; the other 255 threads issue no loads;
+// - each stage of the ring has a full mbarrier (the copies' bytes landed) and an empty one (all
+//   8 warps are done with it): no block barrier in the key loop, and at head_dim 256 the two
+//   warpgroups are not in lockstep (each waits only for the stages it reads; warpgroup 0 may
+//   run up to NS - 1 stages ahead of the feeder's warpgroup).
+// Why no producer warpgroup with setmaxnreg: nvcc 13.0 then serialised the consumers' wgmma and
+// spilled ("insufficient register resources", C7512) at any split of the register file we tried
+// (producer 24-56, consumers 200-256): perf/NOTES.md, issue 12 session 4.
+// Keys outside the block's range [klo, khi) inside a stage: boxes wholly outside are not copied
+// (their pages may be unlisted), and the V rows of every key outside are zeroed by the feeder
+// after the copies land (a masked weight is 0, but 0 x NaN is NaN); their K rows are masked.
+// Page sizes the boxes cannot tile fall back to the cp.async kernels (attention_prefill_tma.cuh).
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime
+#include <cudaTypedefs.h>
+
+#include "kernels/attention_prefill_tma.cuh"
+#include "kernels/attention_prefill_wgmma.cuh"
+
+namespace twinstep::kernels::tc {
+namespace {
+
+// ---- mbarrier, bulk tensor copy, register reallocation ------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+// One arrival that also announces `bytes` of copies completing on this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Returns once the phase of parity `parity` has completed (a fresh barrier counts phase 1 as
+// completed: the feeder's first pass over the ring does not wait).
+// The retry loop is inside the asm block (its label scoped by the braces).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nTS_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra TS_MBAR_WAIT;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Box at (c0, c1, c2) of the map into dst, completing `bar`'s transaction bytes.
+__device__ __forceinline__ void tma_load_3d(bf16* dst, const CUtensorMap* map, int32_t c0,
+                                            int32_t c1, int32_t c2, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier over the `threads` threads of named barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+constexpr int kThreads = 2 * kWgThreads;
+constexpr int kConsumerWarps = kThreads / kWarp;  // arrivals per empty barrier
+constexpr int kFeederWarp = kWgThreads / kWarp;   // warp 0 of warpgroup 1
+
+// The shared memory of a block: Q (one 64 x HD tile per consumer warpgroup, or one shared),
+// the NS stages of K and V (BN x HD each), XS bytes of score exchange, 3 NS mbarriers.
+template <int HD, int BN, int NS, int QTILES, int XS>
+struct Layout {
+  static constexpr int kQElems = QTILES * kPrefillTileM * HD;
+  static constexpr int kStageElems = 2 * BN * HD;  // K then V
+  static constexpr int kSmemBytes = 1024 + (kQElems + NS * kStageElems) * 2 + XS + 3 * NS * 8;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+  struct Ptrs {
+    bf16* q;
+    bf16* stages;
+    uint8_t* xs;
+    uint64_t* full;   // [NS] the stage's copies landed (and the zero fill is written)
+    uint64_t* empty;  // [NS] every consumer warp is done reading it
+    uint64_t* land;   // [NS] edge stages: the copies landed, before the feeder's zero fill
+  };
+  __device__ static Ptrs carve(uint8_t* raw) {
+    Ptrs p;
+    p.q = align1024(raw);
+    p.stages = p.q + kQElems;
+    p.xs = reinterpret_cast<uint8_t*>(p.stages + NS * kStageElems);
+    p.full = reinterpret_cast<uint64_t*>(p.xs + XS);
+    p.empty = p.full + NS;
+    p.land = p.empty + NS;
+    return p;
+  }
+};
+
+// What one pass of a block attends: which of its (up to) two tiles are live, their seq, and
+// the stages over the union of their key ranges. The feeder and every warp compute it alike.
+struct PassPlan {
+  bool live0, live1;
+  int32_t seq;
+  int32_t klo, khi;  // [min lo, max pos + 1) over the live tiles' rows
+  int32_t j_start;   // first key of stage 0 (a multiple of the key tile)
+  int32_t stages;
+};
+
+// [min lo, max pos + 1) of the rows of a tile's pairs, folded into (lo, hi), by one warp.
+__device__ __forceinline__ void fold_tile_range(const TcArgs& a, const PrefillTile& t, int32_t& lo,
+                                                int32_t& hi) {
+  const int32_t pairs = t.run_rows * a.group;
+  const int32_t m_end = min(t.m_begin + kPrefillTileM, pairs);
+  const int32_t r0 = t.row_begin + t.m_begin / a.group;
+  const int32_t r1 = t.row_begin + (m_end - 1) / a.group + 1;
+  for (int32_t r = r0 + static_cast<int32_t>(threadIdx.x % kWarp); r < r1; r += kWarp) {
+    TS_DEVICE_REQUIRE(r >= 0 && r < a.rows);
+    const int32_t pos = a.positions[r];
+    TS_DEVICE_REQUIRE(pos >= 0);
+    lo = min(lo, a.window > 0 ? max(0, pos - a.window + 1) : 0);
+    hi = max(hi, pos + 1);
+  }
+}
+
+template <int BN>
+__device__ __forceinline__ PassPlan pass_plan(const TcArgs& a, const PrefillTile& tile0, bool live0,
+                                              const PrefillTile& tile1, bool live1) {
+  PassPlan p;
+  p.live0 = live0;
+  p.live1 = live1;
+  p.seq = live0 ? tile0.seq : tile1.seq;
+  TS_DEVICE_REQUIRE(live0 || live1);
+  int32_t lo = INT_MAX, hi = 0;
+  if (live0) fold_tile_range(a, tile0, lo, hi);
+  if (live1) fold_tile_range(a, tile1, lo, hi);
+#pragma unroll
+  for (int d = 1; d < kWarp; d *= 2) {
+    lo = min(lo, __shfl_xor_sync(kFullMask, lo, d));
+    hi = max(hi, __shfl_xor_sync(kFullMask, hi, d));
+  }
+  p.klo = lo;
+  p.khi = hi;
+  p.j_start = (lo / BN) * BN;
+  p.stages = (hi - p.j_start + BN - 1) / BN;
+  return p;
+}
+
+// ---- the feeder warp -------------------------------------------------------------------------
+
+// Fills one stage of BN keys from j0: copies the boxes that intersect [klo, khi); an edge stage
+// (not wholly inside) first lands on `land`, then gets the V rows of its keys outside the range
+// zeroed, then arrives on `full`. `box` token rows per copy, HD / 64 panels of K and of V each.
+template <int HD, int BN>
+__device__ __forceinline__ void fill_stage(const TcArgs& a, const CUtensorMap* map, int32_t box,
+                                           int32_t pb, int32_t count, int32_t first_page,
+                                           int32_t kv_head, const PassPlan& p, int32_t j0,
+                                           bf16* stage, uint64_t* full, uint64_t* land,
+                                           uint32_t land_parity) {
+  constexpr int kPanels = HD / kPanel;
+  const int lane = threadIdx.x % kWarp;
+  const int32_t boxes = BN / box;
+  const bool edge = j0 < p.klo || j0 + BN > p.khi;
+  const int32_t b_lo = j0 < p.klo ? (p.klo - j0) / box : 0;
+  const int32_t b_hi = min(boxes, (p.khi - j0 + box - 1) / box);
+  uint64_t* bar = edge ? land : full;
+  if (lane == 0) {
+    mbar_arrive_expect_tx(bar, static_cast<uint32_t>((b_hi - b_lo) * box) * HD * 2 * 2);
+  }
+  __syncwarp();
+  for (int32_t item = lane; item < (b_hi - b_lo) * 2 * kPanels; item += kWarp) {
+    const int32_t b = b_lo + item / (2 * kPanels);
+    const int32_t rec = (item / kPanels) % 2;  // 0: K, 1: V
+    const int32_t panel = item % kPanels;
+    const int32_t jb = j0 + b * box;  // every key of the box is on jb's page
+    const int32_t idx = jb / a.page_size - first_page;
+    TS_DEVICE_REQUIRE(idx >= 0 && idx < count);
+    const uint32_t page = a.page_indices[pb + idx];
+    TS_DEVICE_REQUIRE(page >= 1u && page < static_cast<uint32_t>(a.pages_total));
+    const int32_t token_row =
+        (static_cast<int32_t>(page) * 2 + rec) * a.page_size + jb % a.page_size;
+    tma_load_3d(stage + rec * BN * HD + panel * BN * kPanel + b * box * kPanel, map, panel * kPanel,
+                kv_head, token_row, bar);
+  }
+  if (!edge) return;
+  mbar_wait(land, land_parity);
+  bf16* v = stage + BN * HD;
+  for (int32_t key = lane; key < BN; key += kWarp) {
+    const int32_t j = j0 + key;
+    if (j >= p.klo && j < p.khi) continue;
+#pragma unroll 4
+    for (int c = 0; c < HD / 8; ++c) {
+      *reinterpret_cast<uint4*>(v + sw128<BN>(key, c)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  fence_async_shared();  // the zeros are read by the tensor cores (async proxy)
+  __syncwarp();
+  if (lane == 0) mbar_arrive(full);
+}
+
+// Which tiles of its block pass `pass` attends (the kWgmmaPair* split: tiles of one seq share
+// one pass; at a run boundary one pass per tile).
+struct BlockTiles {
+  PrefillTile tile0, tile1;
+  bool has1, one_seq;
+  int passes;
+  __device__ bool live0(int pass) const { return pass == 0; }
+  __device__ bool live1(int pass) const { return has1 && (one_seq ? pass == 0 : pass == 1); }
+};
+
+// The feeder warp's cursor: the next stage it fills, NS ahead of the stage being read.
+struct FeedCursor {
+  int pass;
+  int32_t i;             // stage within the pass
+  uint32_t it;           // stage of the ring, over all passes
+  uint32_t land_parity;  // one bit per slot for `land`
+  PassPlan p;
+  int32_t pb, count, first_page;
+};
+
+template <int BN>
+__device__ __forceinline__ void feed_open_pass(const TcArgs& a, const BlockTiles& bt,
+                                               FeedCursor& c) {
+  c.i = 0;
+  if (c.pass >= bt.passes) return;
+  c.p = pass_plan<BN>(a, bt.tile0, bt.live0(c.pass), bt.tile1, bt.live1(c.pass));
+  TS_DEVICE_REQUIRE(c.p.seq >= 0 && c.p.seq < a.seqs);
+  c.pb = a.seq_page_begin[c.p.seq];
+  const int32_t pe = a.seq_page_begin[c.p.seq + 1];
+  TS_DEVICE_REQUIRE(c.pb >= 0 && c.pb <= pe && pe <= a.pages_listed);
+  c.count = pe - c.pb;
+  c.first_page = a.seq_first_page[c.p.seq];
+}
+
+// Fills the cursor's stage once its slot is empty, then advances; nothing after the last pass.
+template <int HD, int BN, int NS>
+__device__ __forceinline__ void feed_next(const TcArgs& a, const CUtensorMap* map, int32_t box,
+                                          const BlockTiles& bt, FeedCursor& c, bf16* stages,
+                                          uint64_t* full, uint64_t* empty, uint64_t* land) {
+  if (c.pass >= bt.passes) return;
+  const uint32_t s = c.it % NS;
+  mbar_wait(&empty[s], ((c.it / NS) & 1) ^ 1);  // a fresh slot passes at once
+  const int32_t j0 = c.p.j_start + c.i * BN;
+  fill_stage<HD, BN>(a, map, box, c.pb, c.count, c.first_page, blockIdx.y, c.p, j0,
+                     stages + s * 2 * BN * HD, &full[s], &land[s], (c.land_parity >> s) & 1);
+  if (j0 < c.p.klo || j0 + BN > c.p.khi) c.land_parity ^= 1u << s;
+  ++c.it;
+  if (++c.i == c.p.stages) {
+    ++c.pass;
+    feed_open_pass<BN>(a, bt, c);
+  }
+}
+
+template <int HD, int BN, int NS>
+__device__ __forceinline__ FeedCursor feed_start(const TcArgs& a, const CUtensorMap* map,
+                                                 int32_t box, const BlockTiles& bt, bf16* stages,
+                                                 uint64_t* full, uint64_t* empty, uint64_t* land) {
+  FeedCursor c{};
+  feed_open_pass<BN>(a, bt, c);
+  for (int k = 0; k < NS; ++k) feed_next<HD, BN, NS>(a, map, box, bt, c, stages, full, empty, land);
+  return c;
+}
+
+// Initialises the ring's barriers (thread 0), then the block's one barrier.
+template <int NS>
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, uint64_t* land) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&land[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();  // the only block-wide barrier
+}
+
+// ---- head_dim 256: two warpgroups over two tiles of one seq --------------------------------
+
+constexpr int kHd256 = 256;
+
+template <int BN, int NS>
+using Layout256 = Layout<kHd256, BN, NS, 2, 0>;
+
+// Block b (counted from the grid's end) takes tiles 2b (warpgroup 0) and 2b + 1 (warpgroup 1),
+// as attention_prefill_wgmma_pair_kernel: one pass over the union of their key ranges when both
+// belong to one seq, else one pass per tile, the other warpgroup on zero Q and dead rows (no
+// branch around the wgmma) storing nothing.
+template <int BN, int NS>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_prefill_tma256_kernel(const TcArgs a, const __grid_constant__ CUtensorMap kv_map,
+                                    int32_t box) {
+  using L = Layout256<BN, NS>;
+  extern __shared__ uint8_t smem_raw[];
+  const typename L::Ptrs sm = L::carve(smem_raw);
+  init_ring<NS>(sm.full, sm.empty, sm.land);
+
+  BlockTiles bt;
+  const int32_t t0 = 2 * ((a.tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x));
+  bt.has1 = t0 + 1 < a.tile_count;
+  bt.tile0 = a.tiles[t0];
+  bt.tile1 = a.tiles[bt.has1 ? t0 + 1 : t0];
+  bt.one_seq = bt.has1 && bt.tile1.seq == bt.tile0.seq;
+  bt.passes = bt.has1 && !bt.one_seq ? 2 : 1;
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warp_wg = tid / kWarp;
+  const bool feeder = warp == kFeederWarp;
+  FeedCursor fc{};
+  if (feeder)
+    fc = feed_start<kHd256, BN, NS>(a, &kv_map, box, bt, sm.stages, sm.full, sm.empty, sm.land);
+  bf16* my_q = sm.q + wg * kPrefillTileM * kHd256;
+
+  uint32_t it = 0;
+  for (int pass = 0; pass < bt.passes; ++pass) {
+    const PassPlan p = pass_plan<BN>(a, bt.tile0, bt.live0(pass), bt.tile1, bt.live1(pass));
+    const bool live = wg == 0 ? bt.live0(pass) : bt.live1(pass);
+    const PrefillTile t = wg == 0 ? bt.tile0 : bt.tile1;  // selects, not an indexed array
+    const PairRows pr = live ? pair_rows(a, t, blockIdx.y, warp_wg * 16 + lane / 4) : dead_rows();
+    load_q_sw<kHd256, kWgThreads>(a, t, blockIdx.y, live, tid, my_q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_shared();
+    named_barrier(1 + wg, kWgThreads);  // this warpgroup's Q only
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    for (int32_t i = 0; i < p.stages; ++i, ++it) {
+      const uint32_t s = it % NS;
+      mbar_wait(&sm.full[s], (it / NS) & 1);
+      const bf16* k_st = sm.stages + s * 2 * BN * kHd256;
+      float sc[BN / 8][4];
+      scores_wg<BN>(my_q, k_st, sc);
+      softmax_pv_wg<BN>(a, pr, p.j_start + i * BN, sc, k_st + BN * kHd256, m_run, l_run, o);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&sm.empty[s]);
+      if (feeder)
+        feed_next<kHd256, BN, NS>(a, &kv_map, box, bt, fc, sm.stages, sm.full, sm.empty, sm.land);
+    }
+    store_wg<kHd256>(a, pr, l_run, o, 0);  // dead rows store nothing
+    named_barrier(1 + wg, kWgThreads);     // the next pass rewrites this warpgroup's Q
+  }
+}
+
+// ---- head_dim 512: two warpgroups splitting the dims of one tile ---------------------------
+
+constexpr int kHd512 = 512, kBn512 = 32, kNs512 = 2;
+constexpr int kXsBytes = 2 * 2 * (kBn512 / 8) * kWgThreads * 16;  // [stage parity][wg][n][tid]
+using Layout512 = Layout<kHd512, kBn512, kNs512, 1, kXsBytes>;
+
+// Warpgroup wg owns dims [256 wg, 256 wg + 256) of both products: its partial scores are summed
+// with the other's through shared memory, double-buffered by stage parity so one 256-thread
+// barrier a stage orders the writes and reads (as attention_prefill_wgmma512_kernel).
+// grid (tile_count, kv_heads), block x takes tile tile_count - 1 - x.
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_prefill_tma512_kernel(const TcArgs a, const __grid_constant__ CUtensorMap kv_map,
+                                    int32_t box) {
+  constexpr int BN = kBn512, NS = kNs512;
+  extern __shared__ uint8_t smem_raw[];
+  const Layout512::Ptrs sm = Layout512::carve(smem_raw);
+  init_ring<NS>(sm.full, sm.empty, sm.land);
+
+  BlockTiles bt;
+  bt.tile0 = bt.tile1 = a.tiles[a.tile_count - 1 - blockIdx.x];
+  bt.has1 = bt.one_seq = false;
+  bt.passes = 1;
+  const PrefillTile& t = bt.tile0;
+  TS_DEVICE_REQUIRE(t.seq >= 0 && t.seq < a.seqs && t.run_rows > 0);
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warp_wg = tid / kWarp;
+  const bool feeder = warp == kFeederWarp;
+  FeedCursor fc{};
+  if (feeder)
+    fc = feed_start<kHd512, BN, NS>(a, &kv_map, box, bt, sm.stages, sm.full, sm.empty, sm.land);
+
+  const PassPlan p = pass_plan<BN>(a, t, true, t, false);
+  const PairRows pr = pair_rows(a, t, blockIdx.y, warp_wg * 16 + lane / 4);  // same in both wgs
+  load_q_sw<kHd512, kThreads>(a, t, blockIdx.y, true, threadIdx.x, sm.q);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_async_shared();
+  named_barrier(1, kThreads);
+  float4* xs = reinterpret_cast<float4*>(sm.xs);
+  const int panel0 = wg * 4;
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int32_t i = 0; i < p.stages; ++i) {
+    const uint32_t s = i % NS;
+    mbar_wait(&sm.full[s], (i / NS) & 1);
+    const bf16* k_st = sm.stages + s * 2 * BN * kHd512;
+    float sc[BN / 8][4];
+    scores_wg<BN>(sm.q + panel0 * kPrefillTileM * kPanel, k_st + panel0 * BN * kPanel, sc);
+    float4* x = xs + (i & 1) * 2 * (BN / 8) * kWgThreads;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      x[(wg * (BN / 8) + n) * kWgThreads + tid] =
+          make_float4(sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+    }
+    named_barrier(1, kThreads);
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+      const float4 other = x[((wg ^ 1) * (BN / 8) + n) * kWgThreads + tid];
+      sc[n][0] += other.x;
+      sc[n][1] += other.y;
+      sc[n][2] += other.z;
+      sc[n][3] += other.w;
+    }
+    softmax_pv_wg<BN>(a, pr, p.j_start + i * BN, sc, k_st + BN * kHd512 + panel0 * BN * kPanel,
+                      m_run, l_run, o);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&sm.empty[s]);
+    if (feeder)
+      feed_next<kHd512, BN, NS>(a, &kv_map, box, bt, fc, sm.stages, sm.full, sm.empty, sm.land);
+  }
+  store_wg<kHd512>(a, pr, l_run, o, wg * 256);
+}
+
+// ---- host: the tensor map and the launches --------------------------------------------------
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// The box (token rows per copy) for key tile bn, or 0 where the page size cannot be tiled.
+int32_t box_rows(int32_t page_size, int32_t bn) {
+  if (page_size % 8 != 0) return 0;
+  if (bn % page_size == 0) return page_size;
+  return page_size % bn == 0 ? bn : 0;
+}
+
+// The layer as [pages_total * 2 * page_size token rows][kv_heads][head_dim], boxes of 64 dims x
+// 1 head x `box` rows, 128-byte swizzle.
+std::optional<KernelStatus> encode_kv_map(const TcArgs& a, int32_t head_dim, int32_t box,
+                                          CUtensorMap* map) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || box == 0 || reinterpret_cast<uintptr_t>(a.layer_base) % 16 != 0) {
+    return std::nullopt;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim),
+                              static_cast<cuuint64_t>(a.kv_heads),
+                              static_cast<cuuint64_t>(a.pages_total) * 2 * a.page_size};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_dim) * 2,
+                                 static_cast<cuuint64_t>(a.kv_heads) * head_dim * 2};
+  const cuuint32_t box_dims[3] = {kPanel, 1, static_cast<cuuint32_t>(box)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                            const_cast<bf16*>(a.layer_base), dims, strides, box_dims, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return bad_argument("attention_prefill_tma: cuTensorMapEncodeTiled returned " +
+                        std::to_string(static_cast<int>(r)) + " for the layer (" +
+                        std::to_string(a.pages_total) + " pages of " + std::to_string(a.page_size) +
+                        " x " + std::to_string(a.kv_heads) + " x " + std::to_string(head_dim) +
+                        ")");
+  }
+  return Ok{};
+}
+
+template <auto* kKernel, int kSmem>
+KernelStatus launch_tma(dim3 grid, const TcArgs& a, const CUtensorMap& map, int32_t box,
+                        cudaStream_t stream, const char* name) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (attr != cudaSuccess) return cuda_status(attr, name);
+  kKernel<<<grid, kThreads, kSmem, stream>>>(a, map, box);
+  return launch_status(name);
+}
+
+}  // namespace
+
+std::optional<KernelStatus> launch_prefill_tma256(const TcArgs& a, int32_t key_tile,
+                                                  cudaStream_t stream) {
+  const int32_t box = box_rows(a.page_size, key_tile);
+  CUtensorMap map;
+  const auto encoded = encode_kv_map(a, kHd256, box, &map);
+  if (!encoded.has_value() || !encoded->ok()) return encoded;
+  const dim3 grid((a.tile_count + 1) / 2, a.kv_heads);
+  if (key_tile == 64) {
+    return launch_tma<attention_prefill_tma256_kernel<64, 2>, Layout256<64, 2>::kSmemBytes>(
+        grid, a, map, box, stream, "attention_prefill_tma256_kernel<64, 2>");
+  }
+  return launch_tma<attention_prefill_tma256_kernel<32, 4>, Layout256<32, 4>::kSmemBytes>(
+      grid, a, map, box, stream, "attention_prefill_tma256_kernel<32, 4>");
+}
+
+std::optional<KernelStatus> launch_prefill_tma512(const TcArgs& a, cudaStream_t stream) {
+  const int32_t box = box_rows(a.page_size, kBn512);
+  CUtensorMap map;
+  const auto encoded = encode_kv_map(a, kHd512, box, &map);
+  if (!encoded.has_value() || !encoded->ok()) return encoded;
+  return launch_tma<attention_prefill_tma512_kernel, Layout512::kSmemBytes>(
+      dim3(a.tile_count, a.kv_heads), a, map, box, stream, "attention_prefill_tma512_kernel");
+}
+
+}  // namespace twinstep::kernels::tc
