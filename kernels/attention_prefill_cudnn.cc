@@ -208,6 +208,7 @@ enum Uid : int64_t {
   kUidScale,
   kUidNegInf,
   kUidWindow,
+  kUidStats,
   kUidFirstVirtual = 100,
 };
 
@@ -415,6 +416,13 @@ class SdpaGraph {
     auto* e = pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, centered, nullptr, nullptr,
                         score(CUDNN_DATA_FLOAT));
     auto* sum = reduce(CUDNN_REDUCE_TENSOR_ADD, e);
+    // The row log-sum-exp: without a Stats output the Hopper engine (9.19) writes its row
+    // statistics through whatever pointer it finds (seen under compute-sanitizer on the H200).
+    const int64_t B = sh_.entries, H = geo_.q_heads, Sq = sh_.q_max;
+    auto* stats = tensor(kUidStats, CUDNN_DATA_FLOAT, {B, H, Sq, 1}, {H * Sq, Sq, 1, 1});
+    auto* log_sum =
+        pointwise(CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, sum, nullptr, nullptr, row_stat());
+    pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, mx, log_sum, nullptr, stats);
     // P feeds the second matmul in the I/O type (what the fused engine expects).
     return binary(CUDNN_POINTWISE_DIV, e, sum, CUDNN_DATA_FLOAT, CUDNN_DATA_BFLOAT16);
   }
@@ -461,12 +469,15 @@ struct CudnnPrefill::Impl {
   int32_t *d_table = nullptr, *d_seq_q = nullptr, *d_seq_kv = nullptr;
   void *d_ragged_q = nullptr, *d_ragged_o = nullptr;  // int32 or int64 (geo.ragged_type)
   void* workspace = nullptr;
+  void* stats_buf = nullptr;  // the graph's Stats output [entries][q_heads][rows bucket] fp32
+  int64_t stats_bytes = 0;
   CudnnPrefillStats stats;
   float neg_inf = -INFINITY;
 
   ~Impl() {
     plans.clear();
     if (workspace != nullptr) cudaFree(workspace);
+    if (stats_buf != nullptr) cudaFree(stats_buf);
     if (scratch != nullptr) cudaFree(scratch);
     if (handle != nullptr) cudnnDestroy(handle);
   }
@@ -569,6 +580,16 @@ KernelStatus CudnnPrefill::Impl::build_plan(const Shape& sh) {
       return cuda_status(err, "cudaMalloc(cuDNN workspace)");
     }
     stats.workspace_bytes = plan->workspace;
+  }
+  const int64_t need = int64_t{sh.entries} * geo.q_heads * sh.q_max * 4;
+  if (need > stats_bytes) {
+    if (stats_buf != nullptr) cudaFree(stats_buf);
+    stats_buf = nullptr;
+    stats_bytes = 0;
+    if (cudaError_t err = cudaMalloc(&stats_buf, need); err != cudaSuccess) {
+      return cuda_status(err, "cudaMalloc(cuDNN softmax stats)");
+    }
+    stats_bytes = need;
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -718,7 +739,7 @@ KernelStatus CudnnPrefill::run(const bf16* q, bf16* out, const KvPoolView& pool,
   int32_t window = m.geo.window;
   std::vector<int64_t> uids = {kUidQ,       kUidK,        kUidV,         kUidO,
                                kUidSeqLenQ, kUidSeqLenKv, kUidPageTable, kUidRaggedQ,
-                               kUidRaggedO, kUidScale,    kUidNegInf};
+                               kUidRaggedO, kUidScale,    kUidNegInf,    kUidStats};
   std::vector<void*> ptrs = {const_cast<bf16*>(q),
                              k,
                              v,
@@ -729,7 +750,8 @@ KernelStatus CudnnPrefill::run(const bf16* q, bf16* out, const KvPoolView& pool,
                              m.d_ragged_q,
                              m.d_ragged_o,
                              &scale_value,
-                             &m.neg_inf};
+                             &m.neg_inf,
+                             m.stats_buf};
   if (window > 0) uids.push_back(kUidWindow), ptrs.push_back(&window);
   GraphBuilder g;
   auto* pack = g.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
