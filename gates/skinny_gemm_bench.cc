@@ -51,8 +51,8 @@ constexpr int32_t kMaxRunning = 128;
 
 // The GEMM paths compared in one process: cuBLAS's default heuristic (the engine today),
 // cuBLASLt tuned per shape (kernels/blas_lt.h; a shape keeps the default unless a candidate
-// beat it by 2%), batch-invariant pins chosen at m = 8192 (the default reference) and at m = 64,
-// and the skinny kernel at m <= 16.
+// beat it by 2%), batch-invariant pins chosen at m = 8192 and at m = 64 (the default,
+// kInvariantReferenceRows), and the skinny kernel at m <= 16.
 enum Path { kDefault, kTuned, kInv8192, kInv64, kSkinny, kPaths };
 constexpr const char* kPathNames[kPaths] = {"default", "tuned", "inv@8192", "inv@64", "skinny"};
 
@@ -159,6 +159,7 @@ int main() {
   }
   blas[kInv8192].set_batch_invariant(true);
   blas[kInv64].set_batch_invariant(true);
+  blas[kInv8192].lt().set_invariant_reference_rows(8192);
   blas[kInv64].lt().set_invariant_reference_rows(64);
   // Copy bandwidth: 1 GiB device to device, read + write.
   const size_t copy_bytes = size_t{1} << 30;

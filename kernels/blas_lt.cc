@@ -36,6 +36,10 @@ namespace {
   } while (0)
 
 constexpr uint32_t kAlignBytes = 16;
+// The most workspace a pin may take: far below one output tile of fp32 partial sums (64 KiB
+// for 128 x 128), so no split-K or stream-K fix-up fits in it. The H200's pins (algo 66) each
+// asked for 4 bytes at every m probed (gates/gemm_lt_gates.cc run 2) and none needed 0.
+constexpr size_t kPinWorkspaceMax = 1024;
 // m values every pin must support (cublasLtMatmulAlgoCheck): the decode buckets' range, odd
 // counts, and prefill steps up to the usual max_step_tokens (a larger m is tried, not promised).
 constexpr int32_t kPinProbeRows[] = {8192, 1, 2, 3, 7, 8, 16, 33, 64, 127, 128, 1000, 4096};
@@ -278,10 +282,10 @@ Result<const LtPin*, KernelError> BlasLt::pin(const GemmShape& shape) {
   LT_TRY(init_w(&p->a, shape));
   auto cands = pin_candidates(*p, shape);
   if (!cands) return unexpected(cands.error());
-  // First a candidate that needs no workspace at any m (nothing to split or fix up with);
-  // failing that, one whose workspace fits the fixed one (the gates check its rows bitwise).
+  // First a candidate that needs no workspace at any m; failing that, one that needs at most
+  // kPinWorkspaceMax at every m (the gates check its rows bitwise).
   std::string why;
-  for (const size_t workspace_max : {size_t{0}, static_cast<size_t>(workspace_bytes_)}) {
+  for (const size_t workspace_max : {size_t{0}, kPinWorkspaceMax}) {
     for (size_t i = 0; i < cands.value().size(); ++i) {
       const PinCandidate& c = cands.value()[i];
       size_t workspace = 0;
@@ -299,6 +303,18 @@ Result<const LtPin*, KernelError> BlasLt::pin(const GemmShape& shape) {
       pins_.emplace(key, std::move(p));
       return out;
     }
+  }
+  // Last: the reference m's first candidate, unchecked at other m (a refused m is then an error
+  // of that GEMM, not a silent change of algorithm).
+  for (const PinCandidate& c : cands.value()) {
+    if (c.ref_m != invariant_reference_rows_) continue;
+    p->algo = c.algo;
+    p->workspace_bytes = 0;
+    p->description = describe(c.algo) + " (heuristic rank " + std::to_string(c.rank) +
+                     " at m=" + std::to_string(c.ref_m) + ", NOT checked at other m" + why + ")";
+    const LtPin* out = p.get();
+    pins_.emplace(key, std::move(p));
+    return out;
   }
   return unexpected(
       lt_error("batch-invariant GEMM: none of the " + std::to_string(cands.value().size()) +

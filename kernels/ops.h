@@ -209,7 +209,8 @@ class Blas {
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
   // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
-  // cuBLASLt algorithm for every m, with no split-K, no stream-K and no workspace, so a row's
+  // cuBLASLt algorithm for every m, with no split-K or stream-K (split-K 1, no reduction
+  // scheme, at most 1 KiB of workspace: kernels/blas_lt.h), so a row's
   // result is bitwise independent of m, of its row index and of the graph bucket; the pin
   // comes from the heuristic alone (kernels/blas_lt.h), so every process on the same GPU and
   // cuBLAS picks it. Tuned plans and the skinny kernel are bypassed. Set before any graph
