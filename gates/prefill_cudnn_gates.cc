@@ -2,8 +2,9 @@
 // against the CUDA-core reference attention_prefill and an fp64 host computation, on mixed steps
 // (a chunk continuing a prompt, fresh prompts, decode rows, a seq of the plan with no rows),
 // shuffled page tables with released local pages (holes that name the padding page), page
-// sizes 1..16, windows below and above a key tile and none, GQA 1, 2, 8, 16, and Q rows with the
-// fused-QKV stride. A build without cuDNN FAILS here (never skips).
+// sizes 1..16 (powers of 2: cuDNN takes no other), windows below and above a key tile and none, GQA
+// 1, 2, 8, 16, and Q rows with the fused-QKV stride. A build without cuDNN FAILS here (never
+// skips).
 //
 // Tolerance: as in prefill_tc_gates.cc, not a constant: per case the gate measures the bf16
 // noise floor (the fp64 result rounded to bf16) and the reference kernel's own error; cuDNN
@@ -195,12 +196,12 @@ const CudnnCase kCases[] = {
      0,
      16,
      {{9, 1}, {0, 300}, {500, 64}, {1000, 1}}},
-    {"hd 256, GQA 8, window 7 (< a key tile), page 7",
+    {"hd 256, GQA 8, window 7 (< a key tile), page 8",
      256,
      16,
      2,
      7,
-     7,
+     8,
      {{9, 1}, {0, 70}, {40, 33}, {90, 1}}},
     {"hd 128, GQA 1, window 24, page 4",
      128,
@@ -248,6 +249,15 @@ TEST_F(CudnnPrefillGates, RefusesWhatItCannotServe) {
   ASSERT_FALSE(wide.ok());
   EXPECT_NE(wide.error().message.find("head_dim 512 outside 64..256"), std::string::npos)
       << wide.error().message;
+  // cuDNN 9.19's paged cache load refuses page sizes that are not powers of 2 (BAD_PARAM at
+  // finalize, seen on the H200); the path says so up front.
+  const kernels::KvPoolView page7{nullptr, 1, 8, 7, 2, 256};
+  auto odd = kernels::CudnnPrefill::create(page7, 16, 7, {4, 1024});
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(
+      odd.error().message.find("page size 7: cuDNN's paged cache load takes only powers of 2"),
+      std::string::npos)
+      << odd.error().message;
 }
 
 }  // namespace

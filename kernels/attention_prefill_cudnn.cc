@@ -616,6 +616,12 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
     return fail("q_heads " + std::to_string(q_heads) + " must be a positive multiple of kv_heads " +
                 std::to_string(pool.kv_heads));
   }
+  if (pool.page_size > 0 && (pool.page_size & (pool.page_size - 1)) != 0) {
+    // Measured on the H200 (9.19): the paged cache load's finalize answers BAD_PARAM, "block
+    // size needs to be non-zero and a power of 2".
+    return fail("page size " + std::to_string(pool.page_size) +
+                ": cuDNN's paged cache load takes only powers of 2");
+  }
   if (limits.ragged_offset_bits != 32 && limits.ragged_offset_bits != 64) {
     return fail("ragged_offset_bits " + std::to_string(limits.ragged_offset_bits) +
                 ": must be 32 or 64");
