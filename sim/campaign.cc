@@ -250,6 +250,8 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& over
   draw_sharing(rng, overrides, &c);
   c.cost.calibrated = overrides.cost_model.value_or(
       c.model_name == "gemma4-12b" ? default_calibration_12b() : nullptr);
+  c.full_check_every = overrides.full_check_every.value_or(1);
+  if (c.full_check_every < 1) return unexpected(std::string("--full-check-every must be >= 1"));
   if (auto s = check_runnable(c); !s) return unexpected(s.error());
   return c;
 }
@@ -311,6 +313,7 @@ nlohmann::json SeedConfig::to_json() const {
           {"abort_ppm", abort_ppm},
           {"queued_abort_ppm", queued_abort_ppm},
           {"safety_steps_max", safety_steps_max},
+          {"full_check_every", full_check_every},
           {"clock", cost.calibrated ? "calibrated " + cost.calibrated->model_name : "three-term"}};
 }
 
@@ -601,6 +604,7 @@ SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress, std::F
   result.config = config;
   ThrowingChecks checks;
   Harness harness(config.model, config.engine, mix64(config.seed ^ kFaultSalt), config.cost);
+  harness.set_full_check_every(config.full_check_every);
   SeedRunner runner(config, harness, progress, trace);
   try {
     result.violation = runner.run();
@@ -670,10 +674,12 @@ std::vector<CoverageMark> coverage_marks(const RunStats& t) {
 
 int64_t percentile(std::vector<int64_t> values, double p) {
   if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
   const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
-  const size_t index = rank < 1.0 ? 0 : static_cast<size_t>(rank) - 1;
-  return values[std::min(index, values.size() - 1)];
+  const size_t index = std::min(rank < 1.0 ? 0 : static_cast<size_t>(rank) - 1, values.size() - 1);
+  // The nearest rank's value without sorting the rest (a campaign has ~10^5 token gaps).
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(index),
+                   values.end());
+  return values[index];
 }
 
 double prefill_saved(const RunStats& s) {

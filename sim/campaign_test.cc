@@ -32,6 +32,33 @@ TEST(Campaign, SameSeedSameHashDifferentSeedDifferentHash) {
   EXPECT_NE(a.trace_hash, c.trace_hash);
 }
 
+// --full-check-every K samples only the checks: the run (its trace hash, steps, tokens) is the
+// same as with every check every step, and a planted bug is still caught (at a later step at
+// most, here by a check that runs every step or on a sampled one).
+TEST(Campaign, SampledWholeStateChecksChangeNothingButWhenTheyRun) {
+  Overrides sampled;
+  sampled.full_check_every = 16;
+  for (const uint64_t seed : {3u, 7u, 11u}) {
+    const SeedResult every = run(seed), some = run(seed, sampled);
+    ASSERT_TRUE(every.ok()) << describe(every);
+    ASSERT_TRUE(some.ok()) << describe(some);
+    EXPECT_EQ(every.trace_hash, some.trace_hash) << "seed " << seed;
+    EXPECT_EQ(every.stats.engine.steps, some.stats.engine.steps);
+    EXPECT_EQ(every.stats.engine.tokens_generated, some.stats.engine.tokens_generated);
+  }
+  Overrides zero;
+  zero.full_check_every = 0;
+  EXPECT_FALSE(draw_config(1, zero).ok()) << "K = 0 must be refused by name";
+  for (const engine::Mutant m : {engine::Mutant::kLeakOnAbort, engine::Mutant::kRefDroppedTwice,
+                                 engine::Mutant::kLocalHitIgnoresWindow}) {
+    engine::set_active_mutant(m);
+    bool caught = false;
+    for (uint64_t seed = 1; seed <= 64 && !caught; ++seed) caught = !run(seed, sampled).ok();
+    engine::set_active_mutant(engine::Mutant::kNone);
+    EXPECT_TRUE(caught) << engine::mutant_name(m) << " survived 64 seeds with K = 16";
+  }
+}
+
 TEST(Campaign, FirstSeedsPassAndDoWork) {
   RunStats totals;
   for (uint64_t seed = 1; seed <= 12; ++seed) {

@@ -15,6 +15,7 @@
 // window before it). Then Engine::check_invariants, and a trace hash of the whole run.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -25,6 +26,10 @@
 #include "engine/engine.h"
 #include "sim/fault_plan.h"
 #include "sim/sim_device.h"
+
+namespace twinstep::engine {
+struct RequestState;  // engine/scheduler.h
+}  // namespace twinstep::engine
 
 namespace twinstep::sim {
 
@@ -89,8 +94,17 @@ class Harness {
   const engine::StepOutputs& step();
   // Steps until idle or `max_steps`; false if it did not drain.
   bool drain(int64_t max_steps);
-  // Pools back at zero pages held (call when idle).
+  // Pools back at zero pages held (call when idle); with sampled whole-state checks, also
+  // runs them once, so a seed's end state is always checked whole.
   void check_baseline();
+  // Long campaigns (named option --full-check-every K, default 1 everywhere, the tests'
+  // campaigns included): the checks whose cost grows with the whole state rather than with the
+  // step (every live request's page account and queue, the pools' page-by-page references and
+  // states, Engine::check_invariants, the failed-step snapshot, the prefix-hit lower bound's
+  // snapshot of the cache) run on every K-th step; the other steps check those requests the
+  // step touched (their frontier and page account) and everything per step as before.
+  void set_full_check_every(int32_t k);
+  int32_t full_check_every() const { return full_check_every_; }
 
   engine::Engine& engine() { return *engine_; }
   SimDevice& device() { return device_; }
@@ -114,6 +128,10 @@ class Harness {
   void check_step_bounds(uint64_t plans_before);
   void check_failure_limit();
   void check_page_account();
+  void check_request_account(engine::RequestId id, const engine::RequestState& r,
+                             int32_t* expected_total);
+  void check_touched_accounts();
+  void check_whole_state();
   void check_metrics(const engine::Metrics& m);
   void probe_engine_ledger(const engine::RequestUpdate& terminal);
   void absorb(uint64_t word);
@@ -121,6 +139,8 @@ class Harness {
   friend class PlanTap;
   void bind_pages(const engine::PoolLayout& global, const engine::PoolLayout& local);
   void check_plan_reads(const engine::StepPlan& plan);
+  void check_seq_reads(const engine::PlanSeq& seq, engine::Family f, const uint32_t* listed,
+                       int32_t first, int32_t end_k, const std::vector<uint64_t>& content);
   void record_plan_writes(const engine::StepPlan& plan, bool wrote);
   void snapshot_cache();
   void check_hit(const engine::RequestUpdate& update, const RequestRecord& rec);
@@ -154,8 +174,28 @@ class Harness {
   uint64_t evictions_before_ = 0;
   uint64_t hits_seen_ = 0;
   uint64_t hit_tokens_seen_ = 0;
+  // check_plan_reads' memo per (request, family): the pages it found holding the request's
+  // prefix, exact over logical pages [lower, valid) while their recorded content is unchanged
+  // (a change lowers valid to the logical page the content's watchers read the page as).
+  struct ReadsMemo {
+    std::vector<uint32_t> pages;  // [logical]
+    int32_t lower = INT32_MAX;
+    int32_t valid = 0;
+  };
+  struct ContentWatch {
+    uint32_t memo = 0;
+    int32_t logical = 0;
+  };
+  ReadsMemo& reads_memo(engine::RequestId id, engine::Family f, uint32_t* index);
+  void set_page_content(engine::Family f, uint64_t page, uint64_t content);
+  std::vector<ReadsMemo> reads_memos_;
+  std::map<uint64_t, uint32_t> reads_memo_index_;  // request id * 2 + family -> reads_memos_
+  std::vector<std::vector<ContentWatch>> content_watchers_[engine::kFamilyCount];  // [page]
   uint64_t trace_hash_ = 0x6a09e667f3bcc908ULL;
   uint64_t steps_ = 0;
+  int32_t full_check_every_ = 1;
+  bool full_step_ = true;        // this step runs the whole-state checks
+  bool cache_snapshot_ = false;  // available_before_ was taken before this step
 };
 
 }  // namespace twinstep::sim

@@ -2,6 +2,7 @@
 // every page (recorded from the plans the device ran), what a page table may read, reference
 // counts against holders, page states against the pool, and each admission's hit length.
 #include <algorithm>
+#include <cstring>
 
 #include "engine/scheduler.h"
 #include "sim/harness.h"
@@ -36,11 +37,36 @@ engine::Result<engine::DeviceOutput, engine::DeviceError> PlanTap::execute(
 void Harness::bind_pages(const engine::PoolLayout& global, const engine::PoolLayout& local) {
   for (const engine::PoolLayout* layout : {&global, &local}) {
     page_content_[static_cast<int>(layout->family)].assign(layout->pages_total, 0);
+    content_watchers_[static_cast<int>(layout->family)].assign(layout->pages_total, {});
   }
+  reads_memos_.clear();
+  reads_memo_index_.clear();
+}
+
+Harness::ReadsMemo& Harness::reads_memo(engine::RequestId id, Family f, uint32_t* index) {
+  const uint64_t key = id.value * 2 + static_cast<uint64_t>(f);
+  auto [it, inserted] = reads_memo_index_.try_emplace(key, uint32_t(reads_memos_.size()));
+  if (inserted) reads_memos_.emplace_back();
+  *index = it->second;
+  return reads_memos_[it->second];
+}
+
+// A page's recorded content changes: the reads memos that found it holding their prefix are
+// exact no further than the logical page they read it as.
+void Harness::set_page_content(Family f, uint64_t page, uint64_t content) {
+  const int fi = static_cast<int>(f);
+  if (page_content_[fi][page] == content) return;
+  page_content_[fi][page] = content;
+  for (const ContentWatch& w : content_watchers_[fi][page]) {
+    reads_memos_[w.memo].valid = std::min(reads_memos_[w.memo].valid, w.logical);
+  }
+  content_watchers_[fi][page].clear();
 }
 
 // Every page a seq reads as written (wholly before its first row) must hold the seq's own
-// prefix up to the page's end: the page's writer had the same tokens there.
+// prefix up to the page's end: the page's writer had the same tokens there. Pages found so in
+// an earlier step, at the same logical page, whose content has not changed since, are not
+// looked up again (the memo; exact, so every page read is still checked).
 void Harness::check_plan_reads(const engine::StepPlan& plan) {
   const int32_t p = plan.page_size;
   for (size_t s = 0; s < plan.seqs.size(); ++s) {
@@ -50,22 +76,54 @@ void Harness::check_plan_reads(const engine::StepPlan& plan) {
     const std::vector<uint64_t>& content = rec->second.content;
     for (const Family f : engine::kFamilies) {
       const engine::FamilyPlan& fp = plan.family(f);
-      const std::vector<uint64_t>& pages = page_content_[static_cast<int>(f)];
       if (fp.seq_page_begin.size() != plan.seqs.size() + 1) break;  // the device refuses it
-      for (int32_t i = fp.seq_page_begin[s]; i < fp.seq_page_begin[s + 1]; ++i) {
-        const int32_t logical = fp.seq_first_page[s] + (i - fp.seq_page_begin[s]);
-        const int64_t end = int64_t{logical + 1} * p;  // positions [end - p, end)
-        if (end > seq.kv_len_before || end > static_cast<int64_t>(content.size())) break;
-        const uint32_t page = fp.page_indices[i];
-        if (page >= pages.size() || pages[page] == content[end - 1]) continue;
-        violate("prefix-content",
-                who(seq.request) + " reads " + family_name(f) + " page " + std::to_string(page) +
-                    " as its logical page " + std::to_string(logical) + ", but that page holds " +
-                    (pages[page] == 0 ? "no whole written page" : "the K/V of another prefix") +
-                    " (kv_len_before " + std::to_string(seq.kv_len_before) + ")");
-      }
+      const int32_t first = fp.seq_first_page[s];
+      const int32_t listed = fp.seq_page_begin[s + 1] - fp.seq_page_begin[s];
+      // Logical pages wholly written before the seq's first row: k + 1 <= limit / p.
+      const int64_t limit = std::min<int64_t>(seq.kv_len_before, content.size());
+      const int32_t end_k = static_cast<int32_t>(std::min<int64_t>(first + listed, limit / p));
+      if (end_k <= first || first < 0) continue;
+      check_seq_reads(seq, f, &fp.page_indices[fp.seq_page_begin[s]], first, end_k, content);
     }
   }
+}
+
+void Harness::check_seq_reads(const engine::PlanSeq& seq, Family f, const uint32_t* listed,
+                              int32_t first, int32_t end_k, const std::vector<uint64_t>& content) {
+  const int32_t p = config_.page_size;
+  const int fi = static_cast<int>(f);
+  const std::vector<uint64_t>& pages = page_content_[fi];
+  uint32_t index = 0;
+  ReadsMemo& m = reads_memo(seq.request, f, &index);
+  if (static_cast<int32_t>(m.pages.size()) < end_k) m.pages.resize(end_k, 0);
+  int32_t from = first < m.lower ? first : std::max(first, std::min(m.valid, end_k));
+  if (from > first && std::memcmp(&m.pages[first], listed, sizeof(uint32_t) * (from - first))) {
+    from = static_cast<int32_t>(std::mismatch(&m.pages[first], &m.pages[from], listed).first -
+                                m.pages.data());
+  }
+  if (from >= end_k) return;
+  int32_t exact_end = end_k;  // the memo is exact up to the first page that failed
+  for (int32_t k = from; k < end_k; ++k) {
+    const uint32_t page = listed[k - first];
+    const int64_t end = int64_t{k + 1} * p;  // positions [end - p, end)
+    if (page >= pages.size()) {
+      exact_end = std::min(exact_end, k);  // the device refuses it
+      continue;
+    }
+    if (pages[page] == content[end - 1]) {
+      m.pages[k] = page;
+      content_watchers_[fi][page].push_back(ContentWatch{index, k});
+      continue;
+    }
+    exact_end = std::min(exact_end, k);
+    violate("prefix-content",
+            who(seq.request) + " reads " + family_name(f) + " page " + std::to_string(page) +
+                " as its logical page " + std::to_string(k) + ", but that page holds " +
+                (pages[page] == 0 ? "no whole written page" : "the K/V of another prefix") +
+                " (kv_len_before " + std::to_string(seq.kv_len_before) + ")");
+  }
+  m.lower = std::min(m.lower, from);
+  m.valid = exact_end;
 }
 
 // What the device wrote: a page's content is known once a successful step wrote its last slot.
@@ -85,7 +143,7 @@ void Harness::record_plan_writes(const engine::StepPlan& plan, bool succeeded) {
       if (page >= pages.size()) continue;
       const bool known = succeeded && rec != records_.end() && pos % p == p - 1 && pos >= 0 &&
                          pos < static_cast<int32_t>(rec->second.content.size());
-      pages[page] = known ? rec->second.content[pos] : 0;
+      set_page_content(f, page, known ? rec->second.content[pos] : 0);
     }
   }
 }
@@ -98,7 +156,8 @@ void Harness::snapshot_cache() {
   size_t ended = 0;
   for (const uint64_t n : terminals_seen_) ended += n;
   available_taken_ = !s.waiting().empty() || records_.size() - ended > s.requests().size();
-  if (!available_taken_) return;
+  cache_snapshot_ = available_taken_ && full_step_;
+  if (!cache_snapshot_) return;
   evictions_before_ = 0;
   for (const Family f : engine::kFamilies) {
     const int fi = static_cast<int>(f);
@@ -141,6 +200,7 @@ void Harness::check_hit(const engine::RequestUpdate& update, const RequestRecord
     violate("prefix-hit", who(update.id) + " was admitted although nothing was waiting");
     return;
   }
+  if (!cache_snapshot_) return;  // the lower bound's snapshot is a whole-state check
   uint64_t evictions = 0;
   for (const Family f : engine::kFamilies) evictions += engine_->scheduler().pool(f).evictions();
   if (evictions != evictions_before_) return;

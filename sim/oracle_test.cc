@@ -102,5 +102,133 @@ TEST(Oracle, PageDigestReadsEqualEveryRecordReads) {
   }
 }
 
+// The fast mode's prefix sums across requests that share prefix-cache pages (a page watched by
+// several memos), window crossings and preemption: the same token on every row as the mode
+// that reads every record, and the memo really saves reads (fewer whole pages recomputed than
+// read).
+TEST(Oracle, PrefixSumReadsEqualEveryRecordReadsOnSharedPages) {
+  engine::ModelConfig model = engine::ModelConfig::preset("sim-tiny").value();
+  model.sliding_window = 10;
+  engine::EngineConfig config;
+  config.page_size = 4;
+  config.pages_global = 36;
+  config.pages_local = 24;
+  config.max_running = 6;
+  config.max_step_tokens = 24;
+  config.max_context = 200;
+  SimDevice fast(model), every(model);
+  every.set_read_mode(SimDevice::ReadMode::kEveryRecord);
+  auto a = engine::Engine::create(model, config, fast).value();
+  auto b = engine::Engine::create(model, config, every).value();
+  Rng rng(5);
+  std::vector<int32_t> system(24);
+  for (int32_t& t : system) t = 2 + static_cast<int32_t>(rng.below(4000));
+  int64_t tokens = 0;
+  for (int wave = 0; wave < 4; ++wave) {
+    for (int i = 0; i < 8; ++i) {
+      engine::Request r;
+      r.prompt = system;  // shared: later requests hit the cached pages
+      const int32_t len = 1 + static_cast<int32_t>(rng.below(30));
+      for (int32_t j = 0; j < len; ++j)
+        r.prompt.push_back(2 + static_cast<int32_t>(rng.below(4000)));
+      r.max_tokens = 1 + static_cast<int32_t>(rng.below(50));
+      a->submit(r);
+      b->submit(r);
+    }
+    for (int step = 0; step < 2000 && !(a->idle() && b->idle()); ++step) {
+      const engine::StepOutputs oa = a->step(), ob = b->step();
+      ASSERT_EQ(oa.updates.size(), ob.updates.size()) << "step " << step;
+      for (size_t u = 0; u < oa.updates.size(); ++u) {
+        ASSERT_EQ(oa.updates[u].new_tokens, ob.updates[u].new_tokens)
+            << "wave " << wave << " step " << step << " request " << oa.updates[u].id;
+        tokens += static_cast<int64_t>(oa.updates[u].new_tokens.size());
+      }
+    }
+  }
+  EXPECT_GT(tokens, 300);
+  EXPECT_GT(a->metrics().counters.prefix_hits, 4u) << "no shared pages: the cache was not hit";
+  EXPECT_GT(a->metrics().counters.preemptions, 0u) << "no preemption: pools too large";
+  EXPECT_EQ(fast.now_ns(), every.now_ns()) << "the cost model saw different read counts";
+  EXPECT_GT(fast.pages_read_by_digest(), 2 * fast.pages_recomputed())
+      << "the prefix sums recomputed most of what they read";
+  EXPECT_EQ(every.pages_recomputed(), 0u);
+}
+
+// One seq of a hand-made plan: `rows` tokens from position kv_len_before, through `pages` (the
+// same list for both families, from logical page 0), the last row producing logits.
+struct HandSeq {
+  uint64_t request;
+  int32_t kv_len_before;
+  std::vector<int32_t> tokens;
+  std::vector<uint32_t> pages;
+};
+
+engine::StepPlan hand_plan(const std::vector<HandSeq>& seqs, int32_t page_size, int32_t window) {
+  engine::StepPlan plan;
+  plan.page_size = page_size;
+  plan.sliding_window = window;
+  for (engine::FamilyPlan* fp : {&plan.global, &plan.local}) {
+    fp->family = fp == &plan.global ? engine::Family::kGlobal : engine::Family::kLocal;
+    fp->pool = engine::PoolTag{fp == &plan.global ? 1u : 2u};
+    fp->seq_page_begin = {0};
+  }
+  for (const HandSeq& h : seqs) {
+    engine::PlanSeq seq;
+    seq.request = engine::RequestId{h.request};
+    seq.row_begin = plan.num_rows();
+    seq.row_count = static_cast<int32_t>(h.tokens.size());
+    seq.kv_len_before = h.kv_len_before;
+    seq.logits_index = plan.num_logits++;
+    for (size_t i = 0; i < h.tokens.size(); ++i) {
+      const int32_t pos = h.kv_len_before + static_cast<int32_t>(i);
+      plan.tokens.push_back(h.tokens[i]);
+      plan.positions.push_back(pos);
+      plan.row_seq.push_back(static_cast<int32_t>(plan.seqs.size()));
+      for (engine::FamilyPlan* fp : {&plan.global, &plan.local}) {
+        fp->row_slot.push_back(int64_t{h.pages.at(pos / page_size)} * page_size + pos % page_size);
+      }
+    }
+    for (engine::FamilyPlan* fp : {&plan.global, &plan.local}) {
+      fp->page_indices.insert(fp->page_indices.end(), h.pages.begin(), h.pages.end());
+      fp->seq_page_begin.push_back(static_cast<int32_t>(fp->page_indices.size()));
+      fp->seq_first_page.push_back(0);
+    }
+    plan.seqs.push_back(seq);
+  }
+  return plan;
+}
+
+// What the fast mode's prefix sums rest on: a page written after a read (here by another
+// request given the same page, a paging bug) or a page table that changes under a logical page
+// must change the next read exactly as reading every record does.
+TEST(Oracle, PrefixSumsSeeAnOverwrittenPageAndAChangedTable) {
+  const engine::ModelConfig model = engine::ModelConfig::preset("sim-tiny").value();
+  const int32_t p = 4;
+  SimDevice fast(model), every(model);
+  every.set_read_mode(SimDevice::ReadMode::kEveryRecord);
+  for (SimDevice* d : {&fast, &every}) {
+    const engine::PoolLayout g{engine::Family::kGlobal, engine::PoolTag{1}, p, 1, 1, 1, 8};
+    const engine::PoolLayout l{engine::Family::kLocal, engine::PoolTag{2}, p, 1, 1, 1, 8};
+    ASSERT_TRUE(d->bind(g, l).ok());
+  }
+  auto run = [&](const engine::StepPlan& plan) {
+    auto a = fast.execute(plan), b = every.execute(plan);
+    EXPECT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->sampled, b->sampled);
+    return a.ok() ? a->sampled.at(0) : -1;
+  };
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 10, 11, 12};
+  run(hand_plan({{1, 0, prompt, {1, 2}}}, p, 64));
+  const int32_t before = run(hand_plan({{1, 8, {13}, {1, 2, 3}}}, p, 64));
+  EXPECT_GT(fast.pages_read_by_digest(), 0u);
+  // Request 2 is handed request 1's page 1 and overwrites position 1's record there.
+  run(hand_plan({{2, 1, {99}, {1}}}, p, 64));
+  const int32_t after = run(hand_plan({{1, 9, {14}, {1, 2, 3}}}, p, 64));
+  // And request 1's logical page 1 now names page 4 (never written: records of no position).
+  run(hand_plan({{1, 10, {15}, {1, 4, 3}}}, p, 64));
+  EXPECT_NE(before, -1);
+  EXPECT_NE(after, -1);
+}
+
 }  // namespace
 }  // namespace twinstep::sim

@@ -136,11 +136,14 @@ engine::Status<DeviceError> SimDevice::bind(const engine::PoolLayout& global,
     pool.page_sum.assign(layout.pages_total, 0);
     pool.page_base.assign(layout.pages_total, INT32_MIN);
     pool.page_in_place.assign(layout.pages_total, 0);
+    pool.watchers.assign(layout.pages_total, {});
     for (size_t slot = 0; slot < pool.records.size(); ++slot) {
       pool.terms[slot] = oracle_term(pool.records[slot].token, pool.records[slot].position);
       pool.page_sum[slot / layout.page_size] += pool.terms[slot];
     }
   }
+  memos_.clear();
+  memo_index_.clear();
   bound_ = true;
   return engine::Ok{};
 }
@@ -195,8 +198,8 @@ bool SimDevice::fire(FaultSite site) { return faults_ != nullptr && faults_->fir
 // Positions [from, to] of seq `seq` read back through the family's page table, record by
 // record (kEveryRecord) or, for pages wholly inside the range and in place, through the page's
 // digest (kPageDigests): the same sum either way.
-uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t seq, int32_t from,
-                                int32_t to, int64_t* reads) const {
+uint64_t SimDevice::read_range(const engine::StepPlan& plan, Family f, int32_t seq, int32_t from,
+                               int32_t to, int64_t* reads) const {
   const engine::FamilyPlan& fp = plan.family(f);
   const HostPool& pool = pools_[static_cast<int>(f)];
   const int32_t p = plan.page_size;
@@ -228,10 +231,84 @@ uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t 
   return h;
 }
 
+uint64_t SimDevice::whole_page_term(const HostPool& pool, uint32_t page, int32_t logical) const {
+  const int32_t p = pool.layout.page_size;
+  const int32_t base = logical * p;
+  if (pool.page_base[page] == base && pool.page_in_place[page] == p) return pool.page_sum[page];
+  uint64_t h = 0;
+  for (int32_t o = 0; o < p; ++o) {
+    const Record& rec = pool.records[int64_t{page} * p + o];
+    h += read_term(base + o, rec.token, rec.position);
+  }
+  return h;
+}
+
+SimDevice::ReadMemo& SimDevice::memo_of(engine::RequestId request, Family f) {
+  const uint64_t key = request.value * 2 + static_cast<uint64_t>(f);
+  auto [it, inserted] = memo_index_.try_emplace(key, static_cast<uint32_t>(memos_.size()));
+  if (inserted) memos_.emplace_back();
+  return memos_[it->second];
+}
+
+// The memo's pages [first, s) still match the table and are valid; [s, need_end) are
+// recomputed and watched. A table that starts below the memo's lower bound (a request that
+// restarted) is recomputed whole.
+void SimDevice::refresh(ReadMemo& m, uint32_t memo_index, HostPool& pool, const uint32_t* listed,
+                        int32_t first, int32_t need_end) {
+  if (static_cast<int32_t>(m.pages.size()) < need_end) {
+    m.pages.resize(need_end, 0);
+    m.prefix.resize(static_cast<size_t>(need_end) + 1, 0);
+  }
+  int32_t s = first < m.lower ? first : std::max(first, std::min(m.valid, need_end));
+  if (s > first && std::memcmp(&m.pages[first], listed, sizeof(uint32_t) * (s - first)) != 0) {
+    s = static_cast<int32_t>(std::mismatch(&m.pages[first], &m.pages[s], listed).first -
+                             m.pages.data());
+  }
+  if (s >= need_end) return;
+  for (int32_t k = s; k < need_end; ++k) {
+    const uint32_t page = listed[k - first];
+    m.pages[k] = page;
+    m.prefix[k + 1] = m.prefix[k] + whole_page_term(pool, page, k);
+    pool.watchers[page].push_back(Watch{memo_index, k});
+  }
+  pages_recomputed_ += need_end - s;
+  m.lower = std::min(m.lower, s);
+  m.valid = need_end;
+}
+
+// kPageDigests: the run of whole listed pages inside [from, to] through the memo's prefix
+// sums, the partial pages at either end (and any unlisted ones) through read_range.
+uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t seq, int32_t from,
+                                int32_t to, int64_t* reads) {
+  if (read_mode_ != ReadMode::kPageDigests) return read_range(plan, f, seq, from, to, reads);
+  const engine::FamilyPlan& fp = plan.family(f);
+  HostPool& pool = pools_[static_cast<int>(f)];
+  const int32_t p = plan.page_size;
+  const int32_t first = fp.seq_first_page[seq];
+  const int32_t listed = fp.seq_page_begin[seq + 1] - fp.seq_page_begin[seq];
+  const int32_t run_lo = std::max((from + p - 1) / p, first);
+  const int32_t run_hi = std::min((to + 1) / p, first + listed);
+  if (run_lo >= run_hi) return read_range(plan, f, seq, from, to, reads);
+  ReadMemo& m = memo_of(plan.seqs[seq].request, f);
+  const uint32_t memo_index = static_cast<uint32_t>(&m - memos_.data());
+  refresh(m, memo_index, pool, &fp.page_indices[fp.seq_page_begin[seq]], first, run_hi);
+  uint64_t h = m.prefix[run_hi] - m.prefix[run_lo];
+  *reads += int64_t{run_hi - run_lo} * p;
+  pages_by_digest_ += run_hi - run_lo;
+  if (from < run_lo * p) h += read_range(plan, f, seq, from, run_lo * p - 1, reads);
+  if (run_hi * p <= to) h += read_range(plan, f, seq, run_hi * p, to, reads);
+  return h;
+}
+
 void SimDevice::write_record(HostPool& pool, int64_t slot, Record rec) {
   const int32_t p = pool.layout.page_size;
   const int64_t page = slot / p;
   const int32_t o = static_cast<int32_t>(slot % p);
+  // The memos that read this page are exact no further than the logical page they read it as.
+  for (const Watch& w : pool.watchers[page]) {
+    memos_[w.memo].valid = std::min(memos_[w.memo].valid, w.logical);
+  }
+  pool.watchers[page].clear();
   const uint64_t term = oracle_term(rec.token, rec.position);
   pool.page_sum[page] += TS_MUTANT(kDigestKeepsOverwritten) ? term : term - pool.terms[slot];
   pool.terms[slot] = term;

@@ -6,11 +6,13 @@
 // named fault sites fire from a seeded plan.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/config.h"
@@ -76,12 +78,17 @@ class SimDevice final : public engine::Device {
       const engine::StepPlan& plan) override;
 
   // How a row reads its context back (the output is the same either way): kPageDigests sums
-  // each whole, in-place page through a digest kept as records are written (O(pages) a row);
-  // kEveryRecord reads every record (O(tokens) a row), the mode the fast one is tested against.
+  // each whole, in-place page through a digest kept as records are written, and keeps per
+  // request and family the prefix sums of what its whole pages contributed, recomputed from the
+  // first logical page whose page id differs from the last read's or whose page was written
+  // since (a row costs a compare of its page table plus the pages that changed); kEveryRecord
+  // reads every record (O(tokens) a row), the mode the fast one is tested against.
   enum class ReadMode { kPageDigests, kEveryRecord };
   void set_read_mode(ReadMode mode) { read_mode_ = mode; }
-  // Whole pages read through their digest so far (0 in kEveryRecord).
+  // Whole pages read through their digest or the prefix sums so far (0 in kEveryRecord), and
+  // whole-page contributions the prefix sums had to (re)compute.
   uint64_t pages_read_by_digest() const { return pages_by_digest_; }
+  uint64_t pages_recomputed() const { return pages_recomputed_; }
 
   int64_t now_ns() const { return now_ns_; }
   // Lets a harness charge idle time (e.g. waiting for arrivals) to the virtual clock.
@@ -98,9 +105,24 @@ class SimDevice final : public engine::Device {
     int32_t token = -1;
     int32_t position = -1;
   };
+  // What a read registered on a page: memo `memo` used the page as its logical page `logical`.
+  struct Watch {
+    uint32_t memo = 0;
+    int32_t logical = 0;
+  };
+  // The fast read's memo of one (request, family): the contribution of each whole logical page
+  // as prefix sums. Exact for logical pages [lower, valid): pages[k] is the page read there and
+  // prefix[k + 1] - prefix[k] its contribution now (a write to the page lowers valid to k).
+  struct ReadMemo {
+    std::vector<uint32_t> pages;   // [logical]
+    std::vector<uint64_t> prefix;  // [logical + 1]
+    int32_t lower = INT32_MAX;
+    int32_t valid = 0;
+  };
   struct HostPool {
     engine::PoolLayout layout;
-    std::vector<Record> records;     // [pages_total * page_size]
+    std::vector<std::vector<Watch>> watchers;  // [pages_total] the memos that read each page
+    std::vector<Record> records;               // [pages_total * page_size]
     std::vector<uint64_t> terms;     // [pages_total * page_size] oracle_term of each record
     std::vector<uint64_t> page_sum;  // [pages_total] sum of the page's terms
     // A page is in place at base B when every slot o holds position B + o: page_in_place
@@ -108,11 +130,19 @@ class SimDevice final : public engine::Device {
     std::vector<int32_t> page_base;      // [pages_total]
     std::vector<int32_t> page_in_place;  // [pages_total]
   };
-  static void write_record(HostPool& pool, int64_t slot, Record rec);
+  void write_record(HostPool& pool, int64_t slot, Record rec);
+  // Logical page k's contribution read as a whole page (positions [k p, k p + p)) at `page`.
+  uint64_t whole_page_term(const HostPool& pool, uint32_t page, int32_t logical) const;
+  ReadMemo& memo_of(engine::RequestId request, engine::Family f);
+  // Makes memo m exact over logical pages [first, need_end) of the listed table.
+  void refresh(ReadMemo& m, uint32_t memo_index, HostPool& pool, const uint32_t* listed,
+               int32_t first, int32_t need_end);
+  uint64_t read_range(const engine::StepPlan& plan, engine::Family f, int32_t seq, int32_t from,
+                      int32_t to, int64_t* reads) const;
   std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
   bool fire(engine::FaultSite site);
   uint64_t read_family(const engine::StepPlan& plan, engine::Family f, int32_t seq, int32_t from,
-                       int32_t to, int64_t* reads) const;
+                       int32_t to, int64_t* reads);
 
   engine::ModelConfig model_;
   engine::FaultInjector* faults_;
@@ -122,6 +152,9 @@ class SimDevice final : public engine::Device {
   bool bound_ = false;
   ReadMode read_mode_ = ReadMode::kPageDigests;
   mutable uint64_t pages_by_digest_ = 0;
+  uint64_t pages_recomputed_ = 0;
+  std::vector<ReadMemo> memos_;
+  std::unordered_map<uint64_t, uint32_t> memo_index_;  // request id * 2 + family -> memos_
   int64_t now_ns_ = 0;
   uint64_t steps_executed_ = 0;
   uint64_t plans_received_ = 0;
