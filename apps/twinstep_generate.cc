@@ -4,7 +4,7 @@
 //
 //   twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,7...] --max-tokens N
 //                     [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]
-//                     [--eager]
+//                     [--eager] [--batch-invariant]
 //                     [--temperature T --top-k K --top-p P --sample-seed S]
 //                     [--page-size P] [--max-step-tokens N]
 //   twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT [--prompt ...]
@@ -41,7 +41,7 @@ using namespace twinstep;
 const char* kUsage =
     "usage: twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,...] --max-tokens N\n"
     "                         [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]\n"
-    "                         [--eager]\n"
+    "                         [--eager] [--batch-invariant]\n"
     "                         [--temperature T] [--top-k K] [--top-p P] [--sample-seed S]\n"
     "                         [--page-size P] [--max-step-tokens N]\n"
     "       twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT\n"
@@ -49,6 +49,8 @@ const char* kUsage =
     "DIR holds config.json (+ generation_config.json, *.safetensors unless --random-weights);\n"
     "PRESET is a built-in geometry (gemma4-12b, sim-tiny), which needs --random-weights on cuda.\n"
     "On cuda, decode steps replay CUDA graphs; --eager runs every step without them.\n"
+    "--batch-invariant: a prompt's logits do not depend on the other prompts sharing its steps\n"
+    "or on --max-step-tokens (cuda: at some throughput; sim: always so).\n"
     "Prints the generated ids of each prompt, comma-separated, one line per prompt; with\n"
     "--tokenizer, the generated text of each prompt instead (special tokens left out),\n"
     "followed by a newline, streamed when there is one prompt. --prompt TEXT is encoded with\n"
@@ -73,7 +75,8 @@ struct Options {
   bool random_weights = false;
   uint64_t seed = 0;
   bool ignore_eos = false;
-  bool eager = false;  // cuda: no decode CUDA graphs
+  bool eager = false;            // cuda: no decode CUDA graphs
+  bool batch_invariant = false;  // EngineConfig::batch_invariant, and the CUDA device's mode
   engine::SamplingParams sampling;
   int32_t page_size = 16;
   int32_t max_step_tokens = 2048;
@@ -157,6 +160,8 @@ Options parse_args(int argc, char** argv) {
       o.ignore_eos = true;
     else if (a == "--eager")
       o.eager = true;
+    else if (a == "--batch-invariant")
+      o.batch_invariant = true;
     else if (a == "--temperature")
       o.sampling.temperature = static_cast<float>(parse_double(a, value()));
     else if (a == "--top-k")
@@ -340,6 +345,7 @@ int main(int argc, char** argv) {
   ec.pages_local = static_cast<int32_t>(pages + 1);
   ec.max_running = static_cast<int32_t>(o.prompts.size());
   ec.max_step_tokens = o.max_step_tokens;
+  ec.batch_invariant = o.batch_invariant;
 
   std::unique_ptr<engine::Device> device;
   if (o.device == "sim") {
@@ -348,6 +354,7 @@ int main(int argc, char** argv) {
 #if defined(TWINSTEP_WITH_CUDA)
     kernels::CudaDeviceOptions dopt;
     dopt.random_seed = o.seed;
+    dopt.batch_invariant = ec.batch_invariant;
     auto d = kernels::CudaDevice::create(config, weights.get(), dopt);
     if (!d) {
       std::fprintf(stderr, "twinstep-generate: cuda device: %s\n", d.error().message.c_str());

@@ -147,6 +147,11 @@ struct EngineConfig {
   int32_t max_context = 0;        // 0: the model's max_position_embeddings
   int32_t max_step_failures = 4;  // consecutive failed steps a request survives, then Failed
   bool prefix_cache = true;       // share full pages of equal prefixes (DESIGN.md §2.7)
+  // Batch-invariant mode (issue 16): a request's logits do not depend on what shares its
+  // steps, on how its prompt is chunked, or on the decode graph bucket. The scheduler runs as
+  // ever; the device must be made in the same mode (kernels::CudaDeviceOptions::batch_invariant;
+  // the simulated device is batch invariant by construction). Costs throughput: perf/NOTES.md.
+  bool batch_invariant = false;
   FaultInjector* faults = nullptr;
 };
 

@@ -8,6 +8,8 @@
 //      them, the local family its 1024-token window);
 //   4. prefix cache: TTFT of waves of requests sharing 2048-token system prompts, with the
 //      cache off and on (its own engines, after the rest);
+//   5. the batch-invariant mode (issue 16): prefill and decode at 64 with the mode off and on
+//      (its own engines, last; alone with --batch-invariant);
 //   and a per-phase GPU breakdown (CUDA events at the forward's phase boundaries, through
 //      kernels::set_forward_phase_observer) of one prefill step and one decode step at 64.
 // Every case also prints its roofline floor: max(bytes / measured copy bandwidth,
@@ -729,6 +731,114 @@ void report(const engine::ModelConfig& config) {
 
 }  // namespace prefix_ttft
 
+// ==== Issue 16: the cost of the batch-invariant mode (section 5; alone: --batch-invariant) ===
+// One device and engine per mode, made in turn (off, then on), the same work on each: prefill
+// of 8 x 2048-token prompts in 8192-row steps after one warm-up step, then decode at batch 64
+// over ~1024-token contexts with the decode graphs (time_decode: 20 timed steps after 5).
+namespace batch_invariance {
+
+struct Result {
+  double prefill_ms_per_step = 0;
+  double prefill_tokens_per_s = 0;
+  double decode_ms_per_step = 0;
+};
+
+constexpr int kPrompts = 8;
+constexpr int kBatch = 64;
+constexpr int kTokens = 64;  // per decode request: enough for the setup and 25 steps
+
+Result run(const engine::ModelConfig& config, bool invariant,
+           kernels::PrefillVariant variant_256 = kernels::PrefillVariant::kDefault) {
+  kernels::CudaDeviceOptions o;
+  o.random_seed = 12;
+  o.time_steps = true;
+  o.batch_invariant = invariant;
+  o.batch_invariant_variant_256 = variant_256;
+  auto made = kernels::CudaDevice::create(config, nullptr, o);
+  if (!made) die("batch invariance: cuda device: %s", made.error().message.c_str());
+  kernels::CudaDevice& device = *made.value();
+  engine::EngineConfig ec;
+  ec.page_size = kPageSize;
+  ec.max_running = kBatch;
+  ec.max_step_tokens = kMaxStepTokens;
+  ec.batch_invariant = invariant;
+  ec.pages_global = ec.pages_local =
+      kBatch * ((kDecodePrompt + kTokens + kPageSize - 1) / kPageSize + 1) +
+      kMaxStepTokens / kPageSize * 2;
+  kernels::DecodeGraphConfig g;
+  g.max_step_rows = ec.max_step_tokens;
+  g.max_logits = ec.max_running;
+  g.max_context = kPrefillPrompt + kTokens + kPageSize;
+  g.page_size = ec.page_size;
+  if (auto s = device.enable_decode_graphs(g); !s.ok())
+    die("decode graphs: %s", s.error().message.c_str());
+  auto created = engine::Engine::create(config, ec, device);
+  if (!created) die("batch invariance: engine: %s", created.error().message.c_str());
+  engine::Engine& e = *created.value();
+  const CostModel cost(config, device.model(), measure_copy_bandwidth(device.stream()));
+  g_device = &device;
+  std::mt19937_64 rng(7);
+  Result r;
+  for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
+  drain(e);  // warm-up
+  for (int i = 0; i < kPrompts; ++i) submit(e, rng, kPrefillPrompt, 1);
+  std::vector<double> ms;
+  int64_t rows = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!e.idle()) {
+    Timed t = step(e);
+    if (t.out.rows == 0) continue;
+    ms.push_back(t.ms);
+    rows += t.out.rows;
+  }
+  const double wall =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.prefill_ms_per_step = median(ms);
+  r.prefill_tokens_per_s = rows / (wall * 1e-3);
+  std::vector<engine::RequestControl> controls;
+  for (int i = 0; i < kBatch; ++i) controls.push_back(submit(e, rng, kDecodePrompt, kTokens));
+  for (int i = 0;; ++i) {
+    if (i > 100) die("batch invariance: decode setup did not reach a pure decode step");
+    Timed t = step(e);
+    if (t.out.rows == kBatch &&
+        std::all_of(t.out.updates.begin(), t.out.updates.end(),
+                    [](const engine::RequestUpdate& u) { return u.scheduled_tokens == 1; })) {
+      break;
+    }
+  }
+  std::vector<Row> table;
+  r.decode_ms_per_step = time_decode(
+      e, cost, kBatch, invariant ? "decode b=64, invariant" : "decode b=64, default", table);
+  for (auto& c : controls) c.abort();
+  drain(e);
+  if (device.decode_graph_stats().replays == 0) die("batch invariance: no graph replayed");
+  g_device = nullptr;
+  return r;
+}
+
+int report(const engine::ModelConfig& config) {
+  std::printf("\n== batch-invariant mode (issue 16): %d x %d-token prefill, decode b=%d ==\n",
+              kPrompts, kPrefillPrompt, kBatch);
+  const Result off = run(config, false);
+  // The mode with each head_dim 256 prefill variant every row may take in it.
+  const Result pair = run(config, true);
+  const Result one = run(config, true, kernels::PrefillVariant::kWgmma);
+  for (const auto& [name, on] : {std::pair<const char*, const Result&>{"pair kernel", pair},
+                                 std::pair<const char*, const Result&>{"one warpgroup", one}}) {
+    std::printf(
+        "  invariant (%s at head_dim 256): prefill %.1f ms/step (%.0f tokens/s, %.3f of the "
+        "default's %.1f ms/step, %.0f tokens/s); decode b=64 (graphs) %.3f ms/step vs %.3f: "
+        "%+.1f%% step time (target: within 15%%)\n",
+        name, on.prefill_ms_per_step, on.prefill_tokens_per_s,
+        on.prefill_tokens_per_s / off.prefill_tokens_per_s, off.prefill_ms_per_step,
+        off.prefill_tokens_per_s, on.decode_ms_per_step, off.decode_ms_per_step,
+        100.0 * (on.decode_ms_per_step / off.decode_ms_per_step - 1.0));
+  }
+  return 0;
+}
+
+}  // namespace batch_invariance
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -756,7 +866,12 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--records") {
     return cost_records::write_step_records(config, device, prop, argv[2]);
   }
-  if (argc != 1) die("usage: engine_throughput_bench [--records FILE]");
+  if (argc == 2 && std::string(argv[1]) == "--batch-invariant") {
+    g_device = nullptr;
+    made.value().reset();
+    return batch_invariance::report(config);
+  }
+  if (argc != 1) die("usage: engine_throughput_bench [--records FILE | --batch-invariant]");
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
   std::printf(
@@ -968,5 +1083,5 @@ int main(int argc, char** argv) {
   g_device = nullptr;
   made.value().reset();
   prefix_ttft::report(config);
-  return 0;
+  return batch_invariance::report(config);
 }

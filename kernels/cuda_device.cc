@@ -206,6 +206,10 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());
   d->forward_ = std::make_unique<ModelForward>(*d->model_, *d->blas_);
+  if (options.batch_invariant) {  // before any GEMM or graph capture
+    d->forward_->set_batch_invariant(true, options.batch_invariant_variant_256);
+    d->blas_->set_batch_invariant(true);
+  }
   if (options.time_steps) {
     for (cudaEvent_t& e : d->step_events_) {
       if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
@@ -430,6 +434,15 @@ Result<int64_t, DeviceError> CudaDevice::free_memory_bytes() const {
   return static_cast<int64_t>(free_b);
 }
 
+namespace {
+bool rows_own_seqs(const engine::StepPlan& plan) {
+  for (int32_t r = 0; r < plan.num_rows(); ++r) {
+    if (plan.row_seq[r] != r) return false;
+  }
+  return true;
+}
+}  // namespace
+
 int32_t CudaDevice::graph_bucket(const engine::StepPlan& plan) {
   const int32_t R = plan.num_rows();
   if (graphs_ == nullptr || static_cast<int32_t>(plan.seqs.size()) != R) return 0;
@@ -449,6 +462,8 @@ int32_t CudaDevice::graph_bucket(const engine::StepPlan& plan) {
   } else if (!graphs_->stage().fits(plan, bucket)) {
     st.misses_page_capacity += 1;
     bucket = 0;
+  } else if (options_.batch_invariant && !rows_own_seqs(plan)) {
+    bucket = 0;  // the graphs' row tiles take row i as seq i (ModelForward::row_tiles)
   }
   if (bucket == 0) st.eager_decode_steps += 1;
   return bucket;
@@ -594,10 +609,12 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
     if (seq.logits_index >= 0) logit_rows[seq.logits_index] = seq.row_begin + seq.row_count - 1;
   }
   // The tensor-core prefill's query tiles, per family (its GQA group); decode-only steps run
-  // the decode launcher and need none.
+  // the decode launcher and need none, except in the batch-invariant mode.
   std::vector<PrefillTile> tiles[engine::kFamilyCount];
   for (Family f : engine::kFamilies) {
-    if (S != R) tiles[static_cast<int>(f)] = plan_prefill_tiles(plan.row_seq, prefill_group(f));
+    if (S != R || options_.batch_invariant) {
+      tiles[static_cast<int>(f)] = plan_prefill_tiles(plan.row_seq, prefill_group(f));
+    }
   }
   const std::vector<StagePart> parts = plan_parts(plan, logit_rows, tiles);
   const int64_t total = parts.back().offset + align16(parts.back().bytes);

@@ -41,6 +41,13 @@ struct CudaDeviceOptions {
   // step run (Blas::tune, kernels/blas_lt.h): per shape, cuBLASLt's fastest candidate where it
   // beats cuBLAS's default on this device. Not in the batch-invariant mode (pinned instead).
   bool tune_gemms = kDefaultTuneGemms;
+  // Batch-invariant mode (issue 16, engine::EngineConfig::batch_invariant): every row's
+  // attention runs the tensor-core prefill kernel (decode-only steps and graphs included), and
+  // the GEMMs run one pinned algorithm per weight shape for every row count.
+  bool batch_invariant = false;
+  // The tensor-core prefill variant of head_dim 256 in that mode (ModelForward::
+  // set_batch_invariant; the bench compares them).
+  PrefillVariant batch_invariant_variant_256 = PrefillVariant::kDefault;
 };
 
 // How a decode-only step that fits a captured bucket runs.

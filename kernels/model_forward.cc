@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <numeric>
 #include <string>
 
 #include "kernels/attention_decode_split.h"
@@ -215,10 +216,30 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
     decode_ws = std::max(decode_ws, attention_decode_split_workspace_bytes_max(
                                         R, c.num_q_heads, ly.kv_heads, ly.head_dim, num_sms_));
   }
-  const int64_t sizes[] = {R * H * 2,         R * H * 2, R * qkv_cols * 2,
-                           R * attn_cols * 2, R * H * 2, R * 2 * I * 2,
-                           R * I * 2,         L * H * 2, L * int64_t{c.vocab_size} * 4,
-                           decode_ws};
+  // Batch-invariant mode: one row per seq, tiles per row by family (0 when off).
+  std::vector<PrefillTile> tiles[engine::kFamilyCount];
+  if (batch_invariant_) {
+    std::vector<int32_t> own_seq(R);
+    std::iota(own_seq.begin(), own_seq.end(), 0);
+    for (Family f : engine::kFamilies) {
+      if (c.family(f).num_layers == 0) continue;
+      tiles[static_cast<int>(f)] =
+          plan_prefill_tiles(own_seq, c.num_q_heads / c.family(f).kv_heads);
+    }
+  }
+  const int64_t tile_bytes = static_cast<int64_t>(sizeof(PrefillTile));
+  const int64_t sizes[] = {R * H * 2,
+                           R * H * 2,
+                           R * qkv_cols * 2,
+                           R * attn_cols * 2,
+                           R * H * 2,
+                           R * 2 * I * 2,
+                           R * I * 2,
+                           L * H * 2,
+                           L * int64_t{c.vocab_size} * 4,
+                           decode_ws,
+                           static_cast<int64_t>(tiles[0].size()) * tile_bytes,
+                           static_cast<int64_t>(tiles[1].size()) * tile_bytes};
   int64_t total = 0;
   for (int64_t s : sizes) total += align_up(s);
   if (arena_ != nullptr) {
@@ -252,10 +273,35 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                      static_cast<float*>(slots[8]),
                      slots[9],
                      decode_ws};
+  for (int i = 0; i < engine::kFamilyCount; ++i) {
+    row_tiles_[i] = static_cast<const PrefillTile*>(slots[10 + i]);
+    tiles_per_row_[i] = static_cast<int32_t>(tiles[i].size()) / R;
+    TS_CHECK(int64_t{tiles_per_row_[i]} * R == static_cast<int64_t>(tiles[i].size()))
+        << tiles[i].size() << " tiles for " << R << " rows";
+    if (tiles[i].empty()) continue;
+    // From pageable memory: the call returns once the source has been staged.
+    TS_TRY(cuda_status(
+        cudaMemcpyAsync(slots[10 + i], tiles[i].data(), tiles[i].size() * sizeof(PrefillTile),
+                        cudaMemcpyHostToDevice, blas_.stream()),
+        "cudaMemcpyAsync(row tiles)"));
+  }
   rows_capacity_ = R;
   logits_capacity_ = L;
   generation_ += 1;
   return buffers_;
+}
+
+void ModelForward::set_batch_invariant(bool on, PrefillVariant variant_256) {
+  TS_CHECK(arena_ == nullptr) << "set_batch_invariant after the first reserve()";
+  batch_invariant_ = on;
+  invariant_variant_256_ = variant_256;
+}
+
+PrefillTilesView ModelForward::row_tiles(Family family, int32_t rows) const {
+  const int f = static_cast<int>(family);
+  TS_CHECK(batch_invariant_ && rows <= rows_capacity_) << rows << " rows, " << rows_capacity_;
+  return PrefillTilesView{row_tiles_[f], rows * tiles_per_row_[f],
+                          model_.config().num_q_heads / model_.config().family(family).kv_heads};
 }
 
 KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L, Blas& blas,
@@ -360,14 +406,20 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
                     L.family_index, step.rows, step.paging[f], stream));
     const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
     mark(ForwardPhase::kAttention, stream);
-    if (step.decode_only) {
+    if (step.decode_only && !batch_invariant_) {
       TS_TRY(attention_decode_split(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
                                     L.family_index, step.rows, step.paging[f], window, 1.0f,
                                     b.decode_ws, b.decode_ws_bytes, num_sms_, stream));
     } else {
-      TS_TRY(attention_prefill_tc(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
-                                  L.family_index, step.rows, step.paging[f], step.prefill_tiles[f],
-                                  window, 1.0f, stream));
+      // Batch-invariant decode-only steps whose views carry no tiles (the graph stage's): one
+      // tile per row, each its own seq (the stage's layout).
+      const bool own_tiles = step.decode_only && step.prefill_tiles[f].count == 0;
+      TS_TRY(attention_prefill_tc(
+          b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f], L.family_index, step.rows,
+          step.paging[f], own_tiles ? row_tiles(L.family, R) : step.prefill_tiles[f], window, 1.0f,
+          stream,
+          batch_invariant_ && L.head_dim == 256 ? invariant_variant_256_
+                                                : PrefillVariant::kDefault));
     }
     const FusedNext next{l + 1 < c.num_layers ? model_.layer(l + 1).input_norm : nullptr};
     TS_TRY(finish_layer(model_, L, blas_, b, R, stream, &next));

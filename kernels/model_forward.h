@@ -114,6 +114,15 @@ class ModelForward {
   bool fits(int32_t rows, int32_t logit_rows) const {
     return arena_ != nullptr && rows <= rows_capacity_ && logit_rows <= logits_capacity_;
   }
+  // Batch-invariant mode (issue 16): every row's attention runs attention_prefill_tc, decode
+  // rows included, so a row meets the same kernel and the same key stages (at absolute key
+  // positions) whatever shares its step; decode-only steps without tiles in their views (the
+  // graph stage's) use one tile per row for rows whose row_seq is their index. Set it before
+  // the first reserve() and before any graph capture. `variant_256`: the prefill variant every
+  // row of head_dim 256 runs in the mode (one for all rows: each variant has its own key
+  // stages); other head dims run kDefault.
+  void set_batch_invariant(bool on, PrefillVariant variant_256 = PrefillVariant::kDefault);
+  bool batch_invariant() const { return batch_invariant_; }
 
  private:
   const DeviceModel& model_;
@@ -124,6 +133,14 @@ class ModelForward {
   int32_t num_sms_ = 0;  // of the current device, read at the first reserve()
   uint64_t generation_ = 0;
   Buffers buffers_;
+  // Batch-invariant mode: plan_prefill_tiles of rows 0..rows_capacity_-1 each its own seq
+  // (row_seq[i] == i), per family, in the arena; a step of R such rows uses the first
+  // R * ceil(group / kPrefillTileM) of them (the plan of a prefix of rows is a prefix).
+  bool batch_invariant_ = false;
+  PrefillVariant invariant_variant_256_ = PrefillVariant::kDefault;
+  const PrefillTile* row_tiles_[engine::kFamilyCount] = {nullptr, nullptr};
+  int32_t tiles_per_row_[engine::kFamilyCount] = {0, 0};
+  PrefillTilesView row_tiles(engine::Family family, int32_t rows) const;
 };
 
 // Benchmarks only (gates/engine_throughput_bench.cc): an observer of the forward's phase

@@ -50,10 +50,13 @@ Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
     weights = std::move(loaded.value());
     backend.model = weights->config();
   }
-  auto device = kernels::CudaDevice::create(backend.model, weights.get(), {});
+  kernels::CudaDeviceOptions device_options;
+  device_options.batch_invariant = engine.batch_invariant;
+  auto device = kernels::CudaDevice::create(backend.model, weights.get(), device_options);
   if (!device) return unexpected("CUDA device: " + device.error().message);
   kernels::CudaDevice& d = *device.value();
   char line[256];
+  if (engine.batch_invariant) backend.summary += "batch invariant; ";
   if (options.decode_graphs) {
     kernels::DecodeGraphConfig g;
     g.max_step_rows = engine.max_step_tokens;

@@ -76,6 +76,8 @@ An OpenAI-compatible completions server: token ids in and out, or text with --to
   --max-context N          engine limits (defaults: the engine's; context 0 = the model's)
   --no-prefix-cache        recompute every prompt (default: share the K/V pages of equal
                            prefixes; /metrics reports hits, cached pages and evictions)
+  --batch-invariant        a request's logits do not depend on what shares its steps or on
+                           how its prompt is chunked (cuda: costs throughput; sim: always so)
   --cuda-graphs on|off     cuda: replay decode steps as CUDA graphs, one per batch bucket,
                            captured before the pools are sized (default on)
   --gpu-memory-fraction F  cuda: size the KV pools from F (0 < F < 1) of the GPU memory free
@@ -202,6 +204,10 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     }
     if (arg == "--no-prefix-cache") {
       config.engine.prefix_cache = false;
+      continue;
+    }
+    if (arg == "--batch-invariant") {
+      config.engine.batch_invariant = true;
       continue;
     }
     std::string name = arg, value;

@@ -32,8 +32,9 @@ struct ServeConfig {
 };
 
 std::string serve_usage();
-// Every flag takes a value except --help and --random-weights. Unknown flags and bad values are
-// errors that name the flag and what was expected.
+// Every flag takes a value except --help, --random-weights, --no-prefix-cache and
+// --batch-invariant. Unknown flags and bad values are errors that name the flag and what was
+// expected.
 Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>& args);
 // --max-connections when not given: 1024, or the descriptor limit (RLIMIT_NOFILE) less
 // kReservedDescriptors when that is smaller, so that the cap, not an accept failing with

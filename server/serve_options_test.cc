@@ -185,4 +185,18 @@ TEST(ServeOptions, PrefixCacheIsOnUnlessTurnedOff) {
   EXPECT_EQ(off->engine.max_running, 4);
 }
 
+TEST(ServeOptions, BatchInvariantIsOffUnlessAsked) {
+  auto off = parse_serve_args({});
+  ASSERT_TRUE(off.ok()) << off.error();
+  EXPECT_FALSE(off->engine.batch_invariant);
+  auto on = parse_serve_args({"--batch-invariant", "--max-step-tokens", "64"});
+  ASSERT_TRUE(on.ok()) << on.error();
+  EXPECT_TRUE(on->engine.batch_invariant);
+  EXPECT_EQ(on->engine.max_step_tokens, 64);
+  auto valued = parse_serve_args({"--batch-invariant=on"});
+  ASSERT_FALSE(valued.ok());
+  EXPECT_NE(valued.error().find("--batch-invariant=on"), std::string::npos) << valued.error();
+  EXPECT_NE(serve_usage().find("--batch-invariant"), std::string::npos);
+}
+
 }  // namespace twinstep::server
