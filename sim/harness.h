@@ -139,8 +139,9 @@ class Harness {
   friend class PlanTap;
   void bind_pages(const engine::PoolLayout& global, const engine::PoolLayout& local);
   void check_plan_reads(const engine::StepPlan& plan);
-  void check_seq_reads(const engine::PlanSeq& seq, engine::Family f, const uint32_t* listed,
-                       int32_t first, int32_t end_k, const std::vector<uint64_t>& content);
+  void check_seq_reads(const engine::PlanSeq& seq, engine::Family f, int32_t page_size,
+                       const uint32_t* listed, int32_t first, int32_t end_k,
+                       const std::vector<uint64_t>& content);
   void record_plan_writes(const engine::StepPlan& plan, bool wrote);
   void snapshot_cache();
   void check_hit(const engine::RequestUpdate& update, const RequestRecord& rec);

@@ -83,14 +83,14 @@ void Harness::check_plan_reads(const engine::StepPlan& plan) {
       const int64_t limit = std::min<int64_t>(seq.kv_len_before, content.size());
       const int32_t end_k = static_cast<int32_t>(std::min<int64_t>(first + listed, limit / p));
       if (end_k <= first || first < 0) continue;
-      check_seq_reads(seq, f, &fp.page_indices[fp.seq_page_begin[s]], first, end_k, content);
+      check_seq_reads(seq, f, p, &fp.page_indices[fp.seq_page_begin[s]], first, end_k, content);
     }
   }
 }
 
-void Harness::check_seq_reads(const engine::PlanSeq& seq, Family f, const uint32_t* listed,
-                              int32_t first, int32_t end_k, const std::vector<uint64_t>& content) {
-  const int32_t p = config_.page_size;
+void Harness::check_seq_reads(const engine::PlanSeq& seq, Family f, int32_t p,
+                              const uint32_t* listed, int32_t first, int32_t end_k,
+                              const std::vector<uint64_t>& content) {
   const int fi = static_cast<int>(f);
   const std::vector<uint64_t>& pages = page_content_[fi];
   uint32_t index = 0;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "sim/rng.h"
+#include "sim/test_plans.h"
 
 namespace twinstep::sim {
 namespace {
@@ -86,6 +87,39 @@ TEST(Harness, SameSeedSameHash) {
   };
   EXPECT_EQ(run(5), run(5));
   EXPECT_NE(run(5), run(6));
+}
+
+// check_plan_reads' memo: a page it found holding request 1's prefix, then overwritten by
+// request 2 (handed the same page, a paging bug), must be reported when request 1 reads it
+// again. Plans go to the harness through a PlanTap of their own (its engine is not stepped).
+TEST(Harness, PlanReadsSeeAPageOverwrittenAfterItWasChecked) {
+  const engine::ModelConfig model = tiny();
+  Harness h(model, small_pools(), 1);
+  engine::Request r1, r2;
+  r1.prompt = {5, 6, 7, 8, 9, 10, 11, 12};
+  r2.prompt = {40, 41, 42, 43};
+  r1.max_tokens = r2.max_tokens = 4;
+  const uint64_t a = h.submit(r1).id().value, b = h.submit(r2).id().value;
+  SimDevice device(model);
+  PlanTap tap(h, device);
+  const int32_t p = 4;
+  ASSERT_TRUE(tap.bind({engine::Family::kGlobal, engine::PoolTag{1}, p, 1, 1, 1, 8},
+                       {engine::Family::kLocal, engine::PoolTag{2}, p, 1, 1, 1, 8})
+                  .ok());
+  auto run = [&](const std::vector<HandSeq>& seqs) {
+    EXPECT_TRUE(tap.execute(hand_plan(seqs, p, 64)).ok());
+  };
+  run({{a, 0, r1.prompt, {1, 2}}});
+  run({{a, 8, {13}, {1, 2, 3}}});
+  run({{a, 8, {13}, {1, 2, 3}}});  // a retry: the memo answers
+  EXPECT_TRUE(h.ok()) << describe(h);
+  run({{b, 3, {43}, {1}}});  // request 2 writes its position 3 into request 1's page 1
+  EXPECT_TRUE(h.ok()) << describe(h);
+  run({{a, 8, {13}, {1, 2, 3}}});
+  ASSERT_FALSE(h.ok()) << "request 1 read an overwritten page unreported";
+  EXPECT_EQ(h.violations().front().invariant, "prefix-content");
+  EXPECT_NE(h.violations().front().detail.find("page 1 as its logical page 0"), std::string::npos)
+      << h.violations().front().detail;
 }
 
 }  // namespace
