@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -150,7 +151,7 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
     BENCH_OK(kernels::attention_prefill_tc(q, stride, out, q_heads, pv, 0, rv, gv, tv, f.window,
                                            1.0f, stream));
   });
-  if (f.head_dim <= 256) {
+  if (f.head_dim <= 256 && std::getenv("TWINSTEP_BENCH_NO_CUDNN") == nullptr) {
     bf16* tc_out = nullptr;
     BENCH_CUDA(cudaMalloc(&tc_out, size_t(rows + seq_len) * stride * sizeof(bf16)));
     BENCH_OK(kernels::attention_prefill_tc(q, stride, tc_out, q_heads, pv, 0, rv, gv, tv, f.window,
@@ -167,7 +168,11 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
   using V = kernels::PrefillVariant;
   if (f.head_dim == 256) {
     for (const auto& [v, label] :
-         {std::pair{V::kTmaPairKeyTile64, "TMA-fed wgmma, 2 warpgroups, key tile 64"},
+         {std::pair{V::kTmaPingPongSplitKv, "TMA-fed wgmma, ping-pong, lean, K/V apart"},
+          std::pair{V::kTmaPingPongLean, "TMA-fed wgmma, ping-pong, lean softmax"},
+          std::pair{V::kTmaPingPongKeyTile64, "TMA-fed wgmma, ping-pong, key tile 64"},
+          std::pair{V::kTmaPingPongKeyTile32, "TMA-fed wgmma, ping-pong, key tile 32"},
+          std::pair{V::kTmaPairKeyTile64, "TMA-fed wgmma, 2 warpgroups, key tile 64"},
           std::pair{V::kTmaPairKeyTile32, "TMA-fed wgmma, 2 warpgroups, key tile 32"},
           std::pair{V::kWgmmaPairKeyTile64, "wgmma, 2 warpgroups, key tile 64"},
           std::pair{V::kWgmmaPairPipelined, "wgmma, 2 warpgroups, pipelined, key tile 64"},
@@ -179,6 +184,8 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
       r.variants.emplace_back(label, variant_ms(v));
     }
   } else if (f.head_dim == 512) {
+    r.variants.emplace_back("TMA-fed wgmma, split dims, lean softmax",
+                            variant_ms(V::kTmaSplitDimsLean));
     r.variants.emplace_back("TMA-fed wgmma, split dims", variant_ms(V::kTmaSplitDims));
     r.variants.emplace_back("wgmma, 2 warpgroups splitting dims", variant_ms(V::kWgmmaSplitDims));
     r.variants.emplace_back("wgmma, split dims, pipelined",

@@ -198,12 +198,17 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kWgmmaPairPipelined, "wgmma, two warpgroups, pipelined, key tile 64"},
                 {V::kWgmmaPairPipelinedKeyTile32, "wgmma, two warpgroups, pipelined, key tile 32"},
                 {V::kTmaPairKeyTile64, "TMA-fed wgmma, two warpgroups, key tile 64"},
-                {V::kTmaPairKeyTile32, "TMA-fed wgmma, two warpgroups, key tile 32"}};
+                {V::kTmaPairKeyTile32, "TMA-fed wgmma, two warpgroups, key tile 32"},
+                {V::kTmaPingPongKeyTile64, "TMA-fed wgmma, ping-pong, key tile 64"},
+                {V::kTmaPingPongKeyTile32, "TMA-fed wgmma, ping-pong, key tile 32"},
+                {V::kTmaPingPongLean, "TMA-fed wgmma, ping-pong, lean softmax"},
+                {V::kTmaPingPongSplitKv, "TMA-fed wgmma, ping-pong, lean, K/V apart"}};
   } else if (hd == 512) {
     variants = {{V::kMma, "mma.sync, pair exchange"},
                 {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"},
                 {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"},
-                {V::kTmaSplitDims, "TMA-fed wgmma, split dims"}};
+                {V::kTmaSplitDims, "TMA-fed wgmma, split dims"},
+                {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"}};
   }
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);

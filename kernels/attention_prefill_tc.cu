@@ -106,7 +106,7 @@ bool variant_built(PrefillVariant v, int32_t head_dim) {
   if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
   const bool split = v == PrefillVariant::kWgmmaSplitDims ||
                      v == PrefillVariant::kWgmmaSplitDimsPipelined ||
-                     v == PrefillVariant::kTmaSplitDims;
+                     v == PrefillVariant::kTmaSplitDims || v == PrefillVariant::kTmaSplitDimsLean;
   if (head_dim == 512) return split;
   return head_dim == 256 && !split;
 }
@@ -193,9 +193,22 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
         case PrefillVariant::kWgmmaPairPipelinedKeyTile32:
           return launch_prefill_wgmma256_pipelined(a, 32, stream);
         case PrefillVariant::kTmaPairKeyTile64:
-        case PrefillVariant::kTmaPairKeyTile32: {
-          const int32_t key_tile = variant == PrefillVariant::kTmaPairKeyTile32 ? 32 : 64;
-          if (auto launched = launch_prefill_tma256(a, key_tile, stream)) return *launched;
+        case PrefillVariant::kTmaPairKeyTile32:
+        case PrefillVariant::kTmaPingPongKeyTile64:
+        case PrefillVariant::kTmaPingPongKeyTile32:
+        case PrefillVariant::kTmaPingPongLean:
+        case PrefillVariant::kTmaPingPongSplitKv: {
+          const bool split_kv = variant == PrefillVariant::kTmaPingPongSplitKv;
+          const bool lean = split_kv || variant == PrefillVariant::kTmaPingPongLean;
+          const bool pp = lean || variant == PrefillVariant::kTmaPingPongKeyTile64 ||
+                          variant == PrefillVariant::kTmaPingPongKeyTile32;
+          const int32_t key_tile = variant == PrefillVariant::kTmaPairKeyTile32 ||
+                                           variant == PrefillVariant::kTmaPingPongKeyTile32
+                                       ? 32
+                                       : 64;
+          if (auto launched = launch_prefill_tma256(a, key_tile, pp, lean, split_kv, stream)) {
+            return *launched;
+          }
           return launch_prefill_wgmma256_pair(a, key_tile, stream);  // boxes cannot tile pages
         }
         default:  // kDefault, kWgmmaPairKeyTile64: the measured fastest (perf/NOTES.md)
@@ -206,8 +219,10 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
       if (variant == PrefillVariant::kWgmmaSplitDimsPipelined) {
         return launch_prefill_wgmma512_pipelined(a, stream);
       }
-      if (variant == PrefillVariant::kTmaSplitDims) {
-        if (auto launched = launch_prefill_tma512(a, stream)) return *launched;
+      if (variant == PrefillVariant::kTmaSplitDims ||
+          variant == PrefillVariant::kTmaSplitDimsLean) {
+        const bool lean = variant == PrefillVariant::kTmaSplitDimsLean;
+        if (auto launched = launch_prefill_tma512(a, lean, stream)) return *launched;
       }
       return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
     default:

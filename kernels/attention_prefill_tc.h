@@ -72,6 +72,11 @@ enum class PrefillVariant {
   kTmaPairKeyTile64,
   kTmaPairKeyTile32,
   kTmaSplitDims,
+  kTmaPingPongKeyTile64,  // the TMA pair kernel with the warpgroups' products in turns
+  kTmaPingPongKeyTile32,
+  kTmaPingPongLean,     // the ping-pong kernel at key tile 64 with the lean softmax
+  kTmaSplitDimsLean,    // kTmaSplitDims with the lean softmax
+  kTmaPingPongSplitKv,  // kTmaPingPongLean with K and V slots released apart
 };
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,

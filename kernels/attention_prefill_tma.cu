@@ -153,7 +153,10 @@ __device__ __forceinline__ PassPlan pass_plan(const TcArgs& a, const PrefillTile
 // Fills one stage of BN keys from j0: copies the boxes that intersect [klo, khi); an edge stage
 // (not wholly inside) first lands on `land`, then gets the V rows of its keys outside the range
 // zeroed, then arrives on `full`. `box` token rows per copy, HD / 64 panels of K and of V each.
-template <int HD, int BN>
+// REC: which records (kRecKV both, kRecK, kRecV); a K-only fill needs no zero fill (masked).
+constexpr int kRecKV = 0, kRecK = 1, kRecV = 2;
+
+template <int HD, int BN, int REC = kRecKV>
 __device__ __forceinline__ void fill_stage(const TcArgs& a, const CUtensorMap* map, int32_t box,
                                            int32_t pb, int32_t count, int32_t first_page,
                                            int32_t kv_head, const PassPlan& p, int32_t j0,
@@ -162,17 +165,18 @@ __device__ __forceinline__ void fill_stage(const TcArgs& a, const CUtensorMap* m
   constexpr int kPanels = HD / kPanel;
   const int lane = threadIdx.x % kWarp;
   const int32_t boxes = BN / box;
-  const bool edge = j0 < p.klo || j0 + BN > p.khi;
+  const bool edge = REC != kRecK && (j0 < p.klo || j0 + BN > p.khi);
+  constexpr int kRecs = REC == kRecKV ? 2 : 1, kRec0 = REC == kRecV ? 1 : 0;
   const int32_t b_lo = j0 < p.klo ? (p.klo - j0) / box : 0;
   const int32_t b_hi = min(boxes, (p.khi - j0 + box - 1) / box);
   uint64_t* bar = edge ? land : full;
   if (lane == 0) {
-    mbar_arrive_expect_tx(bar, static_cast<uint32_t>((b_hi - b_lo) * box) * HD * 2 * 2);
+    mbar_arrive_expect_tx(bar, static_cast<uint32_t>((b_hi - b_lo) * box) * HD * 2 * kRecs);
   }
   __syncwarp();
-  for (int32_t item = lane; item < (b_hi - b_lo) * 2 * kPanels; item += kWarp) {
-    const int32_t b = b_lo + item / (2 * kPanels);
-    const int32_t rec = (item / kPanels) % 2;  // 0: K, 1: V
+  for (int32_t item = lane; item < (b_hi - b_lo) * kRecs * kPanels; item += kWarp) {
+    const int32_t b = b_lo + item / (kRecs * kPanels);
+    const int32_t rec = kRec0 + (item / kPanels) % kRecs;  // 0: K, 1: V
     const int32_t panel = item % kPanels;
     const int32_t jb = j0 + b * box;  // every key of the box is on jb's page
     const int32_t idx = jb / a.page_size - first_page;
@@ -235,7 +239,7 @@ __device__ __forceinline__ void feed_open_pass(const TcArgs& a, const BlockTiles
 }
 
 // Fills the cursor's stage once its slot is empty, then advances; nothing after the last pass.
-template <int HD, int BN, int NS>
+template <int HD, int BN, int NS, int REC = kRecKV>
 __device__ __forceinline__ void feed_next(const TcArgs& a, const CUtensorMap* map, int32_t box,
                                           const BlockTiles& bt, FeedCursor& c, bf16* stages,
                                           uint64_t* full, uint64_t* empty, uint64_t* land) {
@@ -243,9 +247,9 @@ __device__ __forceinline__ void feed_next(const TcArgs& a, const CUtensorMap* ma
   const uint32_t s = c.it % NS;
   mbar_wait(&empty[s], ((c.it / NS) & 1) ^ 1);  // a fresh slot passes at once
   const int32_t j0 = c.p.j_start + c.i * BN;
-  fill_stage<HD, BN>(a, map, box, c.pb, c.count, c.first_page, blockIdx.y, c.p, j0,
-                     stages + s * 2 * BN * HD, &full[s], &land[s], (c.land_parity >> s) & 1);
-  if (j0 < c.p.klo || j0 + BN > c.p.khi) c.land_parity ^= 1u << s;
+  fill_stage<HD, BN, REC>(a, map, box, c.pb, c.count, c.first_page, blockIdx.y, c.p, j0,
+                          stages + s * 2 * BN * HD, &full[s], &land[s], (c.land_parity >> s) & 1);
+  if (REC != kRecK && (j0 < c.p.klo || j0 + BN > c.p.khi)) c.land_parity ^= 1u << s;
   ++c.it;
   if (++c.i == c.p.stages) {
     ++c.pass;
@@ -344,6 +348,346 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---- the lean softmax (the ping-pong kernel's, kLean) -------------------------------------
+// Same function as mask_scale_max + fold_softmax + p_fragment, in fewer instructions (ncu, H200
+// call 2: ~950 warp instructions a stage, issued by one warp per scheduler while the other
+// warpgroup is in its products, so the softmax ran latency-bound): the mask only on stages
+// where some key of the warp's pairs is outside their [lo, pos] (warp-uniform test), ex2.approx
+// directly (its argument is <= 0 or -inf; what it flushes to zero is below 2^-126 of the row
+// maximum), and the accumulator rescaled only when some row maximum of the warp moved.
+
+// The warp's pairs: the largest first key and the smallest position (-1 with a dead pair).
+struct WarpKeys {
+  int32_t lo_max, pos_min;
+};
+
+__device__ __forceinline__ WarpKeys warp_keys(const PairRows& pr) {
+  WarpKeys w{max(pr.lo[0], pr.lo[1]), min(pr.pos[0], pr.pos[1])};
+#pragma unroll
+  for (int d = 1; d < kWarp; d *= 2) {
+    w.lo_max = max(w.lo_max, __shfl_xor_sync(kFullMask, w.lo_max, d));
+    w.pos_min = min(w.pos_min, __shfl_xor_sync(kFullMask, w.pos_min, d));
+  }
+  return w;
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int BN>
+__device__ __forceinline__ void lean_softmax(const TcArgs& a, const PairRows& pr,
+                                             const WarpKeys& wk, int32_t j0, float (&s)[BN / 8][4],
+                                             float (&m_run)[2], float (&l_run)[2],
+                                             float (&o)[32][4], uint32_t (&pa)[BN / 16][4]) {
+  float mx[2];
+  if (j0 >= wk.lo_max && j0 + BN - 1 <= wk.pos_min) {  // every key live for every pair
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] *= a.scale_log2;
+        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 2));
+    }
+  } else {
+    mask_scale_max<BN>(a, pr, j0, s, mx);
+  }
+  float corr[2], m_use[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(m_run[i], mx[i]);
+    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // nothing attended yet: weights stay 0
+    corr[i] = ex2_approx(m_run[i] - m_use[i]);     // 0 while m_run is -inf
+    m_run[i] = m_new;
+    l_run[i] *= corr[i];
+  }
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = ex2_approx(s[n][e] - m_use[e / 2]);
+      l_run[e / 2] += s[n][e];
+    }
+  }
+  if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) p_fragment<BN>(s, kk, pa[kk]);
+}
+
+// ---- head_dim 256 with the two warpgroups' products in turns (ping-pong) ------------------
+// Each warpgroup's loop is a sequence of windows: window i issues P V of stage i - 1 and S of
+// stage i back to back, then the softmax of stage i runs outside the window. Two named
+// barriers hand the window from one warpgroup to the other (FlashAttention-3's scheduler
+// barriers), so one warpgroup's softmax runs while the other's products keep the tensor cores
+// busy. Warpgroup 0 takes the first window; both run the same number of windows per block (a
+// warpgroup that sits a pass out runs it on zero Q), and warpgroup 1 skips its last hand-over.
+
+constexpr int kSchedBarrier0 = 3;  // named barriers 1 and 2 are the warpgroups' Q barriers
+
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// S = Q K^T of one stage, issued (not waited for): 16 k-steps over the 4 panels.
+template <int BN>
+__device__ __forceinline__ void issue_scores(const bf16* q_base, const bf16* k_base,
+                                             float (&s)[BN / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const uint64_t qd =
+        sw128_desc(q_base + (kk / 4) * kPrefillTileM * kPanel + (kk % 4) * 16, 16, 1024);
+    const uint64_t kd = sw128_desc(k_base + (kk / 4) * BN * kPanel + (kk % 4) * 16, 16, 1024);
+    wgmma_ss(s, qd, kd, kk > 0 ? 1 : 0);
+  }
+}
+
+// O += P V of one stage, issued (not waited for).
+template <int BN>
+__device__ __forceinline__ void issue_pv(const uint32_t (&pa)[BN / 16][4], const bf16* v_base,
+                                         float (&o)[32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    wgmma_m64n256k16_rs(o, pa[kk], sw128_desc(v_base + kk * 16 * kPanel, BN * 128, 1024));
+  }
+}
+
+template <int BN, int NS, bool kLean>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_prefill_tma256_pp_kernel(const TcArgs a, const __grid_constant__ CUtensorMap kv_map,
+                                       int32_t box) {
+  using L = Layout256<BN, NS>;
+  extern __shared__ uint8_t smem_raw[];
+  const typename L::Ptrs sm = L::carve(smem_raw);
+  init_ring<NS>(sm.full, sm.empty, sm.land);
+
+  BlockTiles bt;
+  const int32_t t0 = 2 * ((a.tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x));
+  bt.has1 = t0 + 1 < a.tile_count;
+  bt.tile0 = a.tiles[t0];
+  bt.tile1 = a.tiles[bt.has1 ? t0 + 1 : t0];
+  bt.one_seq = bt.has1 && bt.tile1.seq == bt.tile0.seq;
+  bt.passes = bt.has1 && !bt.one_seq ? 2 : 1;
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warp_wg = tid / kWarp;
+  const bool feeder = warp == kFeederWarp;
+  FeedCursor fc{};
+  if (feeder) {
+    fc = feed_start<kHd256, BN, NS>(a, &kv_map, box, bt, sm.stages, sm.full, sm.empty, sm.land);
+  }
+  bf16* my_q = sm.q + wg * kPrefillTileM * kHd256;
+  if (wg == 1) named_arrive(kSchedBarrier0, kThreads);  // warpgroup 0 takes the first window
+
+  uint32_t it = 0;  // ring position of stage 0 of the pass
+  for (int pass = 0; pass < bt.passes; ++pass) {
+    const PassPlan p = pass_plan<BN>(a, bt.tile0, bt.live0(pass), bt.tile1, bt.live1(pass));
+    const bool live = wg == 0 ? bt.live0(pass) : bt.live1(pass);
+    const PrefillTile t = wg == 0 ? bt.tile0 : bt.tile1;
+    const PairRows pr = live ? pair_rows(a, t, blockIdx.y, warp_wg * 16 + lane / 4) : dead_rows();
+    load_q_sw<kHd256, kWgThreads>(a, t, blockIdx.y, live, tid, my_q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_shared();
+    named_barrier(1 + wg, kWgThreads);
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    uint32_t pa[BN / 16][4];
+    float sc[BN / 8][4];
+    // No branch between the wgmma of a window (ptxas serialises them otherwise, C7520): the
+    // first window (S only) and the last (P V only) are peeled.
+    auto open_window = [&](int32_t i) {
+      if (i < p.stages) mbar_wait(&sm.full[(it + i) % NS], ((it + i) / NS) & 1);
+      named_barrier(kSchedBarrier0 + wg, kThreads);
+      fence_operands(o);
+      wgmma_fence();
+    };
+    auto close_window = [&](bool last_of_block) {
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_operands(o);
+      fence_operands(sc);
+      if (wg == 0 || !last_of_block) named_arrive(kSchedBarrier0 + (wg ^ 1), kThreads);
+    };
+    auto release = [&](int32_t i) {  // stage i: its P V has landed
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&sm.empty[(it + i) % NS]);
+      if (feeder) {
+        feed_next<kHd256, BN, NS>(a, &kv_map, box, bt, fc, sm.stages, sm.full, sm.empty, sm.land);
+      }
+    };
+    const WarpKeys wk = warp_keys(pr);
+    auto softmax = [&](int32_t i) {
+      if constexpr (kLean) {
+        lean_softmax<BN>(a, pr, wk, p.j_start + i * BN, sc, m_run, l_run, o, pa);
+      } else {
+        float mx[2];
+        mask_scale_max<BN>(a, pr, p.j_start + i * BN, sc, mx);
+        fold_softmax<BN, 32>(mx, sc, m_run, l_run, o);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) p_fragment<BN>(sc, kk, pa[kk]);
+      }
+    };
+    auto k_of = [&](int32_t i) { return sm.stages + ((it + i) % NS) * 2 * BN * kHd256; };
+    open_window(0);
+    issue_scores<BN>(my_q, k_of(0), sc);
+    close_window(false);
+    softmax(0);
+    for (int32_t i = 1; i < p.stages; ++i) {
+      open_window(i);
+      issue_pv<BN>(pa, k_of(i - 1) + BN * kHd256, o);
+      issue_scores<BN>(my_q, k_of(i), sc);
+      close_window(false);
+      release(i - 1);
+      softmax(i);
+    }
+    open_window(p.stages);
+    issue_pv<BN>(pa, k_of(p.stages - 1) + BN * kHd256, o);
+    close_window(pass + 1 == bt.passes);
+    release(p.stages - 1);
+    it += p.stages;
+    store_wg<kHd256>(a, pr, l_run, o, 0);  // dead rows store nothing
+    named_barrier(1 + wg, kWgThreads);     // the next pass rewrites this warpgroup's Q
+  }
+}
+
+// ---- the ping-pong kernel with K and V released apart (kTmaPingPongSplitKv) ----------------
+// In the ping-pong kernel a stage's slot frees only once P V of the stage is done (window
+// i + 1), and warpgroup 0's window i + 2 follows the feeder's refill at once: the copies' whole
+// latency sits on the critical path (ncu, H200 call 2: long-scoreboard stalls, 2.0 cycles per
+// issued instruction). Here K and V have their own full/empty barriers: the K slot of stage i
+// frees after S(i) (window i), the V slot after P V(i) (window i + 1), so each refill is issued a
+// window earlier than it is needed. Lean softmax; key tile 64, two slots of each.
+template <int BN, int NS>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_prefill_tma256_ppkv_kernel(const TcArgs a, const __grid_constant__ CUtensorMap kv_map,
+                                         int32_t box) {
+  using L = Layout256<BN, NS>;
+  extern __shared__ uint8_t smem_raw[];
+  const typename L::Ptrs sm = L::carve(smem_raw);
+  __shared__ uint64_t v_bars[2 * NS];  // full_v[NS], empty_v[NS]
+  uint64_t* full_k = sm.full;
+  uint64_t* empty_k = sm.empty;
+  uint64_t* full_v = v_bars;
+  uint64_t* empty_v = v_bars + NS;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(&full_v[s], 1);
+      mbar_init(&empty_v[s], kConsumerWarps);
+    }
+  }
+  init_ring<NS>(sm.full, sm.empty, sm.land);  // its __syncthreads covers the V barriers too
+
+  BlockTiles bt;
+  const int32_t t0 = 2 * ((a.tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x));
+  bt.has1 = t0 + 1 < a.tile_count;
+  bt.tile0 = a.tiles[t0];
+  bt.tile1 = a.tiles[bt.has1 ? t0 + 1 : t0];
+  bt.one_seq = bt.has1 && bt.tile1.seq == bt.tile0.seq;
+  bt.passes = bt.has1 && !bt.one_seq ? 2 : 1;
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warp_wg = tid / kWarp;
+  const bool feeder = warp == kFeederWarp;
+  FeedCursor kc{}, vc{};
+  auto feed_k = [&] {
+    feed_next<kHd256, BN, NS, kRecK>(a, &kv_map, box, bt, kc, sm.stages, full_k, empty_k, sm.land);
+  };
+  auto feed_v = [&] {
+    feed_next<kHd256, BN, NS, kRecV>(a, &kv_map, box, bt, vc, sm.stages, full_v, empty_v, sm.land);
+  };
+  if (feeder) {
+    feed_open_pass<BN>(a, bt, kc);
+    feed_open_pass<BN>(a, bt, vc);
+    for (int k = 0; k < NS; ++k) {
+      feed_k();
+      feed_v();
+    }
+  }
+  bf16* my_q = sm.q + wg * kPrefillTileM * kHd256;
+  if (wg == 1) named_arrive(kSchedBarrier0, kThreads);  // warpgroup 0 takes the first window
+
+  uint32_t it = 0;  // ring position of stage 0 of the pass
+  for (int pass = 0; pass < bt.passes; ++pass) {
+    const PassPlan p = pass_plan<BN>(a, bt.tile0, bt.live0(pass), bt.tile1, bt.live1(pass));
+    const bool live = wg == 0 ? bt.live0(pass) : bt.live1(pass);
+    const PrefillTile t = wg == 0 ? bt.tile0 : bt.tile1;
+    const PairRows pr = live ? pair_rows(a, t, blockIdx.y, warp_wg * 16 + lane / 4) : dead_rows();
+    const WarpKeys wk = warp_keys(pr);
+    load_q_sw<kHd256, kWgThreads>(a, t, blockIdx.y, live, tid, my_q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_async_shared();
+    named_barrier(1 + wg, kWgThreads);
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    uint32_t pa[BN / 16][4];
+    float sc[BN / 8][4];
+    auto slot = [&](int32_t i) { return (it + i) % NS; };
+    auto parity = [&](int32_t i) { return ((it + i) / NS) & 1; };
+    auto stage_of = [&](int32_t i) { return sm.stages + slot(i) * 2 * BN * kHd256; };
+    // Window i: P V(i - 1) (has_pv) and S(i) (has_s); no branch between its wgmma.
+    auto open_window = [&](int32_t i, bool has_pv, bool has_s) {
+      if (has_s) mbar_wait(&full_k[slot(i)], parity(i));
+      if (has_pv) mbar_wait(&full_v[slot(i - 1)], parity(i - 1));
+      named_barrier(kSchedBarrier0 + wg, kThreads);
+      fence_operands(o);
+      wgmma_fence();
+    };
+    auto close_window = [&](int32_t i, bool has_pv, bool has_s, bool last_of_block) {
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_operands(o);
+      fence_operands(sc);
+      if (wg == 0 || !last_of_block) named_arrive(kSchedBarrier0 + (wg ^ 1), kThreads);
+      __syncwarp();
+      if (lane == 0) {
+        if (has_s) mbar_arrive(&empty_k[slot(i)]);
+        if (has_pv) mbar_arrive(&empty_v[slot(i - 1)]);
+      }
+      if (feeder) {
+        if (has_s) feed_k();
+        if (has_pv) feed_v();
+      }
+    };
+    open_window(0, false, true);
+    issue_scores<BN>(my_q, stage_of(0), sc);
+    close_window(0, false, true, false);
+    lean_softmax<BN>(a, pr, wk, p.j_start, sc, m_run, l_run, o, pa);
+    for (int32_t i = 1; i < p.stages; ++i) {
+      open_window(i, true, true);
+      issue_pv<BN>(pa, stage_of(i - 1) + BN * kHd256, o);
+      issue_scores<BN>(my_q, stage_of(i), sc);
+      close_window(i, true, true, false);
+      lean_softmax<BN>(a, pr, wk, p.j_start + i * BN, sc, m_run, l_run, o, pa);
+    }
+    open_window(p.stages, true, false);
+    issue_pv<BN>(pa, stage_of(p.stages - 1) + BN * kHd256, o);
+    close_window(p.stages, true, false, pass + 1 == bt.passes);
+    it += p.stages;
+    store_wg<kHd256>(a, pr, l_run, o, 0);  // dead rows store nothing
+    named_barrier(1 + wg, kWgThreads);     // the next pass rewrites this warpgroup's Q
+  }
+}
+
 // ---- head_dim 512: two warpgroups splitting the dims of one tile ---------------------------
 
 constexpr int kHd512 = 512, kBn512 = 32, kNs512 = 2;
@@ -354,6 +698,7 @@ using Layout512 = Layout<kHd512, kBn512, kNs512, 1, kXsBytes>;
 // with the other's through shared memory, double-buffered by stage parity so one 256-thread
 // barrier a stage orders the writes and reads (as attention_prefill_wgmma512_kernel).
 // grid (tile_count, kv_heads), block x takes tile tile_count - 1 - x.
+template <bool kLean>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_prefill_tma512_kernel(const TcArgs a, const __grid_constant__ CUtensorMap kv_map,
                                     int32_t box) {
@@ -377,6 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const PassPlan p = pass_plan<BN>(a, t, true, t, false);
   const PairRows pr = pair_rows(a, t, blockIdx.y, warp_wg * 16 + lane / 4);  // same in both wgs
+  const WarpKeys wk = warp_keys(pr);
   load_q_sw<kHd512, kThreads>(a, t, blockIdx.y, true, threadIdx.x, sm.q);
   cp_async_commit();
   cp_async_wait<0>();
@@ -409,8 +755,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       sc[n][2] += other.z;
       sc[n][3] += other.w;
     }
-    softmax_pv_wg<BN>(a, pr, p.j_start + i * BN, sc, k_st + BN * kHd512 + panel0 * BN * kPanel,
-                      m_run, l_run, o);
+    const bf16* v_base = k_st + BN * kHd512 + panel0 * BN * kPanel;
+    if constexpr (kLean) {
+      uint32_t pa[BN / 16][4];
+      lean_softmax<BN>(a, pr, wk, p.j_start + i * BN, sc, m_run, l_run, o, pa);
+      fence_operands(o);
+      wgmma_fence();
+      issue_pv<BN>(pa, v_base, o);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_operands(o);
+    } else {
+      softmax_pv_wg<BN>(a, pr, p.j_start + i * BN, sc, v_base, m_run, l_run, o);
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(&sm.empty[s]);
     if (feeder)
@@ -483,13 +840,32 @@ KernelStatus launch_tma(dim3 grid, const TcArgs& a, const CUtensorMap& map, int3
 
 }  // namespace
 
-std::optional<KernelStatus> launch_prefill_tma256(const TcArgs& a, int32_t key_tile,
-                                                  cudaStream_t stream) {
+std::optional<KernelStatus> launch_prefill_tma256(const TcArgs& a, int32_t key_tile, bool ping_pong,
+                                                  bool lean, bool split_kv, cudaStream_t stream) {
   const int32_t box = box_rows(a.page_size, key_tile);
   CUtensorMap map;
   const auto encoded = encode_kv_map(a, kHd256, box, &map);
   if (!encoded.has_value() || !encoded->ok()) return encoded;
   const dim3 grid((a.tile_count + 1) / 2, a.kv_heads);
+  if (ping_pong && lean && split_kv) {
+    return launch_tma<attention_prefill_tma256_ppkv_kernel<64, 2>, Layout256<64, 2>::kSmemBytes>(
+        grid, a, map, box, stream, "attention_prefill_tma256_ppkv_kernel<64, 2>");
+  }
+  if (ping_pong && lean) {
+    return launch_tma<attention_prefill_tma256_pp_kernel<64, 2, true>,
+                      Layout256<64, 2>::kSmemBytes>(
+        grid, a, map, box, stream, "attention_prefill_tma256_pp_kernel<64, 2, lean>");
+  }
+  if (ping_pong) {
+    if (key_tile == 64) {
+      return launch_tma<attention_prefill_tma256_pp_kernel<64, 2, false>,
+                        Layout256<64, 2>::kSmemBytes>(grid, a, map, box, stream,
+                                                      "attention_prefill_tma256_pp_kernel<64, 2>");
+    }
+    return launch_tma<attention_prefill_tma256_pp_kernel<32, 4, false>,
+                      Layout256<32, 4>::kSmemBytes>(grid, a, map, box, stream,
+                                                    "attention_prefill_tma256_pp_kernel<32, 4>");
+  }
   if (key_tile == 64) {
     return launch_tma<attention_prefill_tma256_kernel<64, 2>, Layout256<64, 2>::kSmemBytes>(
         grid, a, map, box, stream, "attention_prefill_tma256_kernel<64, 2>");
@@ -498,12 +874,17 @@ std::optional<KernelStatus> launch_prefill_tma256(const TcArgs& a, int32_t key_t
       grid, a, map, box, stream, "attention_prefill_tma256_kernel<32, 4>");
 }
 
-std::optional<KernelStatus> launch_prefill_tma512(const TcArgs& a, cudaStream_t stream) {
+std::optional<KernelStatus> launch_prefill_tma512(const TcArgs& a, bool lean, cudaStream_t stream) {
   const int32_t box = box_rows(a.page_size, kBn512);
   CUtensorMap map;
   const auto encoded = encode_kv_map(a, kHd512, box, &map);
   if (!encoded.has_value() || !encoded->ok()) return encoded;
-  return launch_tma<attention_prefill_tma512_kernel, Layout512::kSmemBytes>(
+  if (lean) {
+    return launch_tma<attention_prefill_tma512_kernel<true>, Layout512::kSmemBytes>(
+        dim3(a.tile_count, a.kv_heads), a, map, box, stream,
+        "attention_prefill_tma512_kernel<lean>");
+  }
+  return launch_tma<attention_prefill_tma512_kernel<false>, Layout512::kSmemBytes>(
       dim3(a.tile_count, a.kv_heads), a, map, box, stream, "attention_prefill_tma512_kernel");
 }
 

@@ -16,11 +16,13 @@ namespace twinstep::kernels::tc {
 // divides the key tile or is a multiple of it; nullopt otherwise (and where the driver has no
 // tensor-map encoder): the caller falls back to the cp.async kernels.
 // head_dim 256: two warpgroups over two tiles of one seq (the kWgmmaPair* work split), key tile
-// `key_tile` (64: 2 stages, 32: 4 stages).
-std::optional<KernelStatus> launch_prefill_tma256(const TcArgs& a, int32_t key_tile,
-                                                  cudaStream_t stream);
+// `key_tile` (64: 2 stages, 32: 4 stages); `ping_pong`: the two warpgroups' products in turns,
+// each one's softmax while the other's products run; `lean` (ping-pong at key tile 64 only): the
+// softmax in fewer instructions; `split_kv` (with both): K and V slots released apart.
+std::optional<KernelStatus> launch_prefill_tma256(const TcArgs& a, int32_t key_tile, bool ping_pong,
+                                                  bool lean, bool split_kv, cudaStream_t stream);
 // head_dim 512: two warpgroups splitting the dims of one tile (the kWgmmaSplitDims work split),
-// key tile 32, 2 stages.
-std::optional<KernelStatus> launch_prefill_tma512(const TcArgs& a, cudaStream_t stream);
+// key tile 32, 2 stages; `lean`: the lean softmax.
+std::optional<KernelStatus> launch_prefill_tma512(const TcArgs& a, bool lean, cudaStream_t stream);
 
 }  // namespace twinstep::kernels::tc
