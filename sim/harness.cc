@@ -79,7 +79,12 @@ engine::RequestControl Harness::submit(engine::Request request) {
     record.oracle.push(token);
     push_content(record, token);
   }
-  records_.emplace(control.id(), std::move(record));
+  auto [it, inserted] = records_.emplace(control.id(), std::move(record));
+  TS_CHECK(inserted) << "the engine handed out " << who(control.id()) << " twice";
+  if (control.id().value < (uint64_t{1} << 26)) {  // dense ids: a flat index (else the map)
+    if (record_by_id_.size() <= control.id().value) record_by_id_.resize(control.id().value + 1);
+    record_by_id_[control.id().value] = &it->second;
+  }
   absorb(0x5b00 ^ control.id().value);
   return control;
 }
@@ -106,13 +111,19 @@ RequestPhase Harness::phase_of(engine::RequestId id) const {
   return RequestPhase::kQueued;
 }
 
+RequestRecord* Harness::record_of(engine::RequestId id) {
+  if (id.value < record_by_id_.size()) return record_by_id_[id.value];
+  auto it = records_.find(id);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
 void Harness::check_update(const engine::RequestUpdate& update) {
-  auto it = records_.find(update.id);
-  if (it == records_.end()) {
+  RequestRecord* found = record_of(update.id);
+  if (found == nullptr) {
     violate("ledger", "update for " + who(update.id) + ", which was never submitted");
     return;
   }
-  RequestRecord& rec = it->second;
+  RequestRecord& rec = *found;
   if (rec.terminal) {
     violate("ledger", who(update.id) + " got an update after its terminal " +
                           terminal_kind_name(rec.terminal->kind));
@@ -262,9 +273,9 @@ void Harness::probe_engine_ledger(const engine::RequestUpdate& terminal) {
 void Harness::count_plan_failures(uint64_t plans_before) {
   if (device_.plans_received() == plans_before) return;
   for (const engine::RequestId id : device_.last_plan_requests()) {
-    auto it = records_.find(id);
-    if (it == records_.end()) continue;  // check_step_bounds reports it
-    it->second.consecutive_failures = last_.failed ? it->second.consecutive_failures + 1 : 0;
+    RequestRecord* rec = record_of(id);
+    if (rec == nullptr) continue;  // check_step_bounds reports it
+    rec->consecutive_failures = last_.failed ? rec->consecutive_failures + 1 : 0;
   }
 }
 
@@ -331,11 +342,10 @@ void Harness::check_request_account(engine::RequestId id, const engine::RequestS
                                     int32_t* expected_total) {
   const int32_t p = config_.page_size;
   const int32_t w = model_.sliding_window;
-  auto rec = records_.find(id);
-  if (rec == records_.end()) return;  // check_update reported it
-  const int32_t frontier = rec->second.frontier;
-  const int32_t tokens =
-      static_cast<int32_t>(rec->second.request.prompt.size() + rec->second.output.size());
+  const RequestRecord* rec = record_of(id);
+  if (rec == nullptr) return;  // check_update reported it
+  const int32_t frontier = rec->frontier;
+  const int32_t tokens = static_cast<int32_t>(rec->request.prompt.size() + rec->output.size());
   if (r.frontier != frontier || frontier >= tokens) {
     violate("frontier", who(id) + " has frontier " + std::to_string(r.frontier) +
                             ", the outputs say " + std::to_string(frontier) + " of " +
@@ -387,8 +397,31 @@ void Harness::check_page_account() {
                                  (admitted_queue ? "running" : "waiting"));
     }
   };
-  for (const engine::RequestId id : s.running()) check_queue(id, true);
-  for (const engine::RequestId id : s.waiting()) check_queue(id, false);
+  // One pass over each queue and the live table; the lookup per queued id (naming what is
+  // wrong) only when some queued id is not live exactly once.
+  auto mark = [&](engine::RequestId id, uint8_t m) {
+    if (id.value >= queue_mark_.size()) queue_mark_.resize(id.value + 1, 0);
+    queue_mark_[id.value] = m;
+  };
+  for (const engine::RequestId id : s.running()) mark(id, 1);
+  for (const engine::RequestId id : s.waiting()) mark(id, 2);
+  size_t matched = 0;
+  for (const auto& [id, r] : s.requests()) {
+    if (id.value >= queue_mark_.size() || queue_mark_[id.value] == 0) continue;
+    const bool admitted = r.phase == RequestPhase::kPrefill || r.phase == RequestPhase::kDecode;
+    const bool admitted_queue = queue_mark_[id.value] == 1;
+    queue_mark_[id.value] = 0;
+    matched += 1;
+    if (admitted != admitted_queue) {
+      violate("queue-phase", who(id) + " is in phase " + request_phase_name(r.phase) + " but " +
+                                 (admitted_queue ? "running" : "waiting"));
+    }
+  }
+  if (matched != s.running().size() + s.waiting().size()) {
+    std::fill(queue_mark_.begin(), queue_mark_.end(), 0);
+    for (const engine::RequestId id : s.running()) check_queue(id, true);
+    for (const engine::RequestId id : s.waiting()) check_queue(id, false);
+  }
   check_pool_references(expected_total);
 }
 

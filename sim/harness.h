@@ -135,6 +135,9 @@ class Harness {
   void check_metrics(const engine::Metrics& m);
   void probe_engine_ledger(const engine::RequestUpdate& terminal);
   void absorb(uint64_t word);
+  // records_ by id in O(1) (the engine numbers requests 1, 2, ...); nullptr when unknown.
+  RequestRecord* record_of(engine::RequestId id);
+  void check_queues();
   // Prefix cache checks (harness_prefix.cc).
   friend class PlanTap;
   void bind_pages(const engine::PoolLayout& global, const engine::PoolLayout& local);
@@ -154,6 +157,9 @@ class Harness {
   PlanTap tap_;
   std::unique_ptr<engine::Engine> engine_;
   std::map<engine::RequestId, RequestRecord> records_;
+  std::vector<RequestRecord*> record_by_id_;  // [id.value] into records_ (nodes never move)
+  std::vector<uint8_t> queue_mark_;           // [id.value] check_queues' scratch, all 0 between
+  std::vector<int32_t> holders_;              // check_pool_references' scratch
   std::vector<Violation> violations_;
   engine::StepOutputs last_;
   uint64_t device_faults_before_ = 0;              // FaultPlan::device_fired() before this step

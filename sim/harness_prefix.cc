@@ -71,9 +71,9 @@ void Harness::check_plan_reads(const engine::StepPlan& plan) {
   const int32_t p = plan.page_size;
   for (size_t s = 0; s < plan.seqs.size(); ++s) {
     const engine::PlanSeq& seq = plan.seqs[s];
-    auto rec = records_.find(seq.request);
-    if (rec == records_.end() || p <= 0) continue;  // check_step_bounds reports it
-    const std::vector<uint64_t>& content = rec->second.content;
+    const RequestRecord* rec = record_of(seq.request);
+    if (rec == nullptr || p <= 0) continue;  // check_step_bounds reports it
+    const std::vector<uint64_t>& content = rec->content;
     for (const Family f : engine::kFamilies) {
       const engine::FamilyPlan& fp = plan.family(f);
       if (fp.seq_page_begin.size() != plan.seqs.size() + 1) break;  // the device refuses it
@@ -133,7 +133,7 @@ void Harness::record_plan_writes(const engine::StepPlan& plan, bool succeeded) {
   if (p <= 0 || plan.row_seq.size() != plan.tokens.size()) return;
   for (int32_t row = 0; row < plan.num_rows(); ++row) {
     const engine::PlanSeq& seq = plan.seqs[plan.row_seq[row]];
-    auto rec = records_.find(seq.request);
+    const RequestRecord* rec = record_of(seq.request);
     const int32_t pos = plan.positions[row];
     for (const Family f : engine::kFamilies) {
       std::vector<uint64_t>& pages = page_content_[static_cast<int>(f)];
@@ -141,9 +141,9 @@ void Harness::record_plan_writes(const engine::StepPlan& plan, bool succeeded) {
       if (fp.row_slot.size() != plan.tokens.size() || fp.row_slot[row] < 0) continue;
       const uint64_t page = static_cast<uint64_t>(fp.row_slot[row]) / p;
       if (page >= pages.size()) continue;
-      const bool known = succeeded && rec != records_.end() && pos % p == p - 1 && pos >= 0 &&
-                         pos < static_cast<int32_t>(rec->second.content.size());
-      set_page_content(f, page, known ? rec->second.content[pos] : 0);
+      const bool known = succeeded && rec != nullptr && pos % p == p - 1 && pos >= 0 &&
+                         pos < static_cast<int32_t>(rec->content.size());
+      set_page_content(f, page, known ? rec->content[pos] : 0);
     }
   }
 }
@@ -243,7 +243,8 @@ void Harness::check_pool_references(const int32_t (&expected_references)[engine:
   for (const Family f : engine::kFamilies) {
     const engine::PagePool& pool = s.pool(f);
     const std::string name = std::string(family_name(f)) + " pool";
-    std::vector<int32_t> holders(static_cast<size_t>(pool.capacity()) + 1, 0);
+    std::vector<int32_t>& holders = holders_;  // reused: no allocation a step
+    holders.assign(static_cast<size_t>(pool.capacity()) + 1, 0);
     for (const auto& [id, r] : s.requests()) {
       for (const PageId page : r.kv_of(f).pages) {
         if (pool.owns(page)) holders[page.index] += 1;
