@@ -37,10 +37,7 @@ __global__ void __launch_bounds__(kWgThreads) attention_prefill_wgmma_kernel(TcA
   const PrefillTile t = a.tiles[a.tile_count - 1 - blockIdx.x];
   const int32_t kv_head = blockIdx.y;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  TS_DEVICE_REQUIRE(t.seq >= 0 && t.seq < a.seqs && t.run_rows > 0);
-  const int32_t pb = a.seq_page_begin[t.seq];
-  const int32_t pe = a.seq_page_begin[t.seq + 1];
-  TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= a.pages_listed);
+  TS_SEQ_PAGES(a, t.seq, t.run_rows);
   const int32_t first_page = a.seq_first_page[t.seq];
   const PairRows pr = pair_rows(a, t, kv_head, warp * 16 + lane / 4);
   const int2 range = tile_key_range(pr, range_s);
@@ -90,10 +87,7 @@ struct PairShape {
       1024 + (2 * kPrefillTileM * 256 + 4 * BN * 256) * 2 + 2 * BN * 8;
 };
 
-// Block b (counted from the grid's end, so the causal tiles with the most keys start first)
-// takes tiles 2b (warpgroup 0) and 2b + 1 (warpgroup 1). Same seq: one pass over the union of
-// their key ranges, each K/V stage read once for both. Different seqs (a run boundary; their
-// page tables differ): two passes, one per tile, the other warpgroup idle (dead rows, zero Q).
+// The tiles and passes of TS_PAIR_BLOCK (attention_prefill_wgmma.cuh).
 template <int BN>
 __global__ void __launch_bounds__(2 * kWgThreads, 1) attention_prefill_wgmma_pair_kernel(TcArgs a) {
   constexpr int kHd = 256;
@@ -104,24 +98,11 @@ __global__ void __launch_bounds__(2 * kWgThreads, 1) attention_prefill_wgmma_pai
   int64_t* off_s = reinterpret_cast<int64_t*>(v_s + 2 * BN * kHd);  // [2][BN]
   __shared__ int32_t range_s[2];
 
-  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
-  const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;
-  const int32_t t0 = 2 * ((a.tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x));
-  const bool has1 = t0 + 1 < a.tile_count;
-  const PrefillTile tile0 = a.tiles[t0], tile1 = a.tiles[has1 ? t0 + 1 : t0];
-  const bool one_seq = has1 && tile1.seq == tile0.seq;
-  const int passes = has1 && !one_seq ? 2 : 1;
-  const int32_t kv_head = blockIdx.y;
+  TS_PAIR_BLOCK(a);
   bf16* my_q = q_s + wg * kPrefillTileM * kHd;
 
   for (int pass = 0; pass < passes; ++pass) {
-    const bool live = wg == 0 ? pass == 0 : has1 && (one_seq ? pass == 0 : pass == 1);
-    const PrefillTile t = wg == 0 ? tile0 : tile1;  // selects, not an indexed (local) array
-    const int32_t seq = pass == 0 ? tile0.seq : tile1.seq;
-    TS_DEVICE_REQUIRE(seq >= 0 && seq < a.seqs && t.run_rows > 0);
-    const int32_t pb = a.seq_page_begin[seq];
-    const int32_t pe = a.seq_page_begin[seq + 1];
-    TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= a.pages_listed);
+    TS_PAIR_PASS(a, pass);
     const int32_t first_page = a.seq_first_page[seq];
     const PairRows pr = live ? pair_rows(a, t, kv_head, warp_wg * 16 + lane / 4) : dead_rows();
     const int2 range = tile_key_range(pr, range_s);  // over the live warpgroups' pairs
@@ -185,10 +166,7 @@ __global__ void __launch_bounds__(2 * kWgThreads, 1) attention_prefill_wgmma512_
   const int32_t kv_head = blockIdx.y;
   const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;
   const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;
-  TS_DEVICE_REQUIRE(t.seq >= 0 && t.seq < a.seqs && t.run_rows > 0);
-  const int32_t pb = a.seq_page_begin[t.seq];
-  const int32_t pe = a.seq_page_begin[t.seq + 1];
-  TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= a.pages_listed);
+  TS_SEQ_PAGES(a, t.seq, t.run_rows);
   const int32_t first_page = a.seq_first_page[t.seq];
   const PairRows pr = pair_rows(a, t, kv_head, warp_wg * 16 + lane / 4);  // same in both wgs
   const int2 range = tile_key_range(pr, range_s);

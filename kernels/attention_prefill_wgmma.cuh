@@ -227,6 +227,42 @@ __device__ __forceinline__ void store_wg(const TcArgs& a, const PairRows& pr, fl
   }
 }
 
+// Shared declarations of the kernels' prologues, as macros rather than functions: expanded in
+// place, the kernels compile to the PTX they had before the sharing (as helper functions they
+// did not: nvcc 13.0 reordered the entry code and flipped compares; checked with -ptx).
+//
+// [pb, pe) of `seq`'s listed pages, validated, for a tile of `run_rows` (> 0) rows.
+#define TS_SEQ_PAGES(a, seq, run_rows)                                 \
+  TS_DEVICE_REQUIRE((seq) >= 0 && (seq) < (a).seqs && (run_rows) > 0); \
+  const int32_t pb = (a).seq_page_begin[seq];                          \
+  const int32_t pe = (a).seq_page_begin[(seq) + 1];                    \
+  TS_DEVICE_REQUIRE(pb >= 0 && pb <= pe && pe <= (a).pages_listed)
+
+// The two tiles of a two-warpgroup block: block b (counted from the grid's end, so the causal
+// tiles with the most keys start first) takes tiles 2b (warpgroup 0) and 2b + 1 (warpgroup 1).
+// Same seq: one pass over the union of their key ranges, each K/V stage read once for both.
+// Different seqs (a run boundary; their page tables differ): two passes, one per tile, the other
+// warpgroup idle (dead rows, zero Q). Declares the thread's warpgroup (wg), its thread and warp in
+// it (tid, warp_wg), its lane, the block's tiles (tile0, tile1, has1, one_seq), its passes and KV
+// head.
+#define TS_PAIR_BLOCK(a)                                                                    \
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;                  \
+  const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;                              \
+  const int32_t t0 = 2 * (((a).tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x)); \
+  const bool has1 = t0 + 1 < (a).tile_count;                                                \
+  const PrefillTile tile0 = (a).tiles[t0], tile1 = (a).tiles[has1 ? t0 + 1 : t0];           \
+  const bool one_seq = has1 && tile1.seq == tile0.seq;                                      \
+  const int passes = has1 && !one_seq ? 2 : 1;                                              \
+  const int32_t kv_head = blockIdx.y
+
+// Declares, for pass `pass` of a TS_PAIR_BLOCK: whether this warpgroup is live in it, its tile
+// t (selects, not an indexed local array), the pass's seq and its listed pages [pb, pe).
+#define TS_PAIR_PASS(a, pass)                                                              \
+  const bool live = wg == 0 ? (pass) == 0 : has1 && (one_seq ? (pass) == 0 : (pass) == 1); \
+  const PrefillTile t = wg == 0 ? tile0 : tile1;                                           \
+  const int32_t seq = (pass) == 0 ? tile0.seq : tile1.seq;                                 \
+  TS_SEQ_PAGES(a, seq, t.run_rows)
+
 __device__ __forceinline__ PairRows dead_rows() {
   PairRows pr;
   for (int i = 0; i < 2; ++i) {
