@@ -3,8 +3,9 @@
 //     sampled with a fixed seed) on a 6-layer cut of the 12B geometry, run alone with whole
 //     prompts and decode graphs (the reference), alone without graphs, alone with max_step_tokens
 //     7, 64 and 2048, and in a crowd of 64 random requests (graphs on and off, chunks of 2048
-//     and 64). With the mode on every logits row of every target is bitwise the reference's and
-//     the tokens are the same; with the mode off the gate prints how many differ.
+//     and 64). With the mode on (with each head_dim 256 variant it may pin: one warpgroup, the
+//     default, and the pair kernel) every logits row of every target is bitwise the reference's
+//     and the tokens are the same; with the mode off the gate prints how many differ.
 //   - ArrivalOrderDoesNotChangeTokens: the 12B preset with the replay workload's engine
 //     configuration (sim/replay_workload.h: 4096-token steps, 128 running), one seeded set of 48
 //     requests (chunked long prompts, greedy and sampled) submitted twice in different orders
@@ -138,8 +139,8 @@ struct Mode {
   kernels::PrefillVariant variant_256;
 };
 constexpr Mode kModes[] = {
-    {"on (pair kernel at 256)", true, kernels::PrefillVariant::kDefault},
-    {"on (one warpgroup at 256)", true, kernels::PrefillVariant::kWgmma},
+    {"on (one warpgroup at 256, the default)", true, kernels::PrefillVariant::kWgmma},
+    {"on (pair kernel at 256)", true, kernels::PrefillVariant::kWgmmaPairKeyTile64},
     {"off", false, kernels::PrefillVariant::kDefault},
 };
 
@@ -329,7 +330,8 @@ std::vector<std::vector<int32_t>> run_order(const engine::ModelConfig& c,
   engine::EngineConfig ec = sim::replay_engine_config(c);
   ec.batch_invariant = invariant;
   std::vector<std::vector<int32_t>> tokens(requests.size());
-  auto dev = make_device(c, ec, /*graphs=*/true, 12, kernels::PrefillVariant::kDefault);
+  auto dev = make_device(c, ec, /*graphs=*/true, 12,
+                         kernels::CudaDeviceOptions{}.batch_invariant_variant_256);
   if (dev == nullptr) return tokens;
   auto made = engine::Engine::create(c, ec, *dev);
   EXPECT_TRUE(made.ok()) << (made.ok() ? "" : made.error().message);

@@ -45,9 +45,11 @@ struct CudaDeviceOptions {
   // attention runs the tensor-core prefill kernel (decode-only steps and graphs included), and
   // the GEMMs run one pinned algorithm per weight shape for every row count.
   bool batch_invariant = false;
-  // The tensor-core prefill variant of head_dim 256 in that mode (ModelForward::
-  // set_batch_invariant; the bench compares them).
-  PrefillVariant batch_invariant_variant_256 = PrefillVariant::kDefault;
+  // The tensor-core prefill variant every head_dim 256 row runs in that mode
+  // (ModelForward::set_batch_invariant). One warpgroup by default: on the H200 the 12B decode
+  // step at batch 64 took +3.9% over the default mode with it, +22.4% with the pair kernel
+  // (two passes per decode row); the prefill step 494.9 vs 489.9 ms (perf/NOTES.md, issue 16).
+  PrefillVariant batch_invariant_variant_256 = PrefillVariant::kWgmma;
 };
 
 // How a decode-only step that fits a captured bucket runs.

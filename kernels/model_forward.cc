@@ -297,6 +297,12 @@ void ModelForward::set_batch_invariant(bool on, PrefillVariant variant_256) {
   invariant_variant_256_ = variant_256;
 }
 
+PrefillVariant ModelForward::prefill_variant(int32_t head_dim) const {
+  if (!batch_invariant_) return PrefillVariant::kDefault;
+  if (head_dim == 256) return invariant_variant_256_;
+  return head_dim == 512 ? PrefillVariant::kWgmmaSplitDims : PrefillVariant::kMma;
+}
+
 PrefillTilesView ModelForward::row_tiles(Family family, int32_t rows) const {
   const int f = static_cast<int>(family);
   TS_CHECK(batch_invariant_ && rows <= rows_capacity_) << rows << " rows, " << rows_capacity_;
@@ -414,12 +420,10 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
       // Batch-invariant decode-only steps whose views carry no tiles (the graph stage's): one
       // tile per row, each its own seq (the stage's layout).
       const bool own_tiles = step.decode_only && step.prefill_tiles[f].count == 0;
-      TS_TRY(attention_prefill_tc(
-          b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f], L.family_index, step.rows,
-          step.paging[f], own_tiles ? row_tiles(L.family, R) : step.prefill_tiles[f], window, 1.0f,
-          stream,
-          batch_invariant_ && L.head_dim == 256 ? invariant_variant_256_
-                                                : PrefillVariant::kDefault));
+      TS_TRY(attention_prefill_tc(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
+                                  L.family_index, step.rows, step.paging[f],
+                                  own_tiles ? row_tiles(L.family, R) : step.prefill_tiles[f],
+                                  window, 1.0f, stream, prefill_variant(L.head_dim)));
     }
     const FusedNext next{l + 1 < c.num_layers ? model_.layer(l + 1).input_norm : nullptr};
     TS_TRY(finish_layer(model_, L, blas_, b, R, stream, &next));

@@ -118,10 +118,10 @@ class ModelForward {
   // rows included, so a row meets the same kernel and the same key stages (at absolute key
   // positions) whatever shares its step; decode-only steps without tiles in their views (the
   // graph stage's) use one tile per row for rows whose row_seq is their index. Set it before
-  // the first reserve() and before any graph capture. `variant_256`: the prefill variant every
-  // row of head_dim 256 runs in the mode (one for all rows: each variant has its own key
-  // stages); other head dims run kDefault.
-  void set_batch_invariant(bool on, PrefillVariant variant_256 = PrefillVariant::kDefault);
+  // the first reserve() and before any graph capture. The mode pins one variant per head dim
+  // for all rows (each variant has its own key stages): `variant_256` at 256, kWgmmaSplitDims
+  // at 512, kMma at 64 and 128 (their only kernel), whatever kDefault becomes.
+  void set_batch_invariant(bool on, PrefillVariant variant_256 = PrefillVariant::kWgmma);
   bool batch_invariant() const { return batch_invariant_; }
 
  private:
@@ -137,7 +137,9 @@ class ModelForward {
   // (row_seq[i] == i), per family, in the arena; a step of R such rows uses the first
   // R * ceil(group / kPrefillTileM) of them (the plan of a prefix of rows is a prefix).
   bool batch_invariant_ = false;
-  PrefillVariant invariant_variant_256_ = PrefillVariant::kDefault;
+  PrefillVariant invariant_variant_256_ = PrefillVariant::kWgmma;
+  // The variant a layer's attention runs: kDefault outside the mode.
+  PrefillVariant prefill_variant(int32_t head_dim) const;
   const PrefillTile* row_tiles_[engine::kFamilyCount] = {nullptr, nullptr};
   int32_t tiles_per_row_[engine::kFamilyCount] = {0, 0};
   PrefillTilesView row_tiles(engine::Family family, int32_t rows) const;
