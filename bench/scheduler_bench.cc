@@ -14,6 +14,7 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 #include "sim/campaign.h"
 
 namespace twinstep::bench {
@@ -46,14 +47,17 @@ constexpr int32_t kPrefillBudget = 8192;  // rows per step, so setup prefill is 
 
 // `batch` requests with `context`-token prompts, prefilled, so every timed step is a decode
 // step over the whole batch (gemma4-12b geometry: window 1024, 48 layers, two pools).
+// Staggered: request i's prompt is i % page_size tokens shorter, so each step 1/page_size of
+// the seqs start a page (as in serving); otherwise all of them start one every page_size steps.
 struct Rig {
   int32_t batch = 0;
   int32_t context = 0;
+  bool staggered = false;
   NullDevice device;
   std::unique_ptr<Engine> engine;
   int32_t decode_steps_left = 0;
 
-  Rig(int32_t b, int32_t c) : batch(b), context(c) { rebuild(); }
+  Rig(int32_t b, int32_t c, bool s) : batch(b), context(c), staggered(s) { rebuild(); }
 
   void rebuild() {
     const engine::ModelConfig model = engine::ModelConfig::preset("gemma4-12b").value();
@@ -69,8 +73,9 @@ struct Rig {
     engine = Engine::create(model, config, device).value();
     for (int32_t i = 0; i < batch; ++i) {
       engine::Request r;
-      r.prompt.resize(static_cast<size_t>(context));
-      for (int32_t j = 0; j < context; ++j) r.prompt[j] = (i * 7919 + j * 31) % 200000 + 2;
+      const int32_t length = context - (staggered ? i % kPageSize : 0);
+      r.prompt.resize(static_cast<size_t>(length));
+      for (int32_t j = 0; j < length; ++j) r.prompt[j] = (i * 7919 + j * 31) % 200000 + 2;
       r.max_tokens = kDecodeTokens;
       engine->submit(std::move(r));
     }
@@ -89,20 +94,21 @@ struct Rig {
 };
 
 // One rig at a time: the big ones hold hundreds of MB of token lists and page tables.
-Rig& rig_for(int32_t batch, int32_t context) {
+Rig& rig_for(int32_t batch, int32_t context, bool staggered) {
   static std::unique_ptr<Rig> rig;
-  if (!rig || rig->batch != batch || rig->context != context) {
+  if (!rig || rig->batch != batch || rig->context != context || rig->staggered != staggered) {
     rig.reset();
-    rig = std::make_unique<Rig>(batch, context);
+    rig = std::make_unique<Rig>(batch, context, staggered);
   }
   return *rig;
 }
 
-void BM_SchedulerStep(benchmark::State& state) {
+void run_steps(benchmark::State& state, bool staggered) {
   const auto batch = static_cast<int32_t>(state.range(0));
   const auto context = static_cast<int32_t>(state.range(1));
-  Rig& rig = rig_for(batch, context);
+  Rig& rig = rig_for(batch, context, staggered);
   int64_t rows = 0;
+  engine::Scheduler::StepTimes sum;  // host time by phase, summed over the timed steps
   for (auto _ : state) {
     if (rig.decode_steps_left == 0) {
       state.PauseTiming();
@@ -111,18 +117,35 @@ void BM_SchedulerStep(benchmark::State& state) {
     }
     const engine::StepOutputs out = rig.engine->step();
     rows += out.rows;
+    const engine::Scheduler::StepTimes& t = rig.engine->scheduler().last_step_times();
+    sum.admit_us += t.admit_us;
+    sum.plan_us += t.plan_us;
+    sum.commit_us += t.commit_us;
     rig.decode_steps_left -= 1;
     benchmark::DoNotOptimize(out.updates.data());
   }
   state.SetItemsProcessed(rows);  // items/s: decode rows scheduled per second
   state.counters["rows_per_step"] =
       benchmark::Counter(static_cast<double>(rows), benchmark::Counter::kAvgIterations);
+  for (const auto& [name, us] :
+       {std::pair{"admit_us", sum.admit_us}, std::pair{"plan_us", sum.plan_us},
+        std::pair{"commit_us", sum.commit_us}}) {
+    state.counters[name] = benchmark::Counter(us, benchmark::Counter::kAvgIterations);
+  }
   state.counters["global_pages_per_step"] =
       static_cast<double>(batch) * ((context + kPageSize - 1) / kPageSize);
 }
+
+void BM_SchedulerStep(benchmark::State& state) { run_steps(state, false); }
 BENCHMARK(BM_SchedulerStep)
     ->ArgNames({"batch", "context"})
     ->ArgsProduct({{1, 16, 64, 256}, {1024, 8192, 32768}})
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_SchedulerStepStaggered(benchmark::State& state) { run_steps(state, true); }
+BENCHMARK(BM_SchedulerStepStaggered)
+    ->ArgNames({"batch", "context"})
+    ->ArgsProduct({{16, 256}, {1024, 32768}})
     ->Unit(benchmark::kMicrosecond);
 
 // Each iteration runs the next seed of the default campaign; items are requests.

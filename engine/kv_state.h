@@ -10,9 +10,23 @@
 
 namespace twinstep::engine {
 
+// Where the last plan listed one family's pages of a request (Scheduler::build_plan keeps the
+// page tables of the plan it built last and rewrites only the seqs whose list changed).
+struct PlanListing {
+  uint64_t step = UINT64_MAX;  // step_index of that plan; UINT64_MAX: never listed
+  int32_t seq = -1;            // the seq's index in that plan
+  uint32_t rewrites = 0;       // KvState::rewrites when it was listed
+  int32_t held = 0;            // how many of the listed pages were held then (the first ones)
+};
+
 struct KvState {
   int32_t first_page = 0;     // logical page number (position / page_size) of pages[0]
   std::vector<PageId> pages;  // held pages, logical order, contiguous from first_page
+  // Bumped by every edit of `pages` other than appending at the end and dropping from the
+  // front (a page swapped for a shared one, the list cleared or replaced): build_plan keeps
+  // the entries of a table it listed before only while this count is unchanged.
+  uint32_t rewrites = 0;
+  PlanListing listed;
   int32_t end_page() const { return first_page + static_cast<int32_t>(pages.size()); }
 };
 

@@ -3,7 +3,9 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <sstream>
 
@@ -132,6 +134,7 @@ void Scheduler::release_all(RequestState& r) {
     KvState& kv = r.kv_of(f);
     for (const PageId page : kv.pages) pool_mut(f).release(page);
     kv.pages.clear();
+    kv.rewrites += 1;
     kv.first_page = 0;
     r.published_end[static_cast<int>(f)] = 0;
   }
@@ -217,7 +220,7 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
   for (const RequestId id : running_) {
     if (budget == 0) break;
     RequestState& r = requests_.at(id);
-    Scheduled s{.id = id, .kv_len_before = r.frontier, .phase_before = r.phase};
+    Scheduled s{.id = id, .state = &r, .kv_len_before = r.frontier, .phase_before = r.phase};
     const int32_t rows = rows_that_fit(r, s, std::min(r.pending(), budget));
     if (rows == 0) {
       *stalled_on_capacity = true;
@@ -237,8 +240,11 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
   while (!*stalled_on_capacity && budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < running_max) {
     RequestState& r = requests_.at(waiting_.front());
-    Scheduled s{
-        .id = r.id, .kv_len_before = r.frontier, .newly_admitted = true, .phase_before = r.phase};
+    Scheduled s{.id = r.id,
+                .state = &r,
+                .kv_len_before = r.frontier,
+                .newly_admitted = true,
+                .phase_before = r.phase};
     if (config_.prefix_cache) take_hit(r, &s);
     const int32_t pending = static_cast<int32_t>(r.tokens.size()) - s.kv_len_before;
     const int32_t rows = rows_that_fit(r, s, std::min(pending, budget));
@@ -258,85 +264,166 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
   }
 }
 
-StepPlan Scheduler::build_plan(const std::vector<Scheduled>& scheduled) const {
-  const int32_t p = config_.page_size;
-  StepPlan plan;
-  plan.step_index = step_index_;
-  plan.page_size = p;
-  plan.sliding_window = model_.sliding_window;
-  // Sized up front: at batch 256 x 32k context the global tables hold ~524k entries a step.
-  size_t rows = 0;
-  size_t pages[kFamilyCount] = {0, 0};
-  for (const Scheduled& s : scheduled) {
-    rows += static_cast<size_t>(s.rows);
-    const RequestState& r = requests_.at(s.id);
-    for (const Family f : kFamilies) {
-      const int i = static_cast<int>(f);
-      pages[i] += r.kv_of(f).pages.size() + s.hit_pages[i].size() + s.reserved[i].size();
-    }
-  }
-  plan.tokens.reserve(rows);
-  plan.positions.reserve(rows);
-  plan.row_seq.reserve(rows);
-  plan.seqs.reserve(scheduled.size());
+void Scheduler::build_plan(const std::vector<Scheduled>& scheduled) {
+  const uint64_t old_step = plan_.seqs.empty() ? UINT64_MAX : plan_.step_index;
+  plan_.step_index = step_index_;
+  plan_.page_size = config_.page_size;
+  plan_.sliding_window = model_.sliding_window;
+  build_rows(scheduled);
   for (const Family f : kFamilies) {
-    FamilyPlan& fp = plan.family(f);
+    FamilyPlan& fp = plan_.family(f);
     fp.family = f;
     fp.pool = pool(f).tag();
-    fp.page_indices.reserve(pages[static_cast<int>(f)]);
-    fp.seq_page_begin.reserve(scheduled.size() + 1);
-    fp.seq_first_page.reserve(scheduled.size());
-    fp.row_slot.reserve(rows);
+    build_tables(scheduled, f, old_step);
+    build_slots(scheduled, f);
   }
+}
+
+void Scheduler::build_rows(const std::vector<Scheduled>& scheduled) {
+  plan_.tokens.clear();
+  plan_.positions.clear();
+  plan_.row_seq.clear();
+  plan_.seqs.clear();
+  plan_.num_logits = 0;
   for (size_t si = 0; si < scheduled.size(); ++si) {
     const Scheduled& s = scheduled[si];
-    const RequestState& r = requests_.at(s.id);
-    PlanSeq seq{.request = s.id,
-                .row_begin = plan.num_rows(),
-                .row_count = s.rows,
-                .kv_len_before = s.kv_len_before,
-                .logits_index = s.logits_index,
-                .output_index = r.generated(),
-                .sampling = r.request.sampling};
+    const RequestState& r = *s.state;
+    plan_.seqs.push_back(PlanSeq{.request = s.id,
+                                 .row_begin = plan_.num_rows(),
+                                 .row_count = s.rows,
+                                 .kv_len_before = s.kv_len_before,
+                                 .logits_index = s.logits_index,
+                                 .output_index = r.generated(),
+                                 .sampling = r.request.sampling});
     for (int32_t i = 0; i < s.rows; ++i) {
-      plan.tokens.push_back(r.tokens[s.kv_len_before + i]);
-      plan.positions.push_back(s.kv_len_before + i);
-      plan.row_seq.push_back(static_cast<int32_t>(si));
+      plan_.tokens.push_back(r.tokens[s.kv_len_before + i]);
+      plan_.positions.push_back(s.kv_len_before + i);
+      plan_.row_seq.push_back(static_cast<int32_t>(si));
     }
-    for (const Family f : kFamilies) {
-      FamilyPlan& fp = plan.family(f);
-      const int fi = static_cast<int>(f);
-      const KvState& kv = r.kv_of(f);
-      const int32_t first_page = s.hit_tokens > 0 ? s.hit_first_page[fi] : kv.first_page;
-      const int32_t begin = static_cast<int32_t>(fp.page_indices.size());
-      fp.seq_page_begin.push_back(begin);
-      fp.seq_first_page.push_back(first_page);
-      for (const PageId page : kv.pages) fp.page_indices.push_back(page.index);
-      for (const PageId page : s.hit_pages[fi]) fp.page_indices.push_back(page.index);
-      for (const PageId page : s.reserved[fi]) fp.page_indices.push_back(page.index);
-      const int32_t listed = static_cast<int32_t>(fp.page_indices.size()) - begin;
-      for (int32_t i = 0; i < s.rows; ++i) {
-        const int32_t pos = s.kv_len_before + i;
-        const int32_t logical = pos / p - first_page;
-        TS_CHECK(logical >= 0 && logical < listed)
-            << s.id << " " << family_name(f) << " pos=" << pos << " first_page=" << first_page
-            << " listed=" << listed;
-        const uint32_t page = fp.page_indices[begin + logical];
-        // Shared and cached pages are full: a write into one would change other holders' K/V.
-        TS_CHECK(!pool(f).published_hash(PageId{pool(f).tag(), page}))
-            << s.id << " " << family_name(f) << " pos=" << pos << " would write published page "
-            << page;
-        fp.row_slot.push_back(int64_t{page} * p + pos % p);
+    plan_.num_logits += s.logits_index >= 0 ? 1 : 0;
+  }
+}
+
+// A seq lists, in logical order, the pages it holds, then a hit's, then this step's
+// reservation. Of the pages the old plan listed as held for the same request, those it still
+// holds are the same entries (appends and front drops change only the ends; any other edit
+// bumps KvState::rewrites), so they are moved into place, and only the rest is written from
+// the request: at batch 256 x 32k a decode step lists ~524k global pages, of which a few
+// change. A seq is kept only when the old plan listed it after the previously kept one, so
+// kept segments keep their order.
+void Scheduler::build_tables(const std::vector<Scheduled>& scheduled, Family f, uint64_t old_step) {
+  const int fi = static_cast<int>(f);
+  FamilyPlan& fp = plan_.family(f);
+  std::vector<int32_t>& old_begin = table_begin_old_;
+  std::vector<TableKeep>& keep = table_keep_;
+  old_begin.swap(fp.seq_page_begin);
+  const int32_t old_seqs = old_begin.empty() ? 0 : static_cast<int32_t>(old_begin.size()) - 1;
+  fp.seq_page_begin.clear();
+  keep.clear();
+  int32_t total = 0;
+  int32_t last_kept = -1;
+  for (const Scheduled& s : scheduled) {
+    const KvState& kv = s.state->kv_of(f);
+    const int32_t held = static_cast<int32_t>(kv.pages.size());
+    const int32_t count =
+        held + static_cast<int32_t>(s.hit_pages[fi].size() + s.reserved[fi].size());
+    const PlanListing& l = kv.listed;
+    TableKeep k{.to = total};
+    if (s.hit_tokens == 0 && l.step == old_step && l.rewrites == kv.rewrites && l.seq > last_kept &&
+        l.seq < old_seqs) {
+      const int32_t old_first = fp.seq_first_page[l.seq];
+      const int32_t lo = std::max(old_first, kv.first_page);
+      const int32_t hi = std::min(old_first + l.held, kv.first_page + held);
+      if (hi > lo) {
+        k = TableKeep{old_begin[l.seq] + (lo - old_first), total + (lo - kv.first_page), hi - lo};
+        last_kept = l.seq;
       }
     }
-    plan.seqs.push_back(seq);
+    keep.push_back(k);
+    fp.seq_page_begin.push_back(total);
+    total += count;
   }
-  for (const Family f : kFamilies) {
-    plan.family(f).seq_page_begin.push_back(
-        static_cast<int32_t>(plan.family(f).page_indices.size()));
+  fp.seq_page_begin.push_back(total);
+  if (static_cast<size_t>(total) > fp.page_indices.size()) fp.page_indices.resize(total);
+  move_kept(fp.page_indices.data());
+  fp.page_indices.resize(total);
+  fp.seq_first_page.clear();
+  uint32_t* pages = fp.page_indices.data();
+  for (size_t si = 0; si < scheduled.size(); ++si) {
+    const Scheduled& s = scheduled[si];
+    KvState& kv = s.state->kv_of(f);
+    fp.seq_first_page.push_back(s.hit_tokens > 0 ? s.hit_first_page[fi] : kv.first_page);
+    // The entries around the kept run: held pages before and after it, then hit and reserved.
+    const int32_t begin = fp.seq_page_begin[si];
+    const int32_t kept_lo = keep[si].count > 0 ? keep[si].to - begin : 0;
+    const int32_t kept_hi = kept_lo + keep[si].count;
+    const int32_t held = static_cast<int32_t>(kv.pages.size());
+    for (int32_t i = 0; i < kept_lo; ++i) pages[begin + i] = kv.pages[i].index;
+    for (int32_t i = kept_hi; i < held; ++i) pages[begin + i] = kv.pages[i].index;
+    uint32_t* out = pages + begin + held;
+    for (const PageId page : s.hit_pages[fi]) *out++ = page.index;
+    for (const PageId page : s.reserved[fi]) *out++ = page.index;
+    kv.listed = PlanListing{.step = step_index_,
+                            .seq = static_cast<int32_t>(si),
+                            .rewrites = kv.rewrites,
+                            .held = held};
   }
-  for (const PlanSeq& seq : plan.seqs) plan.num_logits += seq.logits_index >= 0 ? 1 : 0;
-  return plan;
+}
+
+// Moves every kept run of table_keep_ from its old place to its new one. Runs keep their
+// order and the old and new layouts each hold them disjoint, so the left-moving ones moved
+// in order, then the right-moving ones in reverse, never overwrite a run still to be moved.
+// Adjacent runs that move alike are one move.
+void Scheduler::move_kept(uint32_t* pages) {
+  const std::vector<TableKeep>& keep = table_keep_;
+  std::vector<TableKeep>& right = table_right_runs_;
+  right.clear();
+  const size_t n = keep.size();
+  for (size_t a = 0; a < n;) {
+    if (keep[a].count == 0) {
+      ++a;
+      continue;
+    }
+    TableKeep run = keep[a];
+    size_t b = a + 1;
+    for (; b < n && keep[b].count > 0 && keep[b].from == run.from + run.count &&
+           keep[b].to == run.to + run.count;
+         ++b) {
+      run.count += keep[b].count;
+    }
+    if (run.to < run.from) std::memmove(pages + run.to, pages + run.from, size_t(run.count) * 4);
+    if (run.to > run.from) right.push_back(run);
+    a = b;
+  }
+  for (auto it = right.rbegin(); it != right.rend(); ++it) {
+    std::memmove(pages + it->to, pages + it->from, size_t(it->count) * 4);
+  }
+}
+
+// Where each row's K/V goes: the listed page of its position.
+void Scheduler::build_slots(const std::vector<Scheduled>& scheduled, Family f) {
+  const int32_t p = config_.page_size;
+  FamilyPlan& fp = plan_.family(f);
+  fp.row_slot.clear();
+  for (size_t si = 0; si < scheduled.size(); ++si) {
+    const Scheduled& s = scheduled[si];
+    const int32_t begin = fp.seq_page_begin[si];
+    const int32_t listed = fp.seq_page_begin[si + 1] - begin;
+    const int32_t first_page = fp.seq_first_page[si];
+    for (int32_t i = 0; i < s.rows; ++i) {
+      const int32_t pos = s.kv_len_before + i;
+      const int32_t logical = pos / p - first_page;
+      TS_CHECK(logical >= 0 && logical < listed)
+          << s.id << " " << family_name(f) << " pos=" << pos << " first_page=" << first_page
+          << " listed=" << listed;
+      const uint32_t page = fp.page_indices[begin + logical];
+      // Shared and cached pages are full: a write into one would change other holders' K/V.
+      TS_CHECK(!pool(f).published_hash(PageId{pool(f).tag(), page}))
+          << s.id << " " << family_name(f) << " pos=" << pos << " would write published page "
+          << page;
+      fp.row_slot.push_back(int64_t{page} * p + pos % p);
+    }
+  }
 }
 
 void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& error,
@@ -349,7 +436,7 @@ void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& e
     }
     counters_.hits_rolled_back += it->hit_tokens > 0 ? 1 : 0;
     drop_hit(*it);
-    RequestState& r = requests_.at(it->id);
+    RequestState& r = *it->state;
     if (!TS_MUTANT(kFrontierBeforeDevice)) {
       TS_CHECK(r.frontier == it->kv_len_before - it->hit_tokens)
           << r.id << " frontier moved in a failed step";
@@ -362,7 +449,7 @@ void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& e
     }
   }
   for (const Scheduled& s : scheduled) {
-    RequestState& r = requests_.at(s.id);
+    RequestState& r = *s.state;
     r.consecutive_failures += 1;
     const int32_t limit = config_.max_step_failures - (TS_MUTANT(kFailureLimitEarly) ? 1 : 0);
     if (r.consecutive_failures < limit) continue;
@@ -396,7 +483,7 @@ void Scheduler::release_window_pages(RequestState& r) {
 void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result,
                        StepOutputs* out) {
   for (Scheduled& s : scheduled) {
-    RequestState& r = requests_.at(s.id);
+    RequestState& r = *s.state;
     for (const Family f : kFamilies) {
       auto& pages = s.reserved[static_cast<int>(f)];
       if (f == Family::kLocal && TS_MUTANT(kCommitOneFamily)) {
@@ -410,6 +497,7 @@ void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& re
         const int fi = static_cast<int>(f);
         kv.first_page = s.hit_first_page[fi];
         kv.pages = std::move(s.hit_pages[fi]);
+        kv.rewrites += 1;
         r.published_end[fi] = s.hit_tokens / config_.page_size;
       }
       kv.pages.insert(kv.pages.end(), pages.begin(), pages.end());
@@ -487,6 +575,14 @@ void Scheduler::erase_finished() {
 
 StepOutputs Scheduler::step(
     std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>> arrivals) {
+  // Host time by phase, for the benchmarks only (nothing decides on it).
+  step_times_ = StepTimes{};
+  auto mark = std::chrono::steady_clock::now();
+  auto lap = [&mark](double* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    *phase += std::chrono::duration<double, std::micro>(now - mark).count();
+    mark = now;
+  };
   StepOutputs out;
   out.step_index = step_index_;
   counters_.steps += 1;
@@ -494,23 +590,29 @@ StepOutputs Scheduler::step(
   for (auto& [id, request, flag] : arrivals) enqueue(id, std::move(request), std::move(flag), &out);
   retire_aborted(&out, false);
 
-  std::vector<Scheduled> scheduled;
+  std::vector<Scheduled>& scheduled = scheduled_;  // reused: no allocation for it once warm
+  scheduled.clear();
+  out.updates.reserve(running_.size() + arrivals.size() + 1);
   bool stalled = false;
   schedule(&scheduled, &stalled);
   int32_t logits = 0;
   for (Scheduled& s : scheduled) {
-    const RequestState& r = requests_.at(s.id);
+    const RequestState& r = *s.state;
     s.produces_logits = s.kv_len_before + s.rows == static_cast<int32_t>(r.tokens.size());
     s.logits_index = s.produces_logits ? logits++ : -1;
   }
+  lap(&step_times_.admit_us);
   if (!scheduled.empty()) {
-    const StepPlan plan = build_plan(scheduled);
+    build_plan(scheduled);
+    lap(&step_times_.plan_us);
+    const StepPlan& plan = plan_;
     out.rows = plan.num_rows();
     if (TS_MUTANT(kFrontierBeforeDevice)) {
-      for (const Scheduled& s : scheduled) requests_.at(s.id).frontier += s.rows;
+      for (const Scheduled& s : scheduled) s.state->frontier += s.rows;
     }
     out.device_ran = true;
     auto result = device_.execute(plan);
+    lap(&step_times_.device_us);
     if (!result) {
       rollback(scheduled, result.error(), &out);
     } else {
@@ -525,6 +627,7 @@ StepOutputs Scheduler::step(
   if (stalled && !out.failed) preempt_youngest(&out);
   erase_finished();
   step_index_ += 1;
+  lap(&step_times_.commit_us);
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "engine/config.h"
@@ -56,7 +57,7 @@ class Ledger {
   void record(const RequestUpdate& update);
 
  private:
-  std::set<RequestId> live_;
+  std::unordered_set<RequestId> live_;  // a lookup per update: no ordered walk needed
   std::map<RequestId, bool> touched_;  // this step's arrivals and terminals: id -> terminated
 };
 
@@ -82,10 +83,21 @@ class Scheduler {
   const Counters& counters() const { return counters_; }
   bool idle() const { return requests_.empty(); }
   int32_t max_context() const { return max_context_; }
+  // Host wall time of the last step() by phase (steady clock, microseconds), for the
+  // benchmarks (issue 13 item 3): arrivals, aborts and admission; the plan; the device's
+  // execute(); commit, preemption and retirement.
+  struct StepTimes {
+    double admit_us = 0;
+    double plan_us = 0;
+    double device_us = 0;
+    double commit_us = 0;
+  };
+  const StepTimes& last_step_times() const { return step_times_; }
 
  private:
   struct Scheduled {  // one request's share of the step
     RequestId id;
+    RequestState* state = nullptr;  // requests_.at(id): stable until erase_finished()
     int32_t rows = 0;
     int32_t kv_len_before = 0;
     bool newly_admitted = false;
@@ -117,7 +129,12 @@ class Scheduler {
   void publish_full_pages(RequestState& r);
   void check_published(const RequestState& r,
                        const std::function<void(const std::string&)>& fail) const;
-  StepPlan build_plan(const std::vector<Scheduled>& scheduled) const;
+  // Fills plan_ for `scheduled`, reusing the page tables of the plan it held (scheduler.cc).
+  void build_plan(const std::vector<Scheduled>& scheduled);
+  void build_rows(const std::vector<Scheduled>& scheduled);
+  void build_tables(const std::vector<Scheduled>& scheduled, Family f, uint64_t old_step);
+  void build_slots(const std::vector<Scheduled>& scheduled, Family f);
+  void move_kept(uint32_t* pages);
   void rollback(std::vector<Scheduled>& scheduled, const DeviceError& error, StepOutputs* out);
   void commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result, StepOutputs* out);
   void release_window_pages(RequestState& r);
@@ -141,6 +158,21 @@ class Scheduler {
   Counters counters_;
   uint64_t step_index_ = 0;
   uint64_t admitted_counter_ = 0;
+  // The plan of the last step that ran the device, rebuilt in place (its capacity stays, so a
+  // warm step allocates nothing for it); build_tables reuses its page tables.
+  StepPlan plan_;
+  StepTimes step_times_;
+  std::vector<Scheduled> scheduled_;      // this step's share of each scheduled request
+  std::vector<int32_t> table_begin_old_;  // scratch: the old plan's seq_page_begin
+  // A run of a seq's table entries kept from the old plan: `count` entries at `from` there
+  // go to `to` in the new one.
+  struct TableKeep {
+    int32_t from = 0;
+    int32_t to = 0;
+    int32_t count = 0;
+  };
+  std::vector<TableKeep> table_keep_;        // scratch: per new seq
+  std::vector<TableKeep> table_right_runs_;  // scratch: runs that move right
 };
 
 }  // namespace twinstep::engine

@@ -107,6 +107,7 @@ void Scheduler::publish_full_pages(RequestState& r) {
       pool_mut(f).acquire(shared);
       pool_mut(f).release(page);
       page = shared;
+      kv.rewrites += 1;  // a page swapped in the middle: build_plan must not reuse the table
     }
     r.published_end[fi] = std::max(r.published_end[fi], end);
   }
