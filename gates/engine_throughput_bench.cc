@@ -35,6 +35,7 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 #include "kernels/attention_decode_split.h"
 #include "kernels/cuda_device.h"
 #include "kernels/decode_graphs.h"
@@ -328,6 +329,9 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
                    std::vector<Row>& table) {
   for (int i = 0; i < kDecodeWarmup; ++i) step(e);
   std::vector<double> ms, host;
+  // Host time by phase (us): admit, plan, check, stage, launch, wait, post, commit, outside
+  // the scheduler (Scheduler::last_step_times, CudaDevice::last_host_phases).
+  std::vector<double> phases[9];
   Cost total_cost;
   int64_t context = 0;
   for (int i = 0; i < kDecodeTimed; ++i) {
@@ -335,6 +339,20 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
     if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
     ms.push_back(t.ms);
     if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
+    if (g_device != nullptr) {
+      const engine::Scheduler::StepTimes& s = e.scheduler().last_step_times();
+      const kernels::CudaDevice::HostPhases& d = g_device->last_host_phases();
+      const double v[9] = {s.admit_us,
+                           s.plan_us,
+                           d.check_us,
+                           d.stage_us,
+                           d.launch_us,
+                           d.wait_us,
+                           d.post_us,
+                           s.commit_us,
+                           t.ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us)};
+      for (int p = 0; p < 9; ++p) phases[p].push_back(v[p]);
+    }
     total_cost += cost.step_cost(t.out);
     for (const auto& u : t.out.updates) context += u.kv_len;
   }
@@ -350,6 +368,12 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
         "  host path (step wall - GPU time from plan upload to sampled ids): median %.3f "
         "ms\n",
         median(host));
+    std::printf(
+        "  host phases, median us: admit %.1f, plan %.1f, device: check %.1f, stage %.1f, "
+        "launch %.1f, wait %.1f, post %.1f; commit %.1f, outside the scheduler %.1f\n",
+        median(phases[0]), median(phases[1]), median(phases[2]), median(phases[3]),
+        median(phases[4]), median(phases[5]), median(phases[6]), median(phases[7]),
+        median(phases[8]));
   }
   std::printf("  bytes/step %.2f GB (weights %.2f + KV %.2f), FLOPs/step %.2f T\n",
               per_step.bytes / 1e9, cost.weight_bytes() / 1e9,

@@ -475,6 +475,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_graph(
     cudaStreamSynchronize(stream_);
     return unexpected(from_kernel(s.error()));
   }
+  lap(&host_phases_.stage_us);
   if (fire(engine::FaultSite::kLaunch)) {
     cudaStreamSynchronize(stream_);
     return unexpected(
@@ -757,9 +758,11 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
     cudaStreamSynchronize(stream_);
     return unexpected(from_kernel(s.error()));
   }
+  lap(&host_phases_.launch_us);
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaStreamSynchronize(step)"));
   }
+  lap(&host_phases_.wait_us);
   if (L > 0 && !need_host) std::copy_n(host_sampled_, L, out.sampled.begin());
   if (step_events_[0] != nullptr && L > 0) {
     float ms = 0;
@@ -785,13 +788,17 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
         DeviceError{DeviceErrorCode::kFault, "injected fault: sync", engine::FaultSite::kSync});
   }
   if (options_.capture_logits) last_logits_ = std::move(host_logits);
+  lap(&host_phases_.post_us);
   return out;
 }
 
 engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     const engine::StepPlan& plan, cudaStream_t stream) {
+  host_phases_ = HostPhases{};
+  phase_mark_ = std::chrono::steady_clock::now();
   if (auto refused = refuse(stream)) return unexpected(std::move(*refused));
   if (auto bad = validate(plan)) return unexpected(std::move(*bad));
+  lap(&host_phases_.check_us);
   if (plan.num_rows() == 0) return engine::DeviceOutput{};
   if (fire(engine::FaultSite::kUpload)) {
     return unexpected(
@@ -801,6 +808,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
   if (const int32_t bucket = graph_bucket(plan); bucket > 0) return execute_graph(plan, bucket);
   auto views = upload(plan);
   if (!views) return unexpected(views.error());
+  lap(&host_phases_.stage_us);
   if (fire(engine::FaultSite::kLaunch)) {
     // The plan copy may be in flight; nothing else is.
     cudaStreamSynchronize(stream_);

@@ -7,6 +7,7 @@
 // their pool's identity and size) before anything is uploaded or launched.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -129,6 +130,16 @@ class CudaDevice final : public engine::Device {
   // time_steps: GPU time of the last successful step, from the plan upload to the sampled ids
   // (or logits) being ready to copy back; 0 otherwise.
   double last_step_gpu_ms() const { return last_step_gpu_ms_; }
+  // Host wall time of the last execute(), by phase (steady clock, microseconds): the part of
+  // a step's host path spent in the device (issue 13 item 3).
+  struct HostPhases {
+    double check_us = 0;   // refusal checks and the plan check (validate)
+    double stage_us = 0;   // bucket choice and the plan's upload queued (stage load or upload)
+    double launch_us = 0;  // graph replay or eager forward, argmax and id copy queued
+    double wait_us = 0;    // the stream synchronisation (waits for the GPU)
+    double post_us = 0;    // after it: ids, host sampling, logprobs
+  };
+  const HostPhases& last_host_phases() const { return host_phases_; }
   // Host wall time the GEMM tuning of enable_decode_graphs() took (0: none ran).
   double gemm_tune_ms() const { return gemm_tune_ms_; }
   // A whole family pool as bf16 bits (gates: untouched-pool checks).
@@ -180,6 +191,14 @@ class CudaDevice final : public engine::Device {
   LogprobStage logprob_stage_;                       // rows that asked for logprobs
   cudaEvent_t step_events_[2] = {nullptr, nullptr};  // time_steps only
   double last_step_gpu_ms_ = 0;
+  HostPhases host_phases_;
+  std::chrono::steady_clock::time_point phase_mark_;
+  // Adds the time since the last mark to `phase` and marks now.
+  void lap(double* phase) {
+    const auto now = std::chrono::steady_clock::now();
+    *phase += std::chrono::duration<double, std::micro>(now - phase_mark_).count();
+    phase_mark_ = now;
+  }
   double gemm_tune_ms_ = 0;
   // Decode graphs (decode_graphs.h), and the forward generation they were captured at.
   std::unique_ptr<DecodeGraphs> graphs_;
