@@ -724,6 +724,22 @@ void check_pool_pages(const PagePool& pl, const std::vector<int32_t>& owners,
   }
 }
 
+// free + reserved + held + cached == capacity, and nothing reserved between steps.
+void check_pool_counters(const PagePool& pl, const std::function<void(const std::string&)>& fail) {
+  // Built only for a message: a stream per step and request costs more than the checks.
+  const std::string pool_name = std::string(family_name(pl.family())) + " pool: ";
+  if (pl.free_count() + pl.reserved_count() + pl.held_count() + pl.cached_count() !=
+      pl.capacity()) {
+    fail(pool_name + "free " + std::to_string(pl.free_count()) + " + reserved " +
+         std::to_string(pl.reserved_count()) + " + held " + std::to_string(pl.held_count()) +
+         " + cached " + std::to_string(pl.cached_count()) + " != capacity " +
+         std::to_string(pl.capacity()));
+  }
+  if (pl.reserved_count() != 0) {
+    fail(pool_name + std::to_string(pl.reserved_count()) + " pages reserved between steps");
+  }
+}
+
 }  // namespace
 
 // A request's full pages below its frontier are published under the keys of its own tokens.
@@ -745,73 +761,96 @@ void Scheduler::check_published(const RequestState& r,
 }
 
 std::vector<std::string> Scheduler::check_invariants() const {
-  std::vector<std::string> violations;
+  // Reported in this order: per family the pool's counters, foreign pages, page states; then
+  // each request's own checks. Gathered in one pass over the requests.
+  std::vector<std::string> violations, foreign[kFamilyCount], per_request;
   auto fail = [&](const std::string& what) { violations.push_back(what); };
+  auto fail_request = [&](const std::string& what) { per_request.push_back(what); };
   const int32_t p = config_.page_size;
   const int32_t w = model_.sliding_window;
-  for (const Family f : kFamilies) {
-    const PagePool& pl = pool(f);
-    // Built only for a message: a stream per step and request costs more than the checks.
-    const std::string pool_name = std::string(family_name(f)) + " pool: ";
-    if (pl.free_count() + pl.reserved_count() + pl.held_count() + pl.cached_count() !=
-        pl.capacity()) {
-      fail(pool_name + "free " + std::to_string(pl.free_count()) + " + reserved " +
-           std::to_string(pl.reserved_count()) + " + held " + std::to_string(pl.held_count()) +
-           " + cached " + std::to_string(pl.cached_count()) + " != capacity " +
-           std::to_string(pl.capacity()));
+  // Scratch kept between calls (no allocation a step): holders per page, and queue membership
+  // by request id (the engine numbers requests densely from 1), all 0 between calls.
+  thread_local std::vector<int32_t> owners[kFamilyCount];
+  thread_local std::vector<uint8_t> queued;
+  constexpr uint64_t kDenseIds = uint64_t{1} << 26;
+  bool dense = true;
+  auto mark = [&](RequestId id, uint8_t bit) {
+    if (id.value >= kDenseIds) {
+      dense = false;
+      return;
     }
-    if (pl.reserved_count() != 0) {
-      fail(pool_name + std::to_string(pl.reserved_count()) + " pages reserved between steps");
-    }
-    std::vector<int32_t> owners(static_cast<size_t>(pl.capacity()) + 1, 0);
-    for (const auto& [rid, r] : requests_) {
+    if (id.value >= queued.size()) queued.resize(id.value + 1, 0);
+    queued[id.value] |= bit;
+  };
+  for (const RequestId id : running_) mark(id, 1);
+  for (const RequestId id : waiting_) mark(id, 2);
+  // Ids past the dense range (never from this engine): sorted copies, a search per request.
+  std::vector<RequestId> running_sorted, waiting_sorted;
+  if (!dense) {
+    running_sorted.assign(running_.begin(), running_.end());
+    waiting_sorted.assign(waiting_.begin(), waiting_.end());
+    std::sort(running_sorted.begin(), running_sorted.end());
+    std::sort(waiting_sorted.begin(), waiting_sorted.end());
+  }
+  auto in_queue = [&](RequestId id, uint8_t bit, const std::vector<RequestId>& sorted) {
+    if (!dense) return std::binary_search(sorted.begin(), sorted.end(), id);
+    return id.value < queued.size() && (queued[id.value] & bit) != 0;
+  };
+  for (const Family f : kFamilies) owners[static_cast<int>(f)].assign(pool(f).capacity() + 1, 0);
+  for (const auto& [rid, r] : requests_) {
+    for (const Family f : kFamilies) {
+      const PagePool& pl = pool(f);
       for (const PageId page : r.kv_of(f).pages) {
         if (!pl.owns(page)) {
           std::ostringstream os;
-          os << pool_name << rid << " holds foreign " << page;
-          fail(os.str());
+          os << family_name(f) << " pool: " << rid << " holds foreign " << page;
+          foreign[static_cast<int>(f)].push_back(os.str());
           continue;
         }
-        owners[page.index] += 1;
+        owners[static_cast<int>(f)][page.index] += 1;
       }
     }
-    check_pool_pages(pl, owners, fail);
-  }
-  // Sorted copies: a search per request instead of a scan of each queue.
-  std::vector<RequestId> running_sorted(running_.begin(), running_.end());
-  std::vector<RequestId> waiting_sorted(waiting_.begin(), waiting_.end());
-  std::sort(running_sorted.begin(), running_sorted.end());
-  std::sort(waiting_sorted.begin(), waiting_sorted.end());
-  for (const auto& [rid, r] : requests_) {
     auto who = [request = rid] {  // a copy: clang 14 cannot capture a structured binding
       std::ostringstream os;
       os << request << ": ";
       return os.str();
     };
     if (r.frontier < 0 || r.frontier >= static_cast<int32_t>(r.tokens.size())) {
-      fail(who() + "frontier " + std::to_string(r.frontier) + " outside [0, " +
-           std::to_string(r.tokens.size()) + ")");
+      fail_request(who() + "frontier " + std::to_string(r.frontier) + " outside [0, " +
+                   std::to_string(r.tokens.size()) + ")");
     }
     for (const Family f : kFamilies) {
       const PageSpan span = family_span(f, r.frontier, p, w);
       const KvState& kv = r.kv_of(f);
       if (kv.first_page != span.begin || kv.end_page() != span.end) {
-        fail(who() + family_name(f) + " holds logical pages [" + std::to_string(kv.first_page) +
-             ", " + std::to_string(kv.end_page()) + ") but frontier " + std::to_string(r.frontier) +
-             " accounts for [" + std::to_string(span.begin) + ", " + std::to_string(span.end) +
-             ")");
+        fail_request(who() + family_name(f) + " holds logical pages [" +
+                     std::to_string(kv.first_page) + ", " + std::to_string(kv.end_page()) +
+                     ") but frontier " + std::to_string(r.frontier) + " accounts for [" +
+                     std::to_string(span.begin) + ", " + std::to_string(span.end) + ")");
       }
     }
-    if (config_.prefix_cache) check_published(r, fail);
+    if (config_.prefix_cache) check_published(r, fail_request);
     const int32_t local_bound = ceil_div(w - 1, p) + 1;
     if (static_cast<int32_t>(r.kv_of(Family::kLocal).pages.size()) > local_bound) {
-      fail(who() + "local pages exceed the window bound " + std::to_string(local_bound));
+      fail_request(who() + "local pages exceed the window bound " + std::to_string(local_bound));
     }
-    const bool is_running = std::binary_search(running_sorted.begin(), running_sorted.end(), rid);
-    const bool is_waiting = std::binary_search(waiting_sorted.begin(), waiting_sorted.end(), rid);
-    if (is_running == is_waiting) fail(who() + "must be exactly one of running or waiting");
-    if (is_waiting && r.frontier != 0) fail(who() + "waiting with a non-zero frontier");
+    const bool is_running = in_queue(rid, 1, running_sorted);
+    const bool is_waiting = in_queue(rid, 2, waiting_sorted);
+    if (is_running == is_waiting) fail_request(who() + "must be exactly one of running or waiting");
+    if (is_waiting && r.frontier != 0) fail_request(who() + "waiting with a non-zero frontier");
   }
+  for (const RequestId id : running_) {
+    if (id.value < queued.size()) queued[id.value] = 0;
+  }
+  for (const RequestId id : waiting_) {
+    if (id.value < queued.size()) queued[id.value] = 0;
+  }
+  for (const Family f : kFamilies) {
+    check_pool_counters(pool(f), fail);
+    for (std::string& v : foreign[static_cast<int>(f)]) fail(v);
+    check_pool_pages(pool(f), owners[static_cast<int>(f)], fail);
+  }
+  violations.insert(violations.end(), per_request.begin(), per_request.end());
   return violations;
 }
 
