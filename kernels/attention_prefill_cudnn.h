@@ -9,7 +9,9 @@
 // SDPA node, rewritten here): paged loads of K^T and V; Q K^T with per-seq M/N overrides; the
 // scale; the padding mask (rows < seq_len_q, keys < seq_len_kv); the causal band
 // (row + kv_len - q_len >= key); the window band (key + window - kv_len + q_len > row); the
-// softmax (max, sub, exp, sum, div); P V with per-seq M/K overrides.
+// softmax (max, sub, exp, sum, div, and its Stats: the 9.19 Hopper engine writes row
+// statistics whether or not the graph has them, so it gets a buffer); P V with per-seq M/K
+// overrides.
 //
 // Host/device split: plan_cudnn_prefill (host) turns a step's row arrays into batch entries,
 // one per seq with rows; CudnnPrefill::prepare uploads them and builds the dense page tables
@@ -78,8 +80,9 @@ struct CudnnPrefillStats {
 class CudnnPrefill {
  public:
   // kBadArgument when the build has no cuDNN (the message says so), the geometry is outside
-  // what this path serves (head_dim 64..256, q_heads a multiple of kv_heads) or a limit is not
-  // positive; kCuda when a handle or buffer cannot be had.
+  // what this path serves (head_dim 64..256, q_heads a multiple of kv_heads, a page size that
+  // is a power of 2: cuDNN 9.19's paged cache load takes no other) or a limit is not positive;
+  // kCuda when a handle or buffer cannot be had.
   static Result<std::unique_ptr<CudnnPrefill>, KernelError> create(
       const KvPoolView& pool, int32_t q_heads, int32_t window, const CudnnPrefillLimits& limits);
   ~CudnnPrefill();
