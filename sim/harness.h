@@ -196,7 +196,8 @@ class Harness {
   ReadsMemo& reads_memo(engine::RequestId id, engine::Family f, uint32_t* index);
   void set_page_content(engine::Family f, uint64_t page, uint64_t content);
   std::vector<ReadsMemo> reads_memos_;
-  std::map<uint64_t, uint32_t> reads_memo_index_;  // request id * 2 + family -> reads_memos_
+  std::vector<uint32_t> reads_memo_slot_;          // [request id * 2 + family] index + 1
+  std::map<uint64_t, uint32_t> reads_memo_index_;  // the same past the dense range
   std::vector<std::vector<ContentWatch>> content_watchers_[engine::kFamilyCount];  // [page]
   uint64_t trace_hash_ = 0x6a09e667f3bcc908ULL;
   uint64_t steps_ = 0;

@@ -41,10 +41,20 @@ void Harness::bind_pages(const engine::PoolLayout& global, const engine::PoolLay
   }
   reads_memos_.clear();
   reads_memo_index_.clear();
+  reads_memo_slot_.clear();
 }
 
 Harness::ReadsMemo& Harness::reads_memo(engine::RequestId id, Family f, uint32_t* index) {
   const uint64_t key = id.value * 2 + static_cast<uint64_t>(f);
+  if (key < (uint64_t{1} << 27)) {  // dense ids: a flat index (slot + 1; 0 = none yet)
+    if (reads_memo_slot_.size() <= key) reads_memo_slot_.resize(key + 1, 0);
+    if (reads_memo_slot_[key] == 0) {
+      reads_memos_.emplace_back();
+      reads_memo_slot_[key] = static_cast<uint32_t>(reads_memos_.size());
+    }
+    *index = reads_memo_slot_[key] - 1;
+    return reads_memos_[*index];
+  }
   auto [it, inserted] = reads_memo_index_.try_emplace(key, uint32_t(reads_memos_.size()));
   if (inserted) reads_memos_.emplace_back();
   *index = it->second;

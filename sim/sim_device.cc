@@ -144,6 +144,7 @@ engine::Status<DeviceError> SimDevice::bind(const engine::PoolLayout& global,
   }
   memos_.clear();
   memo_index_.clear();
+  memo_slot_.clear();
   bound_ = true;
   return engine::Ok{};
 }
@@ -245,6 +246,14 @@ uint64_t SimDevice::whole_page_term(const HostPool& pool, uint32_t page, int32_t
 
 SimDevice::ReadMemo& SimDevice::memo_of(engine::RequestId request, Family f) {
   const uint64_t key = request.value * 2 + static_cast<uint64_t>(f);
+  if (key < (uint64_t{1} << 27)) {  // dense ids: a flat index (slot + 1; 0 = none yet)
+    if (memo_slot_.size() <= key) memo_slot_.resize(key + 1, 0);
+    if (memo_slot_[key] == 0) {
+      memos_.emplace_back();
+      memo_slot_[key] = static_cast<uint32_t>(memos_.size());
+    }
+    return memos_[memo_slot_[key] - 1];
+  }
   auto [it, inserted] = memo_index_.try_emplace(key, static_cast<uint32_t>(memos_.size()));
   if (inserted) memos_.emplace_back();
   return memos_[it->second];

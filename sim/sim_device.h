@@ -154,7 +154,8 @@ class SimDevice final : public engine::Device {
   mutable uint64_t pages_by_digest_ = 0;
   uint64_t pages_recomputed_ = 0;
   std::vector<ReadMemo> memos_;
-  std::unordered_map<uint64_t, uint32_t> memo_index_;  // request id * 2 + family -> memos_
+  std::vector<uint32_t> memo_slot_;                    // [request id * 2 + family] index + 1
+  std::unordered_map<uint64_t, uint32_t> memo_index_;  // the same past the dense range
   int64_t now_ns_ = 0;
   uint64_t steps_executed_ = 0;
   uint64_t plans_received_ = 0;
