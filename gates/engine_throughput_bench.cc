@@ -904,7 +904,11 @@ int main(int argc, char** argv) {
     made.value().reset();
     return batch_invariance::report(config);
   }
-  if (argc != 1) die("usage: engine_throughput_bench [--records FILE | --batch-invariant]");
+  // --decode: sections 2 and 3 only (the decode tables with the host path; issue 13 item 3).
+  const bool decode_only = argc == 2 && std::string(argv[1]) == "--decode";
+  if (argc != 1 && !decode_only) {
+    die("usage: engine_throughput_bench [--records FILE | --batch-invariant | --decode]");
+  }
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
   std::printf(
@@ -963,7 +967,7 @@ int main(int argc, char** argv) {
   PhaseTimer timer(2048);
 
   // ---- 1. prefill -------------------------------------------------------------------------
-  {
+  if (!decode_only) {
     // Warm-up: one full step (activation buffers grow, cuBLAS picks its kernels).
     for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
     drain(e);
@@ -1115,6 +1119,7 @@ int main(int argc, char** argv) {
   created.value().reset();
   g_device = nullptr;
   made.value().reset();
+  if (decode_only) return 0;
   prefix_ttft::report(config);
   return batch_invariance::report(config);
 }
