@@ -35,7 +35,12 @@ uint64_t digest(const engine::RequestState& r) {
   for (const Family f : engine::kFamilies) {
     const engine::KvState& kv = r.kv_of(f);
     h = mix64(h ^ static_cast<uint32_t>(kv.first_page) ^ (uint64_t{kv.pages.size()} << 32));
-    for (const engine::PageId page : kv.pages) h = mix64(h ^ page.index);
+    // A polynomial over the page list (odd multiplier: changing any one entry, or swapping two
+    // different ones, changes it), mixed once: a failed step is checked on every step a fault
+    // can fire, so this runs over every held page each time.
+    uint64_t list = 0;
+    for (const engine::PageId page : kv.pages) list = list * 0x9e3779b97f4a7c15ULL + page.index + 1;
+    h = mix64(h ^ list);
   }
   return h;
 }
