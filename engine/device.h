@@ -53,6 +53,11 @@ struct DeviceStats {
   uint64_t graph_padded_rows = 0;
   uint64_t graph_eager_decode_steps = 0;  // decode-only steps that ran eagerly
   uint64_t graph_misses = 0;              // of which: no bucket or stage could take them
+  // cuDNN's paged SDPA for the local layers (kernels::CudaDeviceOptions::cudnn_local_prefill):
+  // steps whose local attention it ran, and steps it was asked for but refused (they ran the
+  // default kernel; CudaDevice::cudnn_prefill_report says why).
+  uint64_t prefill_cudnn_steps = 0;
+  uint64_t prefill_cudnn_fallbacks = 0;
 };
 
 class Device {

@@ -10,6 +10,9 @@
 //      cache off and on (its own engines, after the rest);
 //   5. the batch-invariant mode (issue 16): prefill and decode at 64 with the mode off and on
 //      (its own engines, last; alone with --batch-invariant);
+//   6. section 1's prefill with cuDNN's paged SDPA for the local layers off and on
+//      (CudaDeviceOptions::cudnn_local_prefill; its own engines, before 5; alone with
+//      --cudnn-prefill);
 //   and a per-phase GPU breakdown (CUDA events at the forward's phase boundaries, through
 //      kernels::set_forward_phase_observer) of one prefill step and one decode step at 64.
 // Every case also prints its roofline floor: max(bytes / measured copy bandwidth,
@@ -872,6 +875,130 @@ int report(const engine::ModelConfig& config) {
 
 }  // namespace batch_invariance
 
+// ==== cuDNN's paged SDPA for the local layers (section 6; alone: --cudnn-prefill) =========
+// CudaDeviceOptions::cudnn_local_prefill off, then on, one device and engine each (made in
+// turn, after the rest), the prefill of section 1 on each: 16 x 2048-token prompts in
+// 8192-row steps after one warm-up step (whose time, with the option on, holds the first plan
+// builds), then one more 8192-row step observed by phase. TWINSTEP_CUDNN_PREFILL overrides
+// both devices' option: each line says what its device resolved.
+namespace cudnn_prefill {
+
+struct Result {
+  bool cudnn = false;  // as the device resolved it
+  double warmup_ms = 0;
+  double ms_per_step = 0;
+  double median_ms = 0;
+  double tokens_per_s = 0;
+  double attention_ms = 0;  // of the observed step
+  double forward_ms = 0;
+  kernels::CudnnPrefillReport report;
+};
+
+Result run(const engine::ModelConfig& config, bool cudnn) {
+  kernels::CudaDeviceOptions o;
+  o.random_seed = 12;
+  o.time_steps = true;
+  o.cudnn_local_prefill = cudnn;
+  auto made = kernels::CudaDevice::create(config, nullptr, o);
+  if (!made) die("cudnn prefill: cuda device: %s", made.error().message.c_str());
+  kernels::CudaDevice& device = *made.value();
+  engine::EngineConfig ec;
+  ec.page_size = kPageSize;
+  ec.max_running = kPrefillRequests;
+  ec.max_step_tokens = kMaxStepTokens;
+  ec.pages_global = ec.pages_local =
+      (kPrefillRequests + kMaxStepTokens / kPrefillPrompt) * (kPrefillPrompt / kPageSize + 2);
+  kernels::DecodeGraphConfig g;  // as section 1: the GEMMs tuned, the buffers reserved once
+  g.max_step_rows = ec.max_step_tokens;
+  g.max_logits = ec.max_running;
+  g.max_context = kPrefillPrompt + kPageSize;
+  g.page_size = ec.page_size;
+  if (auto s = device.enable_decode_graphs(g); !s.ok())
+    die("cudnn prefill: decode graphs: %s", s.error().message.c_str());
+  auto created = engine::Engine::create(config, ec, device);
+  if (!created) die("cudnn prefill: engine: %s", created.error().message.c_str());
+  engine::Engine& e = *created.value();
+  g_device = &device;
+  std::mt19937_64 rng(7);
+  Result r;
+  r.cudnn = device.cudnn_prefill_report().enabled;
+  for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
+  r.warmup_ms = step(e).ms;
+  drain(e);
+  for (int i = 0; i < kPrefillRequests; ++i) submit(e, rng, kPrefillPrompt, 1);
+  std::vector<double> ms;
+  int64_t rows = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!e.idle()) {
+    Timed t = step(e);
+    if (t.out.rows == 0) continue;
+    ms.push_back(t.ms);
+    rows += t.out.rows;
+  }
+  const double wall =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (rows != int64_t{kPrefillRequests} * kPrefillPrompt) {
+    die("cudnn prefill: %lld rows, expected %d", static_cast<long long>(rows),
+        kPrefillRequests * kPrefillPrompt);
+  }
+  r.ms_per_step = wall / static_cast<double>(ms.size());
+  r.median_ms = median(ms);
+  r.tokens_per_s = rows / (wall * 1e-3);
+  for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
+  PhaseTimer timer(2048);
+  kernels::set_forward_phase_observer(&timer);
+  const Timed observed = step(e);
+  kernels::set_forward_phase_observer(nullptr);
+  const std::vector<double> phases = timer.phase_ms(&r.forward_ms);
+  r.attention_ms = phases[static_cast<int>(kernels::ForwardPhase::kAttention)];
+  print_breakdown(r.cudnn ? "prefill step, 8192 rows, cuDNN local attention"
+                          : "prefill step, 8192 rows, default attention",
+                  phases, r.forward_ms, observed.ms, r.median_ms);
+  drain(e);
+  r.report = device.cudnn_prefill_report();
+  if (r.cudnn && (r.report.fallbacks != 0 || r.report.steps == 0)) {
+    die("cudnn prefill: %llu steps on cuDNN, %llu fell back (%s)",
+        static_cast<unsigned long long>(r.report.steps),
+        static_cast<unsigned long long>(r.report.fallbacks), r.report.last_fallback.c_str());
+  }
+  g_device = nullptr;
+  return r;
+}
+
+int report(const engine::ModelConfig& config) {
+  std::printf(
+      "\n== cuDNN local prefill attention (CudaDeviceOptions::cudnn_local_prefill): %d x "
+      "%d-token prompts, max_step_tokens %d ==\n",
+      kPrefillRequests, kPrefillPrompt, kMaxStepTokens);
+  const Result off = run(config, false);
+  const Result on = run(config, true);
+  for (const Result* r : {&off, &on}) {
+    const kernels::CudnnPrefillReport& c = r->report;
+    std::printf(
+        "  prefill %-17s %.1f ms/step (median %.1f), %.0f prompt tokens/s; attention %.2f ms "
+        "of forward %.1f ms (observed step); warm-up step %.1f ms\n",
+        r->cudnn ? "cuDNN local:" : "default kernel:", r->ms_per_step, r->median_ms,
+        r->tokens_per_s, r->attention_ms, r->forward_ms, r->warmup_ms);
+    if (r->cudnn) {
+      std::printf(
+          "    cuDNN: %llu steps, %llu fallbacks; plans built %d (total %.1f ms, max %.1f ms), "
+          "engine %lld, workspace %lld B\n",
+          static_cast<unsigned long long>(c.steps), static_cast<unsigned long long>(c.fallbacks),
+          c.plans.plans_built, c.plans.plan_build_ms_total, c.plans.plan_build_ms_max,
+          static_cast<long long>(c.plans.engine_global_index),
+          static_cast<long long>(c.plans.workspace_bytes));
+    } else if (!c.unavailable.empty()) {
+      std::printf("    cuDNN unavailable: %s\n", c.unavailable.c_str());
+    }
+  }
+  std::printf("  cuDNN/default: step %.3f, tokens/s %.3f, attention %.3f\n",
+              on.ms_per_step / off.ms_per_step, on.tokens_per_s / off.tokens_per_s,
+              on.attention_ms / off.attention_ms);
+  return 0;
+}
+
+}  // namespace cudnn_prefill
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -904,10 +1031,16 @@ int main(int argc, char** argv) {
     made.value().reset();
     return batch_invariance::report(config);
   }
+  if (argc == 2 && std::string(argv[1]) == "--cudnn-prefill") {
+    g_device = nullptr;
+    made.value().reset();
+    return cudnn_prefill::report(config);
+  }
   // --decode: sections 2 and 3 only (the decode tables with the host path; issue 13 item 3).
   const bool decode_only = argc == 2 && std::string(argv[1]) == "--decode";
   if (argc != 1 && !decode_only) {
-    die("usage: engine_throughput_bench [--records FILE | --batch-invariant | --decode]");
+    die("usage: engine_throughput_bench [--records FILE | --batch-invariant | --decode | "
+        "--cudnn-prefill]");
   }
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
@@ -1121,5 +1254,6 @@ int main(int argc, char** argv) {
   made.value().reset();
   if (decode_only) return 0;
   prefix_ttft::report(config);
+  cudnn_prefill::report(config);
   return batch_invariance::report(config);
 }

@@ -4,7 +4,9 @@
 // oracle forward; then the engine's lifecycle guarantees on device pools, and the 12B geometry.
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -752,6 +754,130 @@ TEST_F(ModelGates, Gemma12bGeometryServes) {
       static_cast<unsigned long long>(m.counters.steps),
       static_cast<unsigned long long>(m.counters.window_pages_released), m.global.pages_peak,
       m.local.pages_peak);
+}
+
+// ---- cuDNN's paged SDPA for the local layers (CudaDeviceOptions::cudnn_local_prefill) ----
+
+// Sets an environment variable for a scope and restores it: the gate decides each device's
+// option itself, whatever TWINSTEP_CUDNN_PREFILL the run was started with.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = std::string(old);
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The same requests (the HF prompts, chunked at 48 tokens, decode rows beside prefill chunks)
+// on two engines, cuDNN's local prefill attention off and on: the same plans step for step,
+// every logits row within the fixtures' logit_tol of the other's (argmax equal where the
+// margin clears twice the difference), HF's greedy tokens on both, and every step with a
+// multi-row seq taken by cuDNN on the one and by none on the other.
+TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
+  for (const char* g : kGeometries) {
+    SCOPED_TRACE(g);
+    HfRefs r = refs(g);
+    auto w = load(r);
+    ASSERT_NE(w, nullptr);
+    struct Run {
+      std::vector<engine::StepPlan> plans;
+      std::vector<std::vector<float>> logits;
+      std::vector<std::vector<int32_t>> tokens;  // by prompt
+      int prefill_steps = 0, mixed_steps = 0;    // steps with a multi-row seq; with a decode row
+      kernels::CudnnPrefillReport report;
+    };
+    auto run = [&](bool cudnn, Run& out) {
+      ScopedEnv env("TWINSTEP_CUDNN_PREFILL", cudnn ? "1" : "0");
+      kernels::CudaDeviceOptions opt;
+      opt.capture_logits = true;
+      opt.cudnn_local_prefill = cudnn;
+      auto d = device(w->config(), w.get(), opt);
+      ASSERT_NE(d, nullptr);
+      RecordingDevice rec(*d);
+      auto e = make_engine(w->config(), tiny_engine_config(), rec);
+      ASSERT_NE(e, nullptr);
+      std::vector<engine::RequestId> rid;
+      for (const HfPrompt& p : r.prompts) {
+        rid.push_back(
+            e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
+      }
+      auto outcomes = drive(*e, 1000, [&](const engine::StepOutputs& step) {
+        if (step.failed || !step.device_ran) return;
+        const engine::StepPlan& plan = rec.last_plan();
+        out.plans.push_back(plan);
+        out.logits.push_back(d->last_logits());
+        bool multi = false, decode = false;
+        for (const engine::PlanSeq& s : plan.seqs) {
+          multi = multi || s.row_count > 1;
+          decode = decode || (s.row_count == 1 && s.kv_len_before > 0);
+        }
+        out.prefill_steps += multi;
+        out.mixed_steps += multi && decode;
+      });
+      for (engine::RequestId id : rid) out.tokens.push_back(outcomes[id].tokens);
+      out.report = d->cudnn_prefill_report();
+    };
+    Run off, on;
+    ASSERT_NO_FATAL_FAILURE(run(false, off));
+    ASSERT_NO_FATAL_FAILURE(run(true, on));
+    EXPECT_FALSE(off.report.enabled);
+    EXPECT_EQ(off.report.steps, 0u);
+    ASSERT_TRUE(on.report.enabled);
+    EXPECT_EQ(on.report.unavailable, "");
+    EXPECT_EQ(on.report.fallbacks, 0u) << on.report.last_fallback;
+    EXPECT_EQ(on.report.steps, static_cast<uint64_t>(on.prefill_steps))
+        << "a step with a multi-row seq did not run cuDNN";
+    EXPECT_GT(on.mixed_steps, 0) << "no step had decode rows beside prefill rows";
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      EXPECT_EQ(ids(on.tokens[i]), ids(r.prompts[i].tokens)) << "cuDNN on, prompt " << i;
+      EXPECT_EQ(ids(off.tokens[i]), ids(r.prompts[i].tokens)) << "cuDNN off, prompt " << i;
+    }
+    ASSERT_EQ(on.plans.size(), off.plans.size());
+    const int32_t V = w->config().vocab_size;
+    double worst = 0;
+    int compared = 0, argmax_checked = 0;
+    for (size_t s = 0; s < on.plans.size(); ++s) {
+      const engine::StepPlan& a = off.plans[s];
+      const engine::StepPlan& b = on.plans[s];
+      ASSERT_EQ(a.row_seq, b.row_seq) << "step " << s;
+      ASSERT_EQ(a.positions, b.positions) << "step " << s;
+      ASSERT_EQ(a.tokens, b.tokens) << "step " << s;
+      ASSERT_EQ(off.logits[s].size(), static_cast<size_t>(a.num_logits) * V);
+      ASSERT_EQ(on.logits[s].size(), off.logits[s].size());
+      for (int32_t row = 0; row < a.num_logits; ++row) {
+        const float* x = off.logits[s].data() + int64_t{row} * V;
+        const float* y = on.logits[s].data() + int64_t{row} * V;
+        const double diff = max_abs_diff(x, y, V);
+        worst = std::max(worst, diff);
+        EXPECT_LE(diff, r.logit_tol) << "step " << s << " logits row " << row;
+        if (row_margin(x, V) > 2 * diff) {
+          EXPECT_EQ(row_argmax(y, V), row_argmax(x, V)) << "step " << s << " row " << row;
+          ++argmax_checked;
+        }
+        ++compared;
+      }
+    }
+    std::printf(
+        "[gate] %s: cuDNN local prefill on vs off: %zu steps (%d with a multi-row seq, all on "
+        "cuDNN; %d mixed), %d logits rows, max |dlogit| %.5f (tol %.5f), argmax compared on "
+        "%d; plans built %d (%.1f ms total, max %.1f)\n",
+        g, on.plans.size(), on.prefill_steps, on.mixed_steps, compared, worst, r.logit_tol,
+        argmax_checked, on.report.plans.plans_built, on.report.plans.plan_build_ms_total,
+        on.report.plans.plan_build_ms_max);
+  }
 }
 
 }  // namespace

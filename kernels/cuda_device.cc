@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -210,6 +211,11 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
     d->forward_->set_batch_invariant(true, options.batch_invariant_variant_256);
     d->blas_->set_batch_invariant(true);
   }
+  auto cudnn = resolve_cudnn_local_prefill(options, std::getenv("TWINSTEP_CUDNN_PREFILL"));
+  if (!cudnn) return unexpected(cudnn.error());
+  d->cudnn_enabled_ = cudnn.value();
+  d->options_.cudnn_local_prefill = cudnn.value();
+  d->forward_->set_cudnn_local_prefill(cudnn.value());  // before any reserve: its row slack
   if (options.time_steps) {
     for (cudaEvent_t& e : d->step_events_) {
       if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
@@ -224,6 +230,7 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
 CudaDevice::~CudaDevice() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   graphs_.reset();
+  cudnn_local_.reset();
   forward_.reset();
   model_.reset();
   blas_.reset();
@@ -286,6 +293,7 @@ engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaStreamSynchronize(bind)"));
   }
+  make_cudnn();  // over the local pool; when it cannot, every step it is asked for falls back
   if (graphs_ != nullptr && global.page_size != graph_page_size_) {
     return device_error(DeviceErrorCode::kBadLayout,
                         "bind(): pools of page size " + std::to_string(global.page_size) +
@@ -392,6 +400,8 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
   graphs_ = std::move(made.value());
   graphs_generation_ = forward_->generation();
   graph_page_size_ = gc.page_size;
+  graph_max_logits_ = gc.max_logits;
+  graph_max_context_ = gc.max_context;
   return engine::Ok{};
 }
 
@@ -423,6 +433,9 @@ engine::DeviceStats CudaDevice::stats() const {
   d.graph_padded_rows = s.padded_rows;
   d.graph_eager_decode_steps = s.eager_decode_steps;
   d.graph_misses = s.misses_no_bucket + s.misses_page_capacity;
+  const CudnnPrefillReport cudnn = cudnn_prefill_report();
+  d.prefill_cudnn_steps = cudnn.steps;
+  d.prefill_cudnn_fallbacks = cudnn.fallbacks;
   return d;
 }
 
@@ -808,6 +821,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
   if (const int32_t bucket = graph_bucket(plan); bucket > 0) return execute_graph(plan, bucket);
   auto views = upload(plan);
   if (!views) return unexpected(views.error());
+  attach_cudnn(plan, views.value());
   lap(&host_phases_.stage_us);
   if (fire(engine::FaultSite::kLaunch)) {
     // The plan copy may be in flight; nothing else is.

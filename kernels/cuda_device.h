@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/device.h"
 #include "engine/fault.h"
+#include "kernels/attention_prefill_cudnn.h"
 #include "kernels/decode_graphs.h"
 #include "kernels/logprobs.h"
 #include "kernels/model_forward.h"
@@ -51,6 +52,44 @@ struct CudaDeviceOptions {
   // step at batch 64 took +3.9% over the default mode with it, +22.4% with the pair kernel
   // (two passes per decode row); the prefill step 494.9 vs 489.9 ms (perf/NOTES.md, issue 16).
   PrefillVariant batch_invariant_variant_256 = PrefillVariant::kWgmma;
+  // cuDNN's paged SDPA forward (kernels/attention_prefill_cudnn.h) for the local layers'
+  // attention of steps with a multi-row seq (prefill and mixed steps, their decode rows
+  // included). The global layers (head_dim 512: cuDNN has no path) and decode-only steps (eager
+  // and graph replays) keep our kernels. Kernel bench on the H200 (perf/NOTES.md, "cuDNN's paged
+  // SDPA forward"): 1.79-1.91x our default kernel at head_dim 256, 12B attention per 4 x 2048
+  // step 30.1 -> 22.2 ms. Off until the engine gates and bench have run with it on.
+  // The environment overrides it in create(): TWINSTEP_CUDNN_PREFILL=1 on, =0 off (another
+  // value is refused), so existing gates and benches run either way unbuilt. The
+  // batch-invariant mode wins over both: with batch_invariant set it stays off (every row must
+  // take one pinned kernel). A step it cannot take runs the default kernel and is counted
+  // (stats().prefill_cudnn_fallbacks, cudnn_prefill_report()): rows of a seq not one run at
+  // consecutive positions, more seqs than the limit, a longer context, a plan cuDNN refuses;
+  // every step does when bind() could not make it (pages not a power of 2, local head_dim
+  // outside 64..256, no cuDNN in the build: cudnn_prefill_report().unavailable says which).
+  // The first step of each new shape builds a plan (~2 s for the first, 60-100 ms after).
+  bool cudnn_local_prefill = false;
+  // Its limits: seqs with rows in one step (0: enable_decode_graphs' max_logits, i.e. the
+  // engine's max_running, else kCudnnDefaultMaxSeqs) and keys of one seq (0: the graphs'
+  // max_context, else the model's max_position_embeddings).
+  int32_t cudnn_max_seqs = 0;
+  int32_t cudnn_max_context = 0;
+};
+inline constexpr int32_t kCudnnDefaultMaxSeqs = 256;
+
+// CudaDeviceOptions::cudnn_local_prefill as create() resolves it, `env` being the value of
+// TWINSTEP_CUDNN_PREFILL (nullptr when unset): "1" on, "0" off, unset or empty the option;
+// another value is kBadLayout naming it. Then the batch-invariant mode wins (off).
+Result<bool, engine::DeviceError> resolve_cudnn_local_prefill(const CudaDeviceOptions& options,
+                                                              const char* env);
+
+// What the cuDNN local prefill path did (CudaDevice::cudnn_prefill_report).
+struct CudnnPrefillReport {
+  bool enabled = false;       // resolved on at create()
+  std::string unavailable;    // why bind() could not make it; "" when it did or was not asked
+  uint64_t steps = 0;         // steps whose local layers' attention it ran
+  uint64_t fallbacks = 0;     // steps asked for it that ran the default kernel instead
+  std::string last_fallback;  // why: the last step refused before the forward, the last prepare()
+  CudnnPrefillStats plans;    // execution plans built (count, host ms total and max)
 };
 
 // How a decode-only step that fits a captured bucket runs.
@@ -140,6 +179,7 @@ class CudaDevice final : public engine::Device {
     double post_us = 0;    // after it: ids, host sampling, logprobs
   };
   const HostPhases& last_host_phases() const { return host_phases_; }
+  CudnnPrefillReport cudnn_prefill_report() const;
   // Host wall time the GEMM tuning of enable_decode_graphs() took (0: none ran).
   double gemm_tune_ms() const { return gemm_tune_ms_; }
   // A whole family pool as bf16 bits (gates: untouched-pool checks).
@@ -206,6 +246,18 @@ class CudaDevice final : public engine::Device {
   DecodeGraphMode graph_mode_ = DecodeGraphMode::kReplay;
   int32_t graph_page_size_ = 0;
   DecodeGraphStats dropped_stats_;  // counters of graph sets dropped, so totals survive
+  int32_t graph_max_logits_ = 0;    // of enable_decode_graphs (0: not enabled)
+  int32_t graph_max_context_ = 0;
+  // cuDNN local prefill (cuda_device_cudnn.cc): made by bind() when the option resolved on;
+  // attach_cudnn points an eager non-decode step's views at it and at the step's batch.
+  void make_cudnn();
+  void attach_cudnn(const engine::StepPlan& plan, StepViews& views);
+  bool cudnn_enabled_ = false;
+  std::unique_ptr<CudnnPrefill> cudnn_local_;
+  CudnnPrefillBatch cudnn_batch_;  // the current step's, pointed at by its views
+  std::string cudnn_unavailable_;
+  uint64_t cudnn_refused_steps_ = 0;  // fallbacks decided here (the forward counts its own)
+  std::string cudnn_last_refusal_;
 };
 
 }  // namespace twinstep::kernels

@@ -216,6 +216,23 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
     decode_ws = std::max(decode_ws, attention_decode_split_workspace_bytes_max(
                                         R, c.num_q_heads, ly.kv_heads, ly.head_dim, num_sms_));
   }
+  // cuDNN local prefill: Q (in qkv, at the local fused stride) and O (attn, at the local row
+  // stride) also cover row_slack rows past the last row of any step of <= R rows (the slack of
+  // a batch grows with its longest seq, at most R rows).
+  int64_t qkv_elements = R * qkv_cols;
+  int64_t attn_elements = R * attn_cols;
+  int64_t cudnn_rows = 0;
+  if (cudnn_local_prefill_) {
+    CudnnPrefillBatch longest;
+    longest.rows = longest.max_q_len = R;
+    cudnn_rows = int64_t{R} + CudnnPrefill::row_slack(longest);
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const DeviceModel::Layer& ly = model_.layer(l);
+      if (ly.family != Family::kLocal) continue;
+      qkv_elements = std::max(qkv_elements, cudnn_rows * ly.qkv_cols);
+      attn_elements = std::max(attn_elements, cudnn_rows * c.num_q_heads * ly.head_dim);
+    }
+  }
   // Batch-invariant mode: one row per seq, tiles per row by family (0 when off).
   std::vector<PrefillTile> tiles[engine::kFamilyCount];
   if (batch_invariant_) {
@@ -230,8 +247,8 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   const int64_t tile_bytes = static_cast<int64_t>(sizeof(PrefillTile));
   const int64_t sizes[] = {R * H * 2,
                            R * H * 2,
-                           R * qkv_cols * 2,
-                           R * attn_cols * 2,
+                           qkv_elements * 2,
+                           attn_elements * 2,
                            R * H * 2,
                            R * 2 * I * 2,
                            R * I * 2,
@@ -252,6 +269,7 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   if (err != cudaSuccess) {
     arena_ = nullptr;
     rows_capacity_ = logits_capacity_ = 0;
+    cudnn_rows_covered_ = 0;
     return unexpected(
         KernelError{KernelErrorCode::kCuda, "cudaMalloc(activations, " + std::to_string(total) +
                                                 " bytes): " + cudaGetErrorString(err)});
@@ -287,6 +305,7 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   }
   rows_capacity_ = R;
   logits_capacity_ = L;
+  cudnn_rows_covered_ = cudnn_rows;
   generation_ += 1;
   return buffers_;
 }
@@ -295,6 +314,49 @@ void ModelForward::set_batch_invariant(bool on, PrefillVariant variant_256) {
   TS_CHECK(arena_ == nullptr) << "set_batch_invariant after the first reserve()";
   batch_invariant_ = on;
   invariant_variant_256_ = variant_256;
+}
+
+void ModelForward::set_cudnn_local_prefill(bool on) {
+  TS_CHECK(arena_ == nullptr) << "set_cudnn_local_prefill after the first reserve()";
+  TS_CHECK(!(on && batch_invariant_)) << "cuDNN prefill in the batch-invariant mode";
+  cudnn_local_prefill_ = on;
+  cudnn_q_stride_ = 0;
+  for (int32_t l = 0; l < model_.config().num_layers; ++l) {
+    const DeviceModel::Layer& ly = model_.layer(l);
+    if (ly.family != Family::kLocal) continue;
+    TS_CHECK(cudnn_q_stride_ == 0 || cudnn_q_stride_ == ly.qkv_cols)
+        << "local layers of qkv widths " << cudnn_q_stride_ << " and " << ly.qkv_cols;
+    cudnn_q_stride_ = ly.qkv_cols;
+  }
+}
+
+// Once per step, before the layers: the local family's cuDNN attention of this step, prepared
+// on the forward's stream, or null (not asked, a decode-only step, or prepare() refused: the
+// step runs attention_prefill_tc, counted). Under the attention phase: a plan built here
+// stalls the stream there.
+CudnnPrefill* ModelForward::prepare_cudnn(const StepViews& step) {
+  if (!cudnn_local_prefill_ || step.decode_only || step.cudnn_batch == nullptr ||
+      step.cudnn_local == nullptr || cudnn_q_stride_ == 0) {
+    return nullptr;
+  }
+  const CudnnPrefillBatch& batch = *step.cudnn_batch;
+  TS_CHECK(batch.rows == step.rows.rows) << batch.rows << " batch rows, step " << step.rows.rows;
+  TS_CHECK(int64_t{batch.rows} + CudnnPrefill::row_slack(batch) <= cudnn_rows_covered_)
+      << batch.rows << " rows + slack " << CudnnPrefill::row_slack(batch) << " > "
+      << cudnn_rows_covered_ << " reserved";
+  mark(ForwardPhase::kAttention, blas_.stream());
+  const KernelStatus prepared = step.cudnn_local->prepare(
+      batch, step.paging[static_cast<int>(Family::kLocal)], cudnn_q_stride_, blas_.stream());
+  if (!prepared.ok()) {
+    // A refused allocation leaves its error behind; the fallback's launch checks must not
+    // read it as theirs (a sticky error stays and fails them anyway).
+    (void)cudaGetLastError();
+    cudnn_counters_.refusals += 1;
+    cudnn_counters_.last_refusal = prepared.error().message;
+    return nullptr;
+  }
+  cudnn_counters_.steps += 1;
+  return step.cudnn_local;
 }
 
 PrefillVariant ModelForward::prefill_variant(int32_t head_dim) const {
@@ -388,6 +450,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   if (!reserved) return unexpected(reserved.error());
   const Buffers b = reserved.value();
   const float eps = static_cast<float>(c.rms_norm_eps);
+  CudnnPrefill* const cudnn = prepare_cudnn(step);
   mark(ForwardPhase::kEmbed, stream);
   TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
                       embed_scale_bf16(c.hidden_size), stream));
@@ -416,6 +479,8 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
       TS_TRY(attention_decode_split(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
                                     L.family_index, step.rows, step.paging[f], window, 1.0f,
                                     b.decode_ws, b.decode_ws_bytes, num_sms_, stream));
+    } else if (cudnn != nullptr && L.family == Family::kLocal) {
+      TS_TRY(cudnn->run(b.qkv, b.attn, step.pools[f], L.family_index, 1.0f, stream));
     } else {
       // Batch-invariant decode-only steps whose views carry no tiles (the graph stage's): one
       // tile per row, each its own seq (the stage's layout).

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "kernels/attention_prefill_cudnn.h"
 #include "kernels/attention_prefill_tc.h"
 #include "kernels/ops.h"
 
@@ -76,6 +78,11 @@ struct StepViews {
   int32_t num_logits = 0;
   int32_t sliding_window = 0;
   bool decode_only = false;  // every seq has one row: the decode attention launcher
+  // cuDNN's paged SDPA for the local layers (ModelForward::set_cudnn_local_prefill): the step's
+  // host batch (plan_cudnn_prefill of its rows) and the local family's instance. Both null, or
+  // a decode-only step: every layer runs our kernels.
+  const CudnnPrefillBatch* cudnn_batch = nullptr;
+  CudnnPrefill* cudnn_local = nullptr;
 };
 
 // Activation buffers sized for a row count, grown on demand.
@@ -123,6 +130,21 @@ class ModelForward {
   // at 512, kMma at 64 and 128 (their only kernel), whatever kDefault becomes.
   void set_batch_invariant(bool on, PrefillVariant variant_256 = PrefillVariant::kWgmma);
   bool batch_invariant() const { return batch_invariant_; }
+  // cuDNN's paged SDPA for the local layers' attention of steps whose views carry a batch
+  // (StepViews::cudnn_batch): run() prepares it once before the layers and runs it per local
+  // layer; a step whose prepare() refuses runs attention_prefill_tc (counted). Set it before
+  // the first reserve(): the qkv and attn buffers then also hold, at the local layers' row
+  // strides, CudnnPrefill::row_slack rows past any step of up to rows_capacity() rows (cuDNN's
+  // ragged kernels may touch them); decode graphs, captured over the same buffers, never use it.
+  // Refused (an assertion) in the batch-invariant mode, whose rows take one pinned kernel.
+  void set_cudnn_local_prefill(bool on);
+  bool cudnn_local_prefill() const { return cudnn_local_prefill_; }
+  struct CudnnCounters {
+    uint64_t steps = 0;     // steps whose local layers ran cuDNN
+    uint64_t refusals = 0;  // steps whose prepare() refused (they ran attention_prefill_tc)
+    std::string last_refusal;
+  };
+  const CudnnCounters& cudnn_counters() const { return cudnn_counters_; }
 
  private:
   const DeviceModel& model_;
@@ -143,6 +165,13 @@ class ModelForward {
   const PrefillTile* row_tiles_[engine::kFamilyCount] = {nullptr, nullptr};
   int32_t tiles_per_row_[engine::kFamilyCount] = {0, 0};
   PrefillTilesView row_tiles(engine::Family family, int32_t rows) const;
+  // cuDNN local prefill: rows the qkv and attn buffers cover at the local strides (the
+  // capacity plus the slack; 0 when off), and the step's prepared instance or null.
+  bool cudnn_local_prefill_ = false;
+  int64_t cudnn_rows_covered_ = 0;
+  int64_t cudnn_q_stride_ = 0;  // the local layers' fused qkv row stride (Q's source)
+  CudnnCounters cudnn_counters_;
+  CudnnPrefill* prepare_cudnn(const StepViews& step);
 };
 
 // Benchmarks only (gates/engine_throughput_bench.cc): an observer of the forward's phase
