@@ -382,8 +382,10 @@ void Harness::check_touched_accounts() {
 void Harness::check_page_account() {
   const engine::Scheduler& s = engine_->scheduler();
   int32_t expected_total[engine::kFamilyCount] = {};
-  for (const auto& [id, r] : s.requests()) check_request_account(id, r, expected_total);
-  // Admitted requests are in prefill or decode; waiting and preempted ones wait.
+  // Admitted requests are in prefill or decode; waiting and preempted ones wait. One pass over
+  // each queue and the live table (queue-phase reported after every page account, as the
+  // lookups below would); the lookup per queued id (naming what is wrong) only when some
+  // queued id is not live exactly once.
   auto check_queue = [&](engine::RequestId id, bool admitted_queue) {
     auto it = s.requests().find(id);
     if (it == s.requests().end()) {
@@ -397,8 +399,6 @@ void Harness::check_page_account() {
                                  (admitted_queue ? "running" : "waiting"));
     }
   };
-  // One pass over each queue and the live table; the lookup per queued id (naming what is
-  // wrong) only when some queued id is not live exactly once.
   auto mark = [&](engine::RequestId id, uint8_t m) {
     if (id.value >= queue_mark_.size()) queue_mark_.resize(id.value + 1, 0);
     queue_mark_[id.value] = m;
@@ -406,21 +406,25 @@ void Harness::check_page_account() {
   for (const engine::RequestId id : s.running()) mark(id, 1);
   for (const engine::RequestId id : s.waiting()) mark(id, 2);
   size_t matched = 0;
+  std::vector<std::string> misplaced;
   for (const auto& [id, r] : s.requests()) {
+    check_request_account(id, r, expected_total);
     if (id.value >= queue_mark_.size() || queue_mark_[id.value] == 0) continue;
     const bool admitted = r.phase == RequestPhase::kPrefill || r.phase == RequestPhase::kDecode;
     const bool admitted_queue = queue_mark_[id.value] == 1;
     queue_mark_[id.value] = 0;
     matched += 1;
     if (admitted != admitted_queue) {
-      violate("queue-phase", who(id) + " is in phase " + request_phase_name(r.phase) + " but " +
-                                 (admitted_queue ? "running" : "waiting"));
+      misplaced.push_back(who(id) + " is in phase " + request_phase_name(r.phase) + " but " +
+                          (admitted_queue ? "running" : "waiting"));
     }
   }
   if (matched != s.running().size() + s.waiting().size()) {
     std::fill(queue_mark_.begin(), queue_mark_.end(), 0);
     for (const engine::RequestId id : s.running()) check_queue(id, true);
     for (const engine::RequestId id : s.waiting()) check_queue(id, false);
+  } else {
+    for (std::string& m : misplaced) violate("queue-phase", std::move(m));
   }
   check_pool_references(expected_total);
 }
