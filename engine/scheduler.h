@@ -58,7 +58,7 @@ class Ledger {
 
  private:
   std::unordered_set<RequestId> live_;  // a lookup per update: no ordered walk needed
-  std::map<RequestId, bool> touched_;  // this step's arrivals and terminals: id -> terminated
+  std::map<RequestId, bool> touched_;   // this step's arrivals and terminals: id -> terminated
 };
 
 class Scheduler {
