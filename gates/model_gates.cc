@@ -819,9 +819,10 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
         const engine::StepPlan& plan = rec.last_plan();
         out.plans.push_back(plan);
         out.logits.push_back(d->last_logits());
-        bool multi = false, decode = false;
+        // Not decode-only (some seq without exactly one row): the steps cuDNN is asked for.
+        const bool multi = plan.num_rows() != static_cast<int32_t>(plan.seqs.size());
+        bool decode = false;
         for (const engine::PlanSeq& s : plan.seqs) {
-          multi = multi || s.row_count > 1;
           decode = decode || (s.row_count == 1 && s.kv_len_before > 0);
         }
         out.prefill_steps += multi;
