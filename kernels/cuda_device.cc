@@ -433,9 +433,9 @@ engine::DeviceStats CudaDevice::stats() const {
   d.graph_padded_rows = s.padded_rows;
   d.graph_eager_decode_steps = s.eager_decode_steps;
   d.graph_misses = s.misses_no_bucket + s.misses_page_capacity;
-  const CudnnPrefillReport cudnn = cudnn_prefill_report();
-  d.prefill_cudnn_steps = cudnn.steps;
-  d.prefill_cudnn_fallbacks = cudnn.fallbacks;
+  // The counters alone (every step reads them): cudnn_prefill_report() copies strings.
+  d.prefill_cudnn_steps = forward_->cudnn_counters().steps;
+  d.prefill_cudnn_fallbacks = cudnn_refused_steps_ + forward_->cudnn_counters().refusals;
   return d;
 }
 
