@@ -1016,6 +1016,10 @@ int main(int argc, char** argv) {
   dopt.device_ordinal = ordinal;
   dopt.random_seed = 12;
   dopt.time_steps = true;
+  // --decode-batch-invariant: the decode sections (2 and 3) with the batch-invariant mode on
+  // (issue 16: every row on the pinned prefill kernel and the GEMM pins, long contexts included).
+  const bool invariant_decode = argc == 2 && std::string(argv[1]) == "--decode-batch-invariant";
+  dopt.batch_invariant = invariant_decode;
   const auto tw = std::chrono::steady_clock::now();
   auto made = kernels::CudaDevice::create(config, nullptr, dopt);
   if (!made) die("cuda device: %s", made.error().message.c_str());
@@ -1037,10 +1041,10 @@ int main(int argc, char** argv) {
     return cudnn_prefill::report(config);
   }
   // --decode: sections 2 and 3 only (the decode tables with the host path; issue 13 item 3).
-  const bool decode_only = argc == 2 && std::string(argv[1]) == "--decode";
+  const bool decode_only = invariant_decode || (argc == 2 && std::string(argv[1]) == "--decode");
   if (argc != 1 && !decode_only) {
     die("usage: engine_throughput_bench [--records FILE | --batch-invariant | --decode | "
-        "--cudnn-prefill]");
+        "--decode-batch-invariant | --cudnn-prefill]");
   }
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
@@ -1066,6 +1070,7 @@ int main(int argc, char** argv) {
   ec.pages_local = kDecodeMaxBatch * pages_per_request;
   ec.max_running = kDecodeMaxBatch;
   ec.max_step_tokens = kMaxStepTokens;
+  ec.batch_invariant = invariant_decode;
   // Decode CUDA graphs (issue 13 item 2), captured before the pools exist.
   {
     kernels::DecodeGraphConfig g;
