@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "gates/cut_12b.h"
 #include "gates/model_gate_util.h"
 #include "sim/replay_workload.h"
 #include "sim/rng.h"
@@ -32,34 +33,8 @@ namespace {
 
 constexpr int32_t kPageSize = 16;
 
-// The 12B's widths (hidden 3840, intermediate 15360, 16 query heads, local head_dim 256 with 8
-// KV heads, global 512 with one and K == V, vocabulary 262144, softcap 30) at 6 layers (0-4
-// local, 5 global) with a 128-key window: the 12B's GEMM shapes and attention kernels.
-engine::ModelConfig cut_12b() {
-  const json j = {
-      {"model_type", "gemma4_text"},
-      {"vocab_size", 262144},
-      {"hidden_size", 3840},
-      {"intermediate_size", 15360},
-      {"num_hidden_layers", 6},
-      {"num_attention_heads", 16},
-      {"num_key_value_heads", 8},
-      {"head_dim", 256},
-      {"global_head_dim", 512},
-      {"num_global_key_value_heads", 1},
-      {"attention_k_eq_v", true},
-      {"sliding_window", 128},
-      {"max_position_embeddings", 4096},
-      {"final_logit_softcapping", 30.0},
-      {"rope_parameters",
-       {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-        {"full_attention",
-         {{"rope_type", "proportional"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}}}}},
-      {"eos_token_id", 1}};
-  auto c = engine::ModelConfig::from_json(j);
-  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
-  return c.ok() ? c.value() : engine::ModelConfig{};
-}
+// The 12B at 6 layers (0-4 local, 5 global) with a 128-key window.
+engine::ModelConfig cut_12b() { return cut_12b_config(6, 128); }
 
 std::vector<int32_t> random_prompt(sim::Rng& rng, const engine::ModelConfig& c, int64_t length) {
   std::vector<int32_t> p = {c.bos_token_id};
@@ -305,7 +280,9 @@ TEST_F(BatchInvarianceGates, LogitsDoNotDependOnTheBatchChunkingOrGraphs) {
         shared += t.tokens_in_shared_decode;
       }
       // With 64-token steps the crowd's prefill outlasts the targets: all their steps are mixed.
-      if (s.crowd) EXPECT_GT(mixed, 0) << "no target token came from a step with others' prefill";
+      if (s.crowd) {
+        EXPECT_GT(mixed, 0) << "no target token came from a step with others' prefill";
+      }
       if (s.crowd && s.max_step_tokens >= 2048) {
         EXPECT_GT(shared, 0) << "no target token came from a shared decode step";
       }

@@ -27,6 +27,7 @@
 
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "gates/cut_12b.h"
 #include "gates/gpu_required.h"
 #include "kernels/cuda_device.h"
 
@@ -40,32 +41,8 @@ using kernels::DecodeGraphStats;
 
 constexpr int kPageSize = 16;
 
-// The 12B preset's widths with 8 layers (0-4 and 6-7 local, 5 global).
-engine::ModelConfig cut_12b() {
-  nlohmann::json j = {
-      {"model_type", "gemma4_text"},
-      {"vocab_size", 262144},
-      {"hidden_size", 3840},
-      {"intermediate_size", 15360},
-      {"num_hidden_layers", 8},
-      {"num_attention_heads", 16},
-      {"num_key_value_heads", 8},
-      {"head_dim", 256},
-      {"global_head_dim", 512},
-      {"num_global_key_value_heads", 1},
-      {"attention_k_eq_v", true},
-      {"sliding_window", 64},
-      {"max_position_embeddings", 4096},
-      {"final_logit_softcapping", 30.0},
-      {"rope_parameters",
-       {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
-        {"full_attention",
-         {{"rope_type", "proportional"}, {"rope_theta", 1e6}, {"partial_rotary_factor", 0.25}}}}},
-      {"eos_token_id", 1}};
-  auto c = engine::ModelConfig::from_json(j);
-  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
-  return c.ok() ? c.value() : engine::ModelConfig{};
-}
+// The 12B preset's widths with 8 layers (0-4 and 6-7 local, 5 global), a 64-key window.
+engine::ModelConfig cut_12b() { return cut_12b_config(8, 64); }
 
 int64_t free_bytes() {
   size_t f = 0, t = 0;
