@@ -5,12 +5,16 @@
 // process. Bytes = the K and V each row must read once (local: only its 1024-key window).
 // Each timed launch follows an L2 flush (a 256 MiB memset outside the timed region), so no
 // case is served from the 60 MB L2; CUDA events, warm-ups, median. Figures: perf/NOTES.md.
+// Options (to profile one launch under ncu): --only FAMILY:BATCH:CONTEXT (local or global, one
+// of the batches and contexts below) runs that case alone; --no-reference skips the reference.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "gates/bench_util.h"
@@ -62,7 +66,18 @@ T* upload(const std::vector<T>& host) {
 
 struct Family {
   const char* name;
+  const char* key;  // as --only names it
   int32_t head_dim, kv_heads, window;
+};
+
+// Which cases run: all by default, or the one --only names.
+struct Selection {
+  std::string family;  // empty: every case
+  int32_t batch = 0, context = 0;
+  bool reference = true;
+  bool wants(const Family& f, int32_t b, int32_t c) const {
+    return family.empty() || (family == f.key && batch == b && context == c);
+  }
 };
 
 // Plan of `batch` decode rows at position context - 1, each seq on its own shuffled pages.
@@ -103,8 +118,8 @@ void free_plan(const Plan& p) {
   cudaFree(p.page_indices);
 }
 
-void bench_family(const Family& f, twinstep::sim::Rng& rng, cudaStream_t stream, void* flush,
-                  double copy_gbs, int32_t sms) {
+void bench_family(const Family& f, const Selection& sel, twinstep::sim::Rng& rng,
+                  cudaStream_t stream, void* flush, double copy_gbs, int32_t sms) {
   const int32_t pages_per_seq =
       (f.window > 0 ? f.window + kPage - 1 : kMaxContext) / kPage + 1;  // + a straddled page
   const int32_t pages_total = 1 + kMaxBatch * pages_per_seq;
@@ -130,12 +145,13 @@ void bench_family(const Family& f, twinstep::sim::Rng& rng, cudaStream_t stream,
   const kn::KvPoolView view{pool, 1, pages_total, kPage, f.kv_heads, f.head_dim};
   for (int32_t batch : {1, 16, 64, 128}) {
     for (int32_t context : {1024, 8192, kMaxContext}) {
+      if (!sel.wants(f, batch, context)) continue;
       const Plan p = make_plan(f, batch, context, pages_per_seq, phys);
       const kn::RowsView rv{p.positions, p.row_seq, batch};
       const kn::PagingView pv{p.page_indices, p.seq_page_begin, p.seq_first_page,
                               nullptr,        p.pages_listed,   batch};
       const int64_t stride = int64_t{kQHeads} * f.head_dim;
-      const double ref_ms = median_ms(stream, flush, [&] {
+      const double ref_ms = !sel.reference ? NAN : median_ms(stream, flush, [&] {
         BENCH_OK(
             kn::attention_decode(q, stride, out, kQHeads, view, 0, rv, pv, f.window, 1.0f, stream));
       });
@@ -161,9 +177,45 @@ void bench_family(const Family& f, twinstep::sim::Rng& rng, cudaStream_t stream,
   if (ws != nullptr) cudaFree(ws);
 }
 
+// Parses the options above; a bad one ends the program with a message naming it (exit 2).
+Selection parse_args(int argc, char** argv) {
+  Selection sel;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--no-reference") {
+      sel.reference = false;
+    } else if (arg == "--only" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      char fam[16] = {};
+      int b = 0, c = 0;
+      char tail = 0;
+      if (std::sscanf(v.c_str(), "%15[a-z]:%d:%d%c", fam, &b, &c, &tail) != 3 ||
+          (std::string(fam) != "local" && std::string(fam) != "global") ||
+          (b != 1 && b != 16 && b != 64 && b != 128) ||
+          (c != 1024 && c != 8192 && c != kMaxContext)) {
+        std::fprintf(stderr,
+                     "--only %s: expected FAMILY:BATCH:CONTEXT with FAMILY local or global, "
+                     "BATCH 1, 16, 64 or 128, CONTEXT 1024, 8192 or 32768\n",
+                     v.c_str());
+        std::exit(2);
+      }
+      sel.family = fam;
+      sel.batch = b;
+      sel.context = c;
+    } else {
+      std::fprintf(stderr,
+                   "unknown option %s: expected --only FAMILY:BATCH:CONTEXT or --no-reference\n",
+                   arg.c_str());
+      std::exit(2);
+    }
+  }
+  return sel;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const Selection sel = parse_args(argc, argv);
   int device = 0;
   BENCH_CUDA(cudaGetDevice(&device));
   cudaDeviceProp prop{};
@@ -188,10 +240,11 @@ int main() {
   cudaFree(x);
   cudaFree(y);
 
-  const Family families[] = {{"local (12B sliding layers)", 256, 8, 1024},
-                             {"global (12B full layers)", 512, 1, 0}};
+  const Family families[] = {{"local (12B sliding layers)", "local", 256, 8, 1024},
+                             {"global (12B full layers)", "global", 512, 1, 0}};
   for (const Family& f : families) {
-    bench_family(f, rng, stream, flush, copy_gbs, prop.multiProcessorCount);
+    if (!sel.family.empty() && sel.family != f.key) continue;
+    bench_family(f, sel, rng, stream, flush, copy_gbs, prop.multiProcessorCount);
   }
   cudaFree(flush);
   return 0;
