@@ -1186,15 +1186,15 @@ int main(int argc, char** argv) {
       const double eager = time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
       device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
       std::printf("  graphs: %.3f ms/step, eager %.3f: %.2fx\n", med, eager, eager / med);
-      if (batch == 64 || batch == 1) {
+      if (batch == 128 || batch == 64 || batch == 1) {
         timer.reset();
         kernels::set_forward_phase_observer(&timer);
         Timed t = step(e);
         kernels::set_forward_phase_observer(nullptr);
         double forward_ms = 0;
         const std::vector<double> phases = timer.phase_ms(&forward_ms);
-        print_breakdown(batch == 64 ? "decode step, batch 64" : "decode step, batch 1", phases,
-                        forward_ms, t.ms, med);
+        const std::string title = "decode step, batch " + std::to_string(batch);
+        print_breakdown(title.c_str(), phases, forward_ms, t.ms, med);
       }
     }
     for (auto& c : controls) c.abort();
