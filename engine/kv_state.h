@@ -19,9 +19,99 @@ struct PlanListing {
   int32_t held = 0;            // how many of the listed pages were held then (the first ones)
 };
 
+// One edit of a request's page list, as PageList records it: `page` entered (+1) or left (-1)
+// the list of `request`'s `family`.
+struct PageListEdit {
+  RequestId request;
+  PageId page;
+  Family family = Family::kGlobal;
+  int8_t delta = 0;
+};
+// Where bound page lists record their edits (the scheduler owns one; a checker drains it).
+struct PageListLog {
+  std::vector<PageListEdit> edits;
+};
+
+// A request's held pages of one family: a vector whose every edit, once bound to a log, is
+// recorded there as pages entering and leaving, including a wholesale assignment and the
+// list's destruction (a request erased while holding pages). The entries are read as a
+// vector's; they are written only through the calls below, so no edit escapes the log.
+class PageList {
+ public:
+  PageList() = default;
+  PageList(const PageList& other) : pages_(other.pages_) {}  // a copy is unbound
+  PageList(PageList&& other) noexcept : pages_(std::move(other.pages_)) { other.pages_.clear(); }
+  PageList& operator=(const PageList& other) {
+    if (this != &other) assign(other.pages_);
+    return *this;
+  }
+  PageList& operator=(PageList&& other) {
+    if (this != &other) assign(std::move(other.pages_));
+    other.pages_.clear();
+    return *this;
+  }
+  ~PageList() { log_all(-1); }
+
+  // Records every later edit in `log` as `request`'s list of `family`.
+  void bind(PageListLog* log, RequestId request, Family family) {
+    log_ = log;
+    request_ = request;
+    family_ = family;
+    log_all(+1);
+  }
+
+  size_t size() const { return pages_.size(); }
+  bool empty() const { return pages_.empty(); }
+  const PageId& operator[](size_t i) const { return pages_[i]; }
+  const PageId& front() const { return pages_.front(); }
+  std::vector<PageId>::const_iterator begin() const { return pages_.begin(); }
+  std::vector<PageId>::const_iterator end() const { return pages_.end(); }
+  const std::vector<PageId>& view() const { return pages_; }
+
+  void push_back(PageId page) {
+    pages_.push_back(page);
+    note(page, +1);
+  }
+  void append(const std::vector<PageId>& pages) {
+    for (const PageId page : pages) push_back(page);
+  }
+  void pop_front() {
+    note(pages_.front(), -1);
+    pages_.erase(pages_.begin());
+  }
+  void set(size_t i, PageId page) {
+    note(pages_[i], -1);
+    pages_[i] = page;
+    note(page, +1);
+  }
+  void clear() {
+    log_all(-1);
+    pages_.clear();
+  }
+  void assign(std::vector<PageId> pages) {
+    log_all(-1);
+    pages_ = std::move(pages);
+    log_all(+1);
+  }
+
+ private:
+  void note(PageId page, int8_t delta) {
+    if (log_ != nullptr) log_->edits.push_back(PageListEdit{request_, page, family_, delta});
+  }
+  void log_all(int8_t delta) {
+    if (log_ == nullptr) return;
+    for (const PageId page : pages_) note(page, delta);
+  }
+
+  std::vector<PageId> pages_;
+  PageListLog* log_ = nullptr;
+  RequestId request_;
+  Family family_ = Family::kGlobal;
+};
+
 struct KvState {
-  int32_t first_page = 0;     // logical page number (position / page_size) of pages[0]
-  std::vector<PageId> pages;  // held pages, logical order, contiguous from first_page
+  int32_t first_page = 0;  // logical page number (position / page_size) of pages[0]
+  PageList pages;          // held pages, logical order, contiguous from first_page
   // Bumped by every edit of `pages` other than appending at the end and dropping from the
   // front (a page swapped for a shared one, the list cleared or replaced): build_plan keeps
   // the entries of a table it listed before only while this count is unchanged.

@@ -27,6 +27,7 @@ PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t h
       PoolLayout{family, next_pool_tag(), page_size, kv_heads, head_dim, layers, capacity + 1};
   pages_.assign(static_cast<size_t>(capacity) + 1, Page{});
   pages_[0].state = PageState::kPadding;
+  dirty_mark_.assign(pages_.size(), 0);
   free_.reserve(capacity);
   // Lowest ids on top of the stack, so a fresh pool hands out 1, 2, 3, ...
   for (int32_t i = capacity; i >= 1; --i) free_.push_back(static_cast<uint32_t>(i));
@@ -48,7 +49,7 @@ void PagePool::evict_oldest() {
   const auto oldest = lru_.begin();
   const uint32_t index = oldest->second;
   lru_.erase(oldest);
-  Page& p = pages_[index];
+  Page& p = write(index);
   table_.erase(p.hash);
   p.published = false;
   p.hash = 0;
@@ -67,7 +68,7 @@ bool PagePool::reserve(int32_t count, std::vector<PageId>* out) {
     const uint32_t index = free_.back();
     free_.pop_back();
     TS_CHECK(pages_[index].state == PageState::kFree) << "free list holds non-free page " << index;
-    pages_[index].state = PageState::kReserved;
+    write(index).state = PageState::kReserved;
     out->push_back(PageId{layout_.tag, index});
   }
   reserved_ += count;
@@ -76,7 +77,7 @@ bool PagePool::reserve(int32_t count, std::vector<PageId>* out) {
 
 void PagePool::commit(const std::vector<PageId>& pages) {
   for (const PageId page : pages) {
-    Page& p = pages_[checked(page)];
+    Page& p = write(checked(page));
     TS_CHECK(p.state == PageState::kReserved)
         << "commit of " << page << " in state " << int(p.state);
     p.state = PageState::kHeld;
@@ -89,7 +90,7 @@ void PagePool::commit(const std::vector<PageId>& pages) {
 
 void PagePool::unreserve(const std::vector<PageId>& pages) {
   for (auto it = pages.rbegin(); it != pages.rend(); ++it) {
-    Page& p = pages_[checked(*it)];
+    Page& p = write(checked(*it));
     TS_CHECK(p.state == PageState::kReserved)
         << "unreserve of " << *it << " in state " << int(p.state);
     p.state = PageState::kFree;
@@ -99,7 +100,7 @@ void PagePool::unreserve(const std::vector<PageId>& pages) {
 }
 
 uint64_t PagePool::acquire(PageId page) {
-  Page& p = pages_[checked(page)];
+  Page& p = write(checked(page));
   TS_CHECK(p.published && (p.state == PageState::kHeld || p.state == PageState::kCached))
       << "acquire of " << page << " in state " << int(p.state) << " published=" << p.published;
   if (p.state == PageState::kHeld) {
@@ -116,7 +117,7 @@ uint64_t PagePool::acquire(PageId page) {
 }
 
 void PagePool::to_cache(uint32_t index, uint64_t lru_tick) {
-  Page& p = pages_[index];
+  Page& p = write(index);
   held_ -= 1;
   if (TS_MUTANT(kCachedOnFreeList)) {
     // The page goes back to the free list but stays published: a lookup still finds it.
@@ -131,7 +132,7 @@ void PagePool::to_cache(uint32_t index, uint64_t lru_tick) {
 }
 
 void PagePool::unacquire(PageId page, uint64_t lru_tick) {
-  Page& p = pages_[checked(page)];
+  Page& p = write(checked(page));
   TS_CHECK(p.state == PageState::kHeld && p.refs >= 1 && p.published)
       << "unacquire of " << page << " in state " << int(p.state) << " refs=" << p.refs;
   p.refs -= 1;
@@ -141,7 +142,7 @@ void PagePool::unacquire(PageId page, uint64_t lru_tick) {
 }
 
 void PagePool::release(PageId page) {
-  Page& p = pages_[checked(page)];
+  Page& p = write(checked(page));
   TS_CHECK(p.state == PageState::kHeld && p.refs >= 1)
       << "release of " << page << " in state " << int(p.state) << " refs=" << p.refs;
   p.refs -= 1;
@@ -156,7 +157,7 @@ void PagePool::release(PageId page) {
 }
 
 bool PagePool::publish(PageId page, uint64_t hash) {
-  Page& p = pages_[checked(page)];
+  Page& p = write(checked(page));
   TS_CHECK(p.state == PageState::kHeld && !p.published)
       << "publish of " << page << " in state " << int(p.state) << " published=" << p.published;
   if (!table_.emplace(hash, page.index).second) return false;
@@ -168,6 +169,19 @@ bool PagePool::publish(PageId page, uint64_t hash) {
     lru_.emplace(p.lru_tick, page.index);
   }
   return true;
+}
+
+void PagePool::drain_dirty(std::vector<uint32_t>* out) const {
+  for (const uint32_t index : dirty_) dirty_mark_[index] = 0;
+  out->insert(out->end(), dirty_.begin(), dirty_.end());
+  dirty_.clear();
+}
+
+void PagePool::corrupt_for_test(PageId page, PageState state, int32_t refs, bool published) {
+  Page& p = write(checked(page));
+  p.state = state;
+  p.refs = refs;
+  p.published = published;
 }
 
 }  // namespace twinstep::engine

@@ -9,6 +9,10 @@
 // released (pages go back to the free list exactly as they came, so a retry allocates the same
 // ids). A page evicted for a reservation loses its hash for good: the device may have written it.
 // A page with holders is never evicted, and a published page is never written (it is full).
+// Every write to a page's state, references, hash or eviction place goes through write(),
+// which records the page in a dirty log: a checker drains it each step and re-checks only
+// those pages (sim/harness_incremental.cc), so whatever logic above write() goes wrong still
+// leaves its page in the log.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +83,13 @@ class PagePool {
   // already published under it; the caller may then share that one instead.
   bool publish(PageId page, uint64_t hash);
 
+  // The dirty log: every page index write() touched since the last drain, once each, in the
+  // order first touched. The log is the checker's, not the pool's state (hence const).
+  void drain_dirty(std::vector<uint32_t>* out) const;
+  // Tests only: a page's fields set through write() (so logged) but past every rule above, as
+  // a bug in the pool's own logic would leave them. The counters are not touched.
+  void corrupt_for_test(PageId page, PageState state, int32_t refs, bool published);
+
  private:
   struct Page {
     PageState state = PageState::kFree;
@@ -94,11 +105,21 @@ class PagePool {
     return 0;
   }
   [[noreturn]] void refuse_foreign(PageId page) const;
+  // The only mutable access to a page.
+  Page& write(uint32_t index) {
+    if (!dirty_mark_[index]) {
+      dirty_mark_[index] = 1;
+      dirty_.push_back(index);
+    }
+    return pages_[index];
+  }
   void evict_oldest();
   void to_cache(uint32_t index, uint64_t lru_tick);
 
   PoolLayout layout_;
-  std::vector<Page> pages_;                       // [pages_total]
+  std::vector<Page> pages_;                       // [pages_total]; mutated only via write()
+  mutable std::vector<uint32_t> dirty_;           // the dirty log (drain_dirty)
+  mutable std::vector<uint8_t> dirty_mark_;       // [pages_total] 1 while in dirty_
   std::vector<uint32_t> free_;                    // LIFO stack of free page indices
   std::map<uint64_t, uint32_t> lru_;              // cached pages: release tick -> index
   std::unordered_map<uint64_t, uint32_t> table_;  // published hash -> index (lookups only)

@@ -474,7 +474,7 @@ void Scheduler::release_window_pages(RequestState& r) {
   KvState& kv = r.kv_of(Family::kLocal);
   while (kv.first_page < span.begin && !kv.pages.empty()) {
     pool_mut(Family::kLocal).release(kv.pages.front());
-    kv.pages.erase(kv.pages.begin());
+    kv.pages.pop_front();
     kv.first_page += 1;
     counters_.window_pages_released += 1;
   }
@@ -496,11 +496,11 @@ void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& re
       if (s.hit_tokens > 0) {  // the request held nothing: the hit's pages come first
         const int fi = static_cast<int>(f);
         kv.first_page = s.hit_first_page[fi];
-        kv.pages = std::move(s.hit_pages[fi]);
+        kv.pages.assign(std::move(s.hit_pages[fi]));
         kv.rewrites += 1;
         r.published_end[fi] = s.hit_tokens / config_.page_size;
       }
-      kv.pages.insert(kv.pages.end(), pages.begin(), pages.end());
+      kv.pages.append(pages);
     }
     const bool was_prefill = s.kv_len_before + 1 < static_cast<int32_t>(r.tokens.size());
     r.frontier = s.kv_len_before + s.rows;
@@ -656,7 +656,10 @@ void Scheduler::enqueue(RequestId id, Request request, std::shared_ptr<std::atom
   r.prompt_len = static_cast<int32_t>(request.prompt.size());
   r.request = std::move(request);
   r.abort_flag = std::move(flag);
-  requests_.emplace(id, std::move(r));
+  RequestState& placed = requests_.emplace(id, std::move(r)).first->second;
+  if (page_list_log_on_) {
+    for (const Family f : kFamilies) placed.kv_of(f).pages.bind(&page_list_log_, id, f);
+  }
   waiting_.push_back(id);
   ledger_.admitted(id);
 }

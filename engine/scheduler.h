@@ -81,6 +81,15 @@ class Scheduler {
   const std::deque<RequestId>& waiting() const { return waiting_; }
   const std::vector<RequestId>& running() const { return running_; }
   const Counters& counters() const { return counters_; }
+  // Every edit of every live request's page lists since the last drain (KvState's PageList
+  // records them; a request erased holding pages shows as its pages leaving). The log is the
+  // checker's, not the scheduler's state (hence const).
+  // Off until a checker asks (before the first request arrives); the log grows until drained.
+  void record_page_list_edits() const { page_list_log_on_ = true; }
+  void drain_page_list_edits(std::vector<PageListEdit>* out) const {
+    out->insert(out->end(), page_list_log_.edits.begin(), page_list_log_.edits.end());
+    page_list_log_.edits.clear();
+  }
   bool idle() const { return requests_.empty(); }
   int32_t max_context() const { return max_context_; }
   // Host wall time of the last step() by phase (steady clock, microseconds), for the
@@ -150,6 +159,9 @@ class Scheduler {
   Device& device_;
   int32_t max_context_ = 0;
   std::unique_ptr<PagePool> pools_[kFamilyCount];
+  // Declared before requests_ so that it outlives the page lists that write to it.
+  mutable PageListLog page_list_log_;
+  mutable bool page_list_log_on_ = false;
   std::map<RequestId, RequestState> requests_;  // live requests only
   std::deque<RequestId> waiting_;               // FCFS; preempted requests go to the front
   std::vector<RequestId> running_;              // admission order

@@ -101,12 +101,13 @@ void Scheduler::publish_full_pages(RequestState& r) {
     KvState& kv = r.kv_of(f);
     const int32_t end = std::min(full, kv.end_page());
     for (int32_t k = std::max(r.published_end[fi], kv.first_page); k < end; ++k) {
-      PageId& page = kv.pages[k - kv.first_page];
+      const size_t i = static_cast<size_t>(k - kv.first_page);
+      const PageId page = kv.pages[i];
       if (pool_mut(f).publish(page, r.page_keys[k])) continue;
       const PageId shared = *pool(f).lookup(r.page_keys[k]);
       pool_mut(f).acquire(shared);
       pool_mut(f).release(page);
-      page = shared;
+      kv.pages.set(i, shared);
       kv.rewrites += 1;  // a page swapped in the middle: build_plan must not reuse the table
     }
     r.published_end[fi] = std::max(r.published_end[fi], end);

@@ -250,8 +250,12 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& over
   draw_sharing(rng, overrides, &c);
   c.cost.calibrated = overrides.cost_model.value_or(
       c.model_name == "gemma4-12b" ? default_calibration_12b() : nullptr);
-  c.full_check_every = overrides.full_check_every.value_or(1);
-  if (c.full_check_every < 1) return unexpected(std::string("--full-check-every must be >= 1"));
+  // Unset (0): the whole-state scans at each seed's end only; the incremental checks run on
+  // every step either way.
+  c.full_check_every = overrides.full_check_every.value_or(0);
+  if (overrides.full_check_every && c.full_check_every < 1) {
+    return unexpected(std::string("--full-check-every must be >= 1"));
+  }
   if (auto s = check_runnable(c); !s) return unexpected(s.error());
   return c;
 }

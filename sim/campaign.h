@@ -39,7 +39,7 @@ struct SeedConfig {
   uint32_t queued_abort_ppm = 0;  // per submitted request: aborted before its first step
   int64_t safety_steps_max = 4000;
   CostModel cost;
-  int32_t full_check_every = 1;  // Harness::set_full_check_every (not drawn; a pin)
+  int32_t full_check_every = 0;  // Harness::set_full_check_every (not drawn; a pin); 0: none
 
   std::string describe() const;  // one line, for the seed's progress line
   nlohmann::json to_json() const;
@@ -61,7 +61,7 @@ struct Overrides {
   std::optional<int64_t> safety_steps;
   std::optional<bool> prefix_cache;         // --no-prefix-cache: the engine's prefix cache off
   std::optional<bool> sharing;              // --no-sharing: no shared-prefix workload
-  std::optional<int32_t> full_check_every;  // --full-check-every K (default 1)
+  std::optional<int32_t> full_check_every;  // --full-check-every K (default: none)
   // --cost-model: FILE's coefficients for every seed, or nullptr ("none") for the three-term
   // clock. Unset: the built-in H200 calibration for seeds on the 12B preset (when the build
   // has one), the three-term clock otherwise.

@@ -21,9 +21,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/kv_state.h"
+#include "engine/page_pool.h"
 #include "sim/fault_plan.h"
 #include "sim/sim_device.h"
 
@@ -130,7 +133,6 @@ class Harness {
   void check_page_account();
   void check_request_account(engine::RequestId id, const engine::RequestState& r,
                              int32_t* expected_total);
-  void check_touched_accounts();
   void check_whole_state();
   void check_metrics(const engine::Metrics& m);
   void probe_engine_ledger(const engine::RequestUpdate& terminal);
@@ -149,6 +151,53 @@ class Harness {
   void snapshot_cache();
   void check_hit(const engine::RequestUpdate& update, const RequestRecord& rec);
   void check_pool_references(const int32_t (&expected_references)[engine::kFamilyCount]);
+  // Incremental whole-state checks (harness_incremental.cc): every step, over what changed.
+  // What the last step left of one live request (its fields the checks read, O(1) each).
+  struct Fingerprint {
+    int32_t frontier = 0;
+    int32_t tokens = 0;
+    int32_t last_token = 0;
+    int32_t page_keys = 0;
+    int32_t first_page[engine::kFamilyCount] = {};
+    int32_t held[engine::kFamilyCount] = {};
+    engine::RequestPhase phase = engine::RequestPhase::kQueued;
+    bool operator==(const Fingerprint&) const = default;
+  };
+  struct LiveRequest {
+    engine::RequestId id;
+    const engine::RequestState* state = nullptr;  // its node in the scheduler's map
+    Fingerprint seen;
+    int32_t expected[engine::kFamilyCount] = {};  // the reference model's pages at seen
+    uint32_t list_edits = 0;     // this step's pages entering its lists (both families)
+    bool any_edit = false;       // this step edited its lists
+    bool marked = false;         // this step touched it (outputs or lists): re-check it
+    bool fresh = false;          // joined the table this step (nothing seen before)
+    bool rechecked_all = false;  // this step re-checked every full page of it
+  };
+  // The pool's side of one page as the checks last saw it.
+  struct PageShadow {
+    engine::PagePool::PageState state = engine::PagePool::PageState::kFree;
+    bool published = false;
+    int32_t refs = 0;
+    uint64_t hash = 0;
+    uint64_t available = 0;  // the content it offers an admission (held or cached), else 0
+  };
+  void init_incremental();
+  void begin_incremental();   // after the outputs: the live table, the list edits, a failed step
+  void finish_incremental();  // requests, queues, pages, counters
+  void track_live_requests();
+  void apply_list_edits();
+  void check_failed_step_incremental();
+  void check_dirty_page(engine::Family f, uint32_t page);
+  void check_changed_request(LiveRequest& live, const Fingerprint& now);
+  void check_published_range(const LiveRequest& live, engine::Family f, int32_t begin, int32_t end);
+  void check_published_at(const LiveRequest& live, engine::Family f, engine::PageId page);
+  void check_counters();
+  void check_queues_incremental();
+  void refresh_available(engine::Family f, uint32_t page);
+  bool has_available(engine::Family f, uint64_t content) const;
+  Fingerprint fingerprint_of(const engine::RequestState& r) const;
+  LiveRequest* live_of(engine::RequestId id);
 
   engine::ModelConfig model_;
   engine::EngineConfig config_;  // as configured, not as the engine reports it
@@ -199,11 +248,31 @@ class Harness {
   std::vector<uint32_t> reads_memo_slot_;          // [request id * 2 + family] index + 1
   std::map<uint64_t, uint32_t> reads_memo_index_;  // the same past the dense range
   std::vector<std::vector<ContentWatch>> content_watchers_[engine::kFamilyCount];  // [page]
+  // Incremental checks' state: per family and page the shadow and the requests holding it
+  // (from the page-list log), the counters summed over the shadows, the pages touched this
+  // step, the available contents (content -> pages offering it), the live requests.
+  std::vector<PageShadow> shadow_[engine::kFamilyCount];
+  std::vector<std::vector<engine::RequestId>> holders_of_[engine::kFamilyCount];
+  std::vector<uint32_t> touched_pages_[engine::kFamilyCount];
+  std::vector<uint8_t> touched_mark_[engine::kFamilyCount];
+  std::unordered_map<uint64_t, int32_t> available_[engine::kFamilyCount];
+  int32_t by_state_[engine::kFamilyCount][5] = {};
+  int32_t published_pages_[engine::kFamilyCount] = {};
+  int64_t references_[engine::kFamilyCount] = {};
+  int64_t expected_references_[engine::kFamilyCount] = {};
+  std::vector<LiveRequest> live_;
+  std::vector<uint32_t> live_slot_;  // [id.value] index in live_ + 1; 0: not live
+  std::vector<engine::RequestId> submitted_since_step_;
+  std::vector<engine::PageListEdit> edits_;        // scratch: this step's page-list edits
+  std::vector<uint32_t> dirty_scratch_;            // scratch: a pool's dirty log
+  std::vector<engine::RequestId> running_before_;  // failed-step check: the queues before
+  std::vector<engine::RequestId> waiting_before_;
+  bool incremental_ok_ = true;  // false: ids past the dense range; every step runs whole
   uint64_t trace_hash_ = 0x6a09e667f3bcc908ULL;
   uint64_t steps_ = 0;
-  int32_t full_check_every_ = 1;
-  bool full_step_ = true;        // this step runs the whole-state checks
-  bool cache_snapshot_ = false;  // available_before_ was taken before this step
+  int32_t full_check_every_ = 0;  // 0: the full scans only at a seed's end
+  bool full_step_ = true;         // this step runs the whole-state checks
+  bool cache_snapshot_ = false;   // available_before_ was taken before this step
 };
 
 }  // namespace twinstep::sim

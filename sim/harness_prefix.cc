@@ -67,6 +67,10 @@ void Harness::set_page_content(Family f, uint64_t page, uint64_t content) {
   const int fi = static_cast<int>(f);
   if (page_content_[fi][page] == content) return;
   page_content_[fi][page] = content;
+  if (page < touched_mark_[fi].size() && !touched_mark_[fi][page]) {  // its offer to a hit moved
+    touched_mark_[fi][page] = 1;
+    touched_pages_[fi].push_back(static_cast<uint32_t>(page));
+  }
   for (const ContentWatch& w : content_watchers_[fi][page]) {
     reads_memos_[w.memo].valid = std::min(reads_memos_[w.memo].valid, w.logical);
   }
@@ -167,12 +171,12 @@ void Harness::snapshot_cache() {
   for (const uint64_t n : terminals_seen_) ended += n;
   available_taken_ = !s.waiting().empty() || records_.size() - ended > s.requests().size();
   cache_snapshot_ = available_taken_ && full_step_;
-  if (!cache_snapshot_) return;
   evictions_before_ = 0;
+  for (const Family f : engine::kFamilies) evictions_before_ += s.pool(f).evictions();
+  if (!cache_snapshot_) return;
   for (const Family f : engine::kFamilies) {
     const int fi = static_cast<int>(f);
     const engine::PagePool& pool = s.pool(f);
-    evictions_before_ += pool.evictions();
     available_before_[fi].clear();
     if (!config_.prefix_cache) continue;
     for (uint32_t i = 1; i < page_content_[fi].size(); ++i) {
@@ -210,18 +214,21 @@ void Harness::check_hit(const engine::RequestUpdate& update, const RequestRecord
     violate("prefix-hit", who(update.id) + " was admitted although nothing was waiting");
     return;
   }
-  if (!cache_snapshot_) return;  // the lower bound's snapshot is a whole-state check
+  // The contents before the step: the full scan's snapshot on a whole-state step, else the
+  // incremental checks' (refreshed after every step from the pages it touched).
+  if (!cache_snapshot_ && !incremental_ok_) return;
   uint64_t evictions = 0;
   for (const Family f : engine::kFamilies) evictions += engine_->scheduler().pool(f).evictions();
   if (evictions != evictions_before_) return;
-  if (!available_sorted_) {
+  if (cache_snapshot_ && !available_sorted_) {
     for (auto& available : available_before_) std::sort(available.begin(), available.end());
     available_sorted_ = true;
   }
   auto has = [&](Family f, int32_t page) {
+    const uint64_t content = rec.content[static_cast<size_t>(page + 1) * p - 1];
+    if (!cache_snapshot_) return has_available(f, content);
     const std::vector<uint64_t>& available = available_before_[static_cast<int>(f)];
-    return std::binary_search(available.begin(), available.end(),
-                              rec.content[static_cast<size_t>(page + 1) * p - 1]);
+    return std::binary_search(available.begin(), available.end(), content);
   };
   const int32_t cap = (tokens - 1) / p;
   int32_t global = 0;
