@@ -58,6 +58,10 @@ struct DeviceStats {
   // default kernel; CudaDevice::cudnn_prefill_report says why).
   uint64_t prefill_cudnn_steps = 0;
   uint64_t prefill_cudnn_fallbacks = 0;
+  // Its execution plans (all built before the first step) and the device memory it took with
+  // them (handle, kernels, plans, workspace and buffers; before the pools when graphs are on).
+  int32_t prefill_cudnn_plans = 0;
+  int64_t prefill_cudnn_bytes = 0;
 };
 
 class Device {

@@ -319,6 +319,19 @@ TEST_F(DecodeGraphGates, PoolsSizedAfterGraphsLeaveTheReportedFreeMemory) {
   const int64_t reported = d->free_memory_bytes().value();
   EXPECT_GT(s.graph_bytes, 0);
   EXPECT_LE(s.graph_bytes, before_graphs - reported) << "graph memory above what was taken";
+  // cuDNN's local prefill (when on): its plans and buffers were made here too, before the
+  // free memory was reported, so the pools below leave them room (and bind adds none).
+  const kernels::CudnnPrefillReport cudnn = d->cudnn_prefill_report();
+  if (cudnn.enabled) {
+    EXPECT_EQ(cudnn.unavailable, "");
+    EXPECT_TRUE(cudnn.built_before_pools);
+    EXPECT_GT(cudnn.plans.device_bytes, 0);
+    EXPECT_LE(s.graph_bytes + cudnn.plans.device_bytes, before_graphs - reported)
+        << "graph and cuDNN memory above what was taken";
+  }
+  std::printf("[gate] cuDNN local prefill %s: %d plans, %.2f MiB before the pools\n",
+              cudnn.enabled ? "on" : "off", cudnn.plans.plans_built,
+              cudnn.plans.device_bytes / 1048576.0);
   // Pools from what is left, less 2 GiB of headroom.
   const kernels::PoolPages pages =
       kernels::pool_pages_for_bytes(config_, kPageSize, ec.max_running, reported - (2ll << 30));

@@ -965,11 +965,133 @@ Result run(const engine::ModelConfig& config, bool cudnn) {
   return r;
 }
 
+// What the plan key costs at run time (issue 12, the serving key space): the same batches of one
+// 12B local layer (8 KV heads, head_dim 256, page 16, shuffled pages, the fused-QKV Q stride)
+// under plans whose keys declare the batch's own buckets (exact) or the limits (rows 8192, keys
+// 131072 = the 12B's max_position_embeddings), entries padded to a power of 2, and a K/V
+// container of 27000 pages (what the device declares for an H200-sized local pool). CUDA
+// events, median of 20 runs after 3.
+void keys_cost(const engine::ModelConfig& config) {
+  const engine::FamilyGeometry& g = config.family(engine::Family::kLocal);
+  const int32_t Hq = config.num_q_heads, page = kPageSize, seq_pages = 2048 / kPageSize;
+  const int32_t seqs = 4, pages = seqs * seq_pages + 8;
+  const int64_t q_stride = int64_t{Hq} * g.head_dim + 2 * int64_t{g.kv_heads} * g.head_dim;
+  const int64_t o_stride = int64_t{Hq} * g.head_dim;
+  const int64_t rows_cap = 2 * int64_t{kMaxStepTokens};  // the rows and the largest slack
+  cudaStream_t stream = nullptr;
+  check_cuda(cudaStreamCreate(&stream), "cudaStreamCreate(keys)");
+  kernels::bf16 *pool = nullptr, *q = nullptr, *out = nullptr;
+  const int64_t pool_elems = int64_t{pages} * 2 * page * g.kv_heads * g.head_dim;
+  check_cuda(cudaMalloc(&pool, pool_elems * 2), "cudaMalloc(keys pool)");
+  check_cuda(cudaMalloc(&q, rows_cap * q_stride * 2), "cudaMalloc(keys q)");
+  check_cuda(cudaMalloc(&out, rows_cap * o_stride * 2), "cudaMalloc(keys out)");
+  engine::WeightInitSpec spec;
+  spec.seed = 77;
+  spec.stddev = 0.1f;
+  if (!kernels::fill_random_weights(pool, pool_elems, spec, stream).ok() ||
+      !kernels::fill_random_weights(q, rows_cap * q_stride, spec, stream).ok()) {
+    die("keys: random fill");
+  }
+  // Each seq lists seq_pages shuffled pages of 1..pages-1.
+  std::vector<uint32_t> ids(pages - 1);
+  for (int32_t i = 0; i < pages - 1; ++i) ids[i] = static_cast<uint32_t>(i + 1);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(3));
+  ids.resize(int64_t{seqs} * seq_pages);
+  std::vector<int32_t> begin(seqs + 1), first(seqs, 0);
+  for (int32_t s = 0; s <= seqs; ++s) begin[s] = s * seq_pages;
+  uint32_t* d_ids = nullptr;
+  int32_t *d_begin = nullptr, *d_first = nullptr;
+  check_cuda(cudaMalloc(&d_ids, ids.size() * 4), "cudaMalloc(keys ids)");
+  check_cuda(cudaMalloc(&d_begin, begin.size() * 4), "cudaMalloc(keys begin)");
+  check_cuda(cudaMalloc(&d_first, first.size() * 4), "cudaMalloc(keys first)");
+  check_cuda(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "ids");
+  check_cuda(cudaMemcpy(d_begin, begin.data(), begin.size() * 4, cudaMemcpyHostToDevice), "b");
+  check_cuda(cudaMemcpy(d_first, first.data(), first.size() * 4, cudaMemcpyHostToDevice), "f");
+  const kernels::PagingView paging{
+      d_ids, d_begin, d_first, nullptr, static_cast<int32_t>(ids.size()), seqs};
+  const kernels::KvPoolView pv{pool, 1, pages, page, g.kv_heads, g.head_dim};
+  struct Case {
+    const char* name;
+    std::vector<kernels::CudnnPrefillSeq> entries;
+  };
+  const Case cases[] = {
+      {"4 x 2048",
+       {{0, 0, 2048, 2048}, {1, 2048, 2048, 2048}, {2, 4096, 2048, 2048}, {3, 6144, 2048, 2048}}},
+      {"3 x 2048", {{0, 0, 2048, 2048}, {1, 2048, 2048, 2048}, {2, 4096, 2048, 2048}}},
+      {"2 chunks of 1024", {{0, 0, 1024, 2048}, {1, 1024, 1024, 1024}}},
+      {"1 x 512", {{0, 0, 512, 512}}},
+  };
+  struct Policy {
+    const char* name;
+    kernels::CudnnPrefillKeys keys;
+    int32_t declared_pages;
+  };
+  const Policy policies[] = {
+      {"exact", {false, false, false}, 0},
+      {"rows 8192", {false, true, false}, 0},
+      {"keys 131072", {false, false, true}, 0},
+      {"serving", kernels::kCudnnServingKeys, 0},
+      {"serving, 27000 pages", kernels::kCudnnServingKeys, 27000},
+  };
+  cudaEvent_t ev[2];
+  for (cudaEvent_t& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate(keys)");
+  std::printf("  cuDNN plan keys, one local layer (median of 20, ms):\n");
+  for (const Case& c : cases) {
+    kernels::CudnnPrefillBatch batch;
+    batch.entries = c.entries;
+    for (const auto& e : c.entries) {
+      batch.rows = std::max(batch.rows, e.row_begin + e.q_len);
+      batch.max_q_len = std::max(batch.max_q_len, e.q_len);
+      batch.max_kv_len = std::max(batch.max_kv_len, e.kv_len);
+    }
+    std::string line = std::string("    ") + c.name + ":";
+    for (const Policy& p : policies) {
+      kernels::CudnnPrefillLimits l{16, 131072, 64};
+      l.max_rows = kMaxStepTokens;
+      l.declared_pages = p.declared_pages;
+      l.pad_kv_len = 1;
+      l.keys = p.keys;
+      auto made = kernels::CudnnPrefill::create(pv, Hq, config.sliding_window, l);
+      if (!made) die("keys: %s", made.error().message.c_str());
+      kernels::CudnnPrefill& att = **made;
+      std::vector<float> ms;
+      for (int i = 0; i < 23; ++i) {
+        if (auto st = att.prepare(batch, paging, q_stride, stream); !st.ok()) {
+          die("keys %s %s: %s", c.name, p.name, st.error().message.c_str());
+        }
+        check_cuda(cudaEventRecord(ev[0], stream), "record");
+        if (auto st = att.run(q, out, pv, 0, 1.0f, stream); !st.ok()) {
+          die("keys %s %s: %s", c.name, p.name, st.error().message.c_str());
+        }
+        check_cuda(cudaEventRecord(ev[1], stream), "record");
+        check_cuda(cudaEventSynchronize(ev[1]), "sync");
+        float t = 0;
+        check_cuda(cudaEventElapsedTime(&t, ev[0], ev[1]), "elapsed");
+        if (i >= 3) ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      char part[160];
+      std::snprintf(part, sizeof part, " | %s %.4f (plan %.0f ms)", p.name, ms[ms.size() / 2],
+                    att.stats().plan_build_ms_max);
+      line += part;
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  for (cudaEvent_t e : ev) cudaEventDestroy(e);
+  for (void* ptr :
+       {static_cast<void*>(pool), static_cast<void*>(q), static_cast<void*>(out),
+        static_cast<void*>(d_ids), static_cast<void*>(d_begin), static_cast<void*>(d_first)}) {
+    cudaFree(ptr);
+  }
+  cudaStreamDestroy(stream);
+}
+
 int report(const engine::ModelConfig& config) {
   std::printf(
       "\n== cuDNN local prefill attention (CudaDeviceOptions::cudnn_local_prefill): %d x "
       "%d-token prompts, max_step_tokens %d ==\n",
       kPrefillRequests, kPrefillPrompt, kMaxStepTokens);
+  if (std::getenv("TWINSTEP_BENCH_CUDNN_KEYS") != nullptr) keys_cost(config);
   const Result off = run(config, false);
   const Result on = run(config, true);
   for (const Result* r : {&off, &on}) {
@@ -981,12 +1103,15 @@ int report(const engine::ModelConfig& config) {
         r->tokens_per_s, r->attention_ms, r->forward_ms, r->warmup_ms);
     if (r->cudnn) {
       std::printf(
-          "    cuDNN: %llu steps, %llu fallbacks; plans built %d (total %.1f ms, max %.1f ms), "
-          "engine %lld, workspace %lld B\n",
+          "    cuDNN: %llu steps, %llu fallbacks; plans built %d of %d keys (total %.1f ms, max "
+          "%.1f ms; prebuilt in %.1f ms %s the pools), engine %lld, workspace %lld B, Stats %.2f "
+          "MiB, scratch %.2f MiB, device memory %.2f MiB\n",
           static_cast<unsigned long long>(c.steps), static_cast<unsigned long long>(c.fallbacks),
-          c.plans.plans_built, c.plans.plan_build_ms_total, c.plans.plan_build_ms_max,
+          c.plans.plans_built, c.plans.keys, c.plans.plan_build_ms_total, c.plans.plan_build_ms_max,
+          c.plans.prebuild_ms, c.built_before_pools ? "before" : "after",
           static_cast<long long>(c.plans.engine_global_index),
-          static_cast<long long>(c.plans.workspace_bytes));
+          static_cast<long long>(c.plans.workspace_bytes), c.plans.stats_bytes / 1048576.0,
+          c.plans.scratch_bytes / 1048576.0, c.plans.device_bytes / 1048576.0);
     } else if (!c.unavailable.empty()) {
       std::printf("    cuDNN unavailable: %s\n", c.unavailable.c_str());
     }

@@ -784,9 +784,12 @@ class ScopedEnv {
 // The same requests (the HF prompts, chunked at 48 tokens, decode rows beside prefill chunks)
 // on two engines, cuDNN's local prefill attention off and on: the same plans step for step,
 // every logits row within the fixtures' logit_tol of the other's (argmax equal where the
-// margin clears twice the difference), HF's greedy tokens on both, and every step with a
-// multi-row seq taken by cuDNN on the one and by none on the other.
+// margin clears twice the difference), HF's greedy tokens on both, and every step with a seq
+// of at least cudnn_min_q_len rows (kept low here so that the 48-row chunks reach it) taken by
+// cuDNN on the one and by none on the other, the step's shorter seqs and decode rows by our
+// kernel beside it; every plan built at bind(), none while the engine ran.
 TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
+  constexpr int32_t kMinQ = 8;
   for (const char* g : kGeometries) {
     SCOPED_TRACE(g);
     HfRefs r = refs(g);
@@ -797,6 +800,7 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
       std::vector<std::vector<float>> logits;
       std::vector<std::vector<int32_t>> tokens;  // by prompt
       int prefill_steps = 0, mixed_steps = 0;    // steps with a multi-row seq; with a decode row
+      int cudnn_steps = 0, split_steps = 0;      // with a seq of >= kMinQ rows; and one of fewer
       kernels::CudnnPrefillReport report;
     };
     auto run = [&](bool cudnn, Run& out) {
@@ -804,6 +808,7 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
       kernels::CudaDeviceOptions opt;
       opt.capture_logits = true;
       opt.cudnn_local_prefill = cudnn;
+      opt.cudnn_min_q_len = kMinQ;
       auto d = device(w->config(), w.get(), opt);
       ASSERT_NE(d, nullptr);
       RecordingDevice rec(*d);
@@ -821,12 +826,16 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
         out.logits.push_back(d->last_logits());
         // Not decode-only (some seq without exactly one row): the steps cuDNN is asked for.
         const bool multi = plan.num_rows() != static_cast<int32_t>(plan.seqs.size());
-        bool decode = false;
+        bool decode = false, taken = false, left = false;
         for (const engine::PlanSeq& s : plan.seqs) {
           decode = decode || (s.row_count == 1 && s.kv_len_before > 0);
+          taken = taken || s.row_count >= kMinQ;
+          left = left || (s.row_count > 0 && s.row_count < kMinQ);
         }
         out.prefill_steps += multi;
         out.mixed_steps += multi && decode;
+        out.cudnn_steps += multi && taken;
+        out.split_steps += multi && taken && left;
       });
       for (engine::RequestId id : rid) out.tokens.push_back(outcomes[id].tokens);
       out.report = d->cudnn_prefill_report();
@@ -839,9 +848,14 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
     ASSERT_TRUE(on.report.enabled);
     EXPECT_EQ(on.report.unavailable, "");
     EXPECT_EQ(on.report.fallbacks, 0u) << on.report.last_fallback;
-    EXPECT_EQ(on.report.steps, static_cast<uint64_t>(on.prefill_steps))
-        << "a step with a multi-row seq did not run cuDNN";
+    EXPECT_EQ(on.report.steps, static_cast<uint64_t>(on.cudnn_steps))
+        << "a step with a seq of >= " << kMinQ << " rows did not run cuDNN";
+    EXPECT_EQ(on.report.steps_without_entries,
+              static_cast<uint64_t>(on.prefill_steps - on.cudnn_steps));
     EXPECT_GT(on.mixed_steps, 0) << "no step had decode rows beside prefill rows";
+    EXPECT_GT(on.split_steps, 0) << "no step had seqs on cuDNN and on our kernel";
+    EXPECT_TRUE(on.report.plans.prebuilt);
+    EXPECT_EQ(on.report.plans.plans_built, on.report.plans.keys) << "a plan built while serving";
     for (size_t i = 0; i < r.prompts.size(); ++i) {
       EXPECT_EQ(ids(on.tokens[i]), ids(r.prompts[i].tokens)) << "cuDNN on, prompt " << i;
       EXPECT_EQ(ids(off.tokens[i]), ids(r.prompts[i].tokens)) << "cuDNN off, prompt " << i;
@@ -872,12 +886,12 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
       }
     }
     std::printf(
-        "[gate] %s: cuDNN local prefill on vs off: %zu steps (%d with a multi-row seq, all on "
-        "cuDNN; %d mixed), %d logits rows, max |dlogit| %.5f (tol %.5f), argmax compared on "
-        "%d; plans built %d (%.1f ms total, max %.1f)\n",
-        g, on.plans.size(), on.prefill_steps, on.mixed_steps, compared, worst, r.logit_tol,
-        argmax_checked, on.report.plans.plans_built, on.report.plans.plan_build_ms_total,
-        on.report.plans.plan_build_ms_max);
+        "[gate] %s: cuDNN local prefill on vs off: %zu steps (%d with a multi-row seq, %d on "
+        "cuDNN, %d of them with seqs on our kernel too; %d mixed), %d logits rows, max |dlogit| "
+        "%.5f (tol %.5f), argmax compared on %d; plans built %d of %d keys at bind (%.1f ms)\n",
+        g, on.plans.size(), on.prefill_steps, on.cudnn_steps, on.split_steps, on.mixed_steps,
+        compared, worst, r.logit_tol, argmax_checked, on.report.plans.plans_built,
+        on.report.plans.keys, on.report.plans.prebuild_ms);
   }
 }
 

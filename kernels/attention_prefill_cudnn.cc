@@ -26,7 +26,8 @@ KernelStatus bad(const std::string& message) {
 }  // namespace
 
 Result<CudnnPrefillBatch, KernelError> plan_cudnn_prefill(std::span<const int32_t> row_seq,
-                                                          std::span<const int32_t> positions) {
+                                                          std::span<const int32_t> positions,
+                                                          int32_t min_q_len) {
   auto fail = [](const std::string& m) -> Result<CudnnPrefillBatch, KernelError> {
     return unexpected(KernelError{KernelErrorCode::kBadArgument, "plan_cudnn_prefill: " + m});
   };
@@ -61,6 +62,9 @@ Result<CudnnPrefillBatch, KernelError> plan_cudnn_prefill(std::span<const int32_
     seen.push_back(s);
     batch.entries.push_back(CudnnPrefillSeq{s, r, 1, positions[r] + 1});
   }
+  if (min_q_len > 1) {
+    std::erase_if(batch.entries, [&](const CudnnPrefillSeq& e) { return e.q_len < min_q_len; });
+  }
   for (const CudnnPrefillSeq& e : batch.entries) {
     batch.max_q_len = std::max(batch.max_q_len, e.q_len);
     batch.max_kv_len = std::max(batch.max_kv_len, e.kv_len);
@@ -71,6 +75,11 @@ Result<CudnnPrefillBatch, KernelError> plan_cudnn_prefill(std::span<const int32_
 namespace {
 int32_t bucket(int32_t n) {
   int32_t b = 64;
+  while (b < n) b *= 2;
+  return b;
+}
+int32_t pow2_at_least(int32_t n) {
+  int32_t b = 1;
   while (b < n) b *= 2;
   return b;
 }
@@ -104,6 +113,17 @@ KernelStatus CudnnPrefill::prepare(const CudnnPrefillBatch&, const PagingView&, 
 KernelStatus CudnnPrefill::run(const bf16*, bf16*, const KvPoolView&, int32_t, float,
                                cudaStream_t) {
   return bad("CudnnPrefill: " + cudnn_describe());
+}
+KernelStatus CudnnPrefill::prebuild(int64_t) { return bad("CudnnPrefill: " + cudnn_describe()); }
+std::string CudnnPrefill::admits(const CudnnPrefillBatch&, int64_t) const {
+  return "CudnnPrefill: " + cudnn_describe();
+}
+KernelStatus CudnnPrefill::rebind(const KvPoolView&) {
+  return bad("CudnnPrefill: " + cudnn_describe());
+}
+int32_t CudnnPrefill::max_row_slack() const { return 0; }
+int32_t CudnnPrefill::row_slack_for(const CudnnPrefillBatch& batch) const {
+  return row_slack(batch);
 }
 const CudnnPrefillStats& CudnnPrefill::stats() const { return impl_->stats; }
 
@@ -222,6 +242,7 @@ struct Shape {  // one plan key
 struct Geometry {
   int32_t q_heads, kv_heads, head_dim, page_size, pages_total, window;
   cudnnDataType_t ragged_type;  // of the Q/O ragged offsets
+  int32_t declared_pages;       // of the K/V container in the plans (>= pages_total)
 };
 
 // The op graph of one shape (see the header for the sequence), built on `g`.
@@ -231,7 +252,7 @@ class SdpaGraph {
 
   cudnnBackendDescriptor_t build(cudnnHandle_t handle) {
     const int64_t B = sh_.entries, Hq = geo_.q_heads, Hk = geo_.kv_heads, D = geo_.head_dim;
-    const int64_t Sq = sh_.q_max, Skv = sh_.kv_max, P = geo_.pages_total, ps = geo_.page_size;
+    const int64_t Sq = sh_.q_max, Skv = sh_.kv_max, P = geo_.declared_pages, ps = geo_.page_size;
     const int64_t pages = (Skv + ps - 1) / ps, os = Hq * D, qs = sh_.q_row_stride;
     auto* seq_q = tensor(kUidSeqLenQ, CUDNN_DATA_INT32, {B, 1, 1, 1}, {1, 1, 1, 1});
     auto* seq_kv = tensor(kUidSeqLenKv, CUDNN_DATA_INT32, {B, 1, 1, 1}, {1, 1, 1, 1});
@@ -473,6 +494,18 @@ struct CudnnPrefill::Impl {
   int64_t stats_bytes = 0;
   CudnnPrefillStats stats;
   float neg_inf = -INFINITY;
+  bool frozen = false;                        // prebuild() ran: prepare() builds nothing
+  int64_t free_at_create = 0;                 // cudaMemGetInfo's free bytes before the handle
+  std::vector<CudnnPrefillSeq> host_entries;  // the prepared batch, padded (reserved at create)
+
+  Shape key_for(const CudnnPrefillBatch& batch, int64_t q_row_stride) const {
+    const CudnnPrefillKeys& k = limits.keys;
+    const int32_t E = static_cast<int32_t>(batch.entries.size());
+    return Shape{k.pad_entries ? pow2_at_least(E) : E,
+                 k.fixed_rows ? bucket(limits.max_rows) : bucket(batch.max_q_len),
+                 k.fixed_keys ? bucket(limits.max_kv_len) : bucket(batch.max_kv_len), q_row_stride};
+  }
+  std::string check(const CudnnPrefillBatch& batch, int64_t q_row_stride) const;
 
   ~Impl() {
     plans.clear();
@@ -556,6 +589,38 @@ std::string first_plan(const std::vector<cudnnBackendDescriptor_t>& cfgs, cudnnH
 
 }  // namespace
 
+// Why prepare() cannot take `batch` without building a plan after prebuild(), or "".
+std::string CudnnPrefill::Impl::check(const CudnnPrefillBatch& batch, int64_t q_row_stride) const {
+  const int32_t E = static_cast<int32_t>(batch.entries.size());
+  if (E <= 0 || E > limits.max_entries || batch.max_kv_len > limits.max_kv_len) {
+    return "CudnnPrefill::prepare: " + std::to_string(E) + " entries, max kv_len " +
+           std::to_string(batch.max_kv_len) + ": limits are 1.." +
+           std::to_string(limits.max_entries) + " and " + std::to_string(limits.max_kv_len);
+  }
+  if (limits.max_rows > 0 && (batch.rows > limits.max_rows || batch.max_q_len > limits.max_rows)) {
+    return "CudnnPrefill::prepare: a step of " + std::to_string(batch.rows) +
+           " rows: the limit is " + std::to_string(limits.max_rows);
+  }
+  const int64_t min_stride = int64_t{geo.q_heads} * geo.head_dim;
+  if (q_row_stride < min_stride || q_row_stride % 8 != 0) {
+    return "CudnnPrefill::prepare: q_row_stride " + std::to_string(q_row_stride) +
+           " must be >= " + std::to_string(min_stride) + " and a multiple of 8";
+  }
+  if (geo.ragged_type == CUDNN_DATA_INT32 &&
+      int64_t{batch.rows} * q_row_stride >= (int64_t{1} << 31)) {
+    return "CudnnPrefill::prepare: " + std::to_string(batch.rows) + " rows x stride " +
+           std::to_string(q_row_stride) + " overflow the int32 ragged offsets";
+  }
+  const Shape sh = key_for(batch, q_row_stride);
+  if (frozen && plans.find(sh) == plans.end()) {
+    return "CudnnPrefill::prepare: no pre-built plan for " + std::to_string(sh.entries) +
+           " entries, " + std::to_string(sh.q_max) + " rows, " + std::to_string(sh.kv_max) +
+           " keys, q stride " + std::to_string(sh.q_row_stride) + " (" +
+           std::to_string(plans.size()) + " built; none is built while serving)";
+  }
+  return "";
+}
+
 KernelStatus CudnnPrefill::Impl::build_plan(const Shape& sh) {
   const auto t0 = std::chrono::steady_clock::now();
   auto plan = std::make_unique<Plan>();
@@ -590,6 +655,7 @@ KernelStatus CudnnPrefill::Impl::build_plan(const Shape& sh) {
       return cuda_status(err, "cudaMalloc(cuDNN softmax stats)");
     }
     stats_bytes = need;
+    stats.stats_bytes = need;
   }
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -634,21 +700,39 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
                 ", window " + std::to_string(window) + ": need > 0, > 0, > 0, >= 2, >= 0");
   }
   auto impl = std::make_unique<Impl>();
+  if (limits.declared_pages != 0 && limits.declared_pages < pool.pages_total) {
+    return fail("declared_pages " + std::to_string(limits.declared_pages) + " < the pool's " +
+                std::to_string(pool.pages_total) + " pages");
+  }
+  const CudnnPrefillKeys& keys = limits.keys;
+  if ((keys.fixed_rows && limits.max_rows <= 0) || limits.min_q_len < 1 || limits.pad_kv_len < 0) {
+    return fail("max_rows " + std::to_string(limits.max_rows) + ", min_q_len " +
+                std::to_string(limits.min_q_len) + ", pad_kv_len " +
+                std::to_string(limits.pad_kv_len) +
+                ": fixed rows need max_rows > 0; min_q_len >= 1; pad_kv_len >= 0");
+  }
   impl->geo = Geometry{q_heads,
                        pool.kv_heads,
                        pool.head_dim,
                        pool.page_size,
                        pool.pages_total,
                        window,
-                       limits.ragged_offset_bits == 64 ? CUDNN_DATA_INT64 : CUDNN_DATA_INT32};
+                       limits.ragged_offset_bits == 64 ? CUDNN_DATA_INT64 : CUDNN_DATA_INT32,
+                       std::max(limits.declared_pages, pool.pages_total)};
   impl->limits = limits;
+  size_t free_b = 0, total_b = 0;
+  if (cudaError_t err = cudaMemGetInfo(&free_b, &total_b); err != cudaSuccess) {
+    return unexpected(cuda_status(err, "cudaMemGetInfo(cuDNN prefill)").error());
+  }
+  impl->free_at_create = static_cast<int64_t>(free_b);
   if (cudnnStatus_t st = cudnnCreate(&impl->handle); st != CUDNN_STATUS_SUCCESS) {
     impl->handle = nullptr;
     return unexpected(KernelError{KernelErrorCode::kCuda, "cudnnCreate: " + status_text(st)});
   }
-  // Scratch, one line per consumer: the entries, the page tables at the largest kv bucket,
-  // two lengths and two ragged offset arrays.
-  const int64_t E = limits.max_entries;
+  // Scratch, one line per consumer: the entries (padded), the page tables at the largest kv
+  // bucket, two lengths and two ragged offset arrays.
+  const int64_t E = keys.pad_entries ? pow2_at_least(limits.max_entries) : limits.max_entries;
+  impl->host_entries.reserve(E);
   const int64_t max_pages = (bucket(limits.max_kv_len) + pool.page_size - 1) / pool.page_size;
   const int64_t entry_bytes = E * int64_t{sizeof(CudnnPrefillSeq)};
   const int64_t table_bytes = E * max_pages * 4;
@@ -661,6 +745,7 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
     impl->scratch = nullptr;
     return unexpected(cuda_status(err, "cudaMalloc(cuDNN prefill scratch)").error());
   }
+  impl->stats.scratch_bytes = total;
   char* p = static_cast<char*>(impl->scratch);
   impl->d_entries = reinterpret_cast<CudnnPrefillSeq*>(p), p += up(entry_bytes);
   impl->d_table = reinterpret_cast<int32_t*>(p), p += up(table_bytes);
@@ -674,46 +759,40 @@ Result<std::unique_ptr<CudnnPrefill>, KernelError> CudnnPrefill::create(
 KernelStatus CudnnPrefill::prepare(const CudnnPrefillBatch& batch, const PagingView& paging,
                                    int64_t q_row_stride, cudaStream_t stream) {
   Impl& m = *impl_;
-  const int32_t E = static_cast<int32_t>(batch.entries.size());
-  if (E <= 0 || E > m.limits.max_entries || batch.max_kv_len > m.limits.max_kv_len) {
-    return bad("CudnnPrefill::prepare: " + std::to_string(E) + " entries, max kv_len " +
-               std::to_string(batch.max_kv_len) + ": limits are 1.." +
-               std::to_string(m.limits.max_entries) + " and " +
-               std::to_string(m.limits.max_kv_len));
+  if (std::string why = m.check(batch, q_row_stride); !why.empty()) {
+    if (m.frozen) m.stats.missing_plan_refusals += 1;
+    return bad(why);
   }
-  const int64_t min_stride = int64_t{m.geo.q_heads} * m.geo.head_dim;
-  if (q_row_stride < min_stride || q_row_stride % 8 != 0) {
-    return bad("CudnnPrefill::prepare: q_row_stride " + std::to_string(q_row_stride) +
-               " must be >= " + std::to_string(min_stride) + " and a multiple of 8");
-  }
-  if (m.geo.ragged_type == CUDNN_DATA_INT32 &&
-      int64_t{batch.rows} * q_row_stride >= (int64_t{1} << 31)) {
-    return bad("CudnnPrefill::prepare: " + std::to_string(batch.rows) + " rows x stride " +
-               std::to_string(q_row_stride) + " overflow the int32 ragged offsets");
-  }
-  const Shape sh{E, bucket(batch.max_q_len), bucket(batch.max_kv_len), q_row_stride};
+  const Shape sh = m.key_for(batch, q_row_stride);
   if (m.plans.find(sh) == m.plans.end()) {
     if (KernelStatus st = m.build_plan(sh); !st.ok()) return st;
   }
   m.current = m.plans.at(sh).get();
-  m.entries = E;
+  m.entries = sh.entries;
   m.table_stride = (sh.kv_max + m.geo.page_size - 1) / m.geo.page_size;
   m.q_row_stride = q_row_stride;
-  // Pageable source: the copy is staged before cudaMemcpyAsync returns, so `batch` may go.
-  if (cudaError_t err =
-          cudaMemcpyAsync(m.d_entries, batch.entries.data(), sizeof(CudnnPrefillSeq) * E,
-                          cudaMemcpyHostToDevice, stream);
+  // Padding entries (pad_entries): no rows, at the end of the last entry's rows.
+  m.host_entries.assign(batch.entries.begin(), batch.entries.end());
+  const CudnnPrefillSeq& last = batch.entries.back();
+  while (static_cast<int32_t>(m.host_entries.size()) < sh.entries) {
+    m.host_entries.push_back(CudnnPrefillSeq{0, last.row_begin + last.q_len, 0, 0});
+  }
+  // Pageable source: the copy is staged before cudaMemcpyAsync returns.
+  if (cudaError_t err = cudaMemcpyAsync(m.d_entries, m.host_entries.data(),
+                                        sizeof(CudnnPrefillSeq) * m.host_entries.size(),
+                                        cudaMemcpyHostToDevice, stream);
       err != cudaSuccess) {
     return cuda_status(err, "cudaMemcpyAsync(cuDNN prefill entries)");
   }
   CudnnTablesArgs a;
   a.entries = m.d_entries;
-  a.count = E;
+  a.count = sh.entries;
   a.paging = paging;
   a.page_size = m.geo.page_size;
   a.pages_total = m.geo.pages_total;
   a.window = m.geo.window;
   a.table_stride = m.table_stride;
+  a.pad_kv_len = m.limits.pad_kv_len;
   a.q_row_stride = q_row_stride;
   a.o_row_stride = int64_t{m.geo.q_heads} * m.geo.head_dim;
   a.ragged_int64 = m.geo.ragged_type == CUDNN_DATA_INT64;
@@ -723,6 +802,74 @@ KernelStatus CudnnPrefill::prepare(const CudnnPrefillBatch& batch, const PagingV
   a.ragged_q = m.d_ragged_q;
   a.ragged_o = m.d_ragged_o;
   return cudnn_prefill_tables(a, stream);
+}
+
+KernelStatus CudnnPrefill::prebuild(int64_t q_row_stride) {
+  Impl& m = *impl_;
+  const CudnnPrefillKeys& k = m.limits.keys;
+  if (!k.pad_entries || !k.fixed_rows || !k.fixed_keys || m.limits.max_rows <= 0) {
+    return bad(
+        "CudnnPrefill::prebuild: the key space is not fixed (pad_entries, fixed_rows, "
+        "fixed_keys and max_rows > 0 are needed)");
+  }
+  const int64_t min_stride = int64_t{m.geo.q_heads} * m.geo.head_dim;
+  if (q_row_stride < min_stride || q_row_stride % 8 != 0) {
+    return bad("CudnnPrefill::prebuild: q_row_stride " + std::to_string(q_row_stride) +
+               " must be >= " + std::to_string(min_stride) + " and a multiple of 8");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // Entries of one step: at most max_entries, and max_rows / min_q_len (each has that many).
+  const int32_t most = std::max(
+      1, std::min(m.limits.max_entries, m.limits.max_rows / std::max(1, m.limits.min_q_len)));
+  int32_t keys = 0;
+  for (int32_t e = 1; e / 2 < most; e *= 2) {  // bucket e holds batches of e/2+1 .. e entries
+    const Shape sh{e, bucket(m.limits.max_rows), bucket(m.limits.max_kv_len), q_row_stride};
+    if (m.plans.find(sh) == m.plans.end()) {
+      if (KernelStatus st = m.build_plan(sh); !st.ok()) return st;
+    }
+    ++keys;
+  }
+  size_t free_b = 0, total_b = 0;
+  if (cudaError_t err = cudaMemGetInfo(&free_b, &total_b); err != cudaSuccess) {
+    return cuda_status(err, "cudaMemGetInfo(cuDNN prebuild)");
+  }
+  m.frozen = true;
+  m.stats.prebuilt = true;
+  m.stats.keys = keys;
+  m.stats.prebuild_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  m.stats.device_bytes = m.free_at_create - static_cast<int64_t>(free_b);
+  return Ok{};
+}
+
+std::string CudnnPrefill::admits(const CudnnPrefillBatch& batch, int64_t q_row_stride) const {
+  return impl_->check(batch, q_row_stride);
+}
+
+KernelStatus CudnnPrefill::rebind(const KvPoolView& pool) {
+  Impl& m = *impl_;
+  if (pool.head_dim != m.geo.head_dim || pool.kv_heads != m.geo.kv_heads ||
+      pool.page_size != m.geo.page_size || pool.pages_total < 2 ||
+      pool.pages_total > m.geo.declared_pages) {
+    return bad("CudnnPrefill::rebind: pool of head_dim " + std::to_string(pool.head_dim) +
+               ", kv_heads " + std::to_string(pool.kv_heads) + ", page size " +
+               std::to_string(pool.page_size) + ", " + std::to_string(pool.pages_total) +
+               " pages: the plans take " + std::to_string(m.geo.head_dim) + ", " +
+               std::to_string(m.geo.kv_heads) + ", " + std::to_string(m.geo.page_size) +
+               " and 2.." + std::to_string(m.geo.declared_pages) + " pages");
+  }
+  m.geo.pages_total = pool.pages_total;
+  m.current = nullptr;
+  return Ok{};
+}
+
+int32_t CudnnPrefill::max_row_slack() const {
+  const CudnnPrefillLimits& l = impl_->limits;
+  return l.max_rows > 0 ? bucket(l.max_rows) : 0;
+}
+
+int32_t CudnnPrefill::row_slack_for(const CudnnPrefillBatch& batch) const {
+  return impl_->key_for(batch, 0).q_max;
 }
 
 KernelStatus CudnnPrefill::run(const bf16* q, bf16* out, const KvPoolView& pool, int32_t layer,

@@ -1,7 +1,8 @@
 // kernels/attention_prefill_cudnn_tables.cu: the device half of CudnnPrefill::prepare
 // (attention_prefill_cudnn.h): per batch entry, the dense page table cuDNN's paged cache load
 // reads ([entry][logical page], the padding page 0 where the seq lists none), the per-entry
-// query and key lengths, and the ragged element offsets of Q and O.
+// query and key lengths, and the ragged element offsets of Q and O. A padding entry (0 rows)
+// gets an all-padding table, seq_len_q 0 and the offsets of the row after the last entry.
 #include "kernels/attention_prefill_cudnn.h"
 #include "kernels/common.cuh"
 
@@ -12,6 +13,29 @@ namespace {
 __global__ void cudnn_tables_kernel(CudnnTablesArgs a) {
   const int32_t b = blockIdx.x;
   const CudnnPrefillSeq e = a.entries[b];
+  const bool last = b == a.count - 1;
+  if (e.q_len == 0) {  // a padding entry (CudnnPrefillKeys::pad_entries): no rows, no pages
+    for (int32_t lp = threadIdx.x; lp < a.table_stride; lp += blockDim.x) {
+      a.table[static_cast<int64_t>(b) * a.table_stride + lp] = 0;
+    }
+    if (threadIdx.x == 0) {
+      a.seq_len_q[b] = 0;
+      a.seq_len_kv[b] = a.pad_kv_len;
+      const int64_t rq = e.row_begin * a.q_row_stride, ro = e.row_begin * a.o_row_stride;
+      if (a.ragged_int64) {
+        static_cast<int64_t*>(a.ragged_q)[b] = rq;
+        static_cast<int64_t*>(a.ragged_o)[b] = ro;
+        if (last) static_cast<int64_t*>(a.ragged_q)[b + 1] = rq;
+        if (last) static_cast<int64_t*>(a.ragged_o)[b + 1] = ro;
+      } else {
+        static_cast<int32_t*>(a.ragged_q)[b] = static_cast<int32_t>(rq);
+        static_cast<int32_t*>(a.ragged_o)[b] = static_cast<int32_t>(ro);
+        if (last) static_cast<int32_t*>(a.ragged_q)[b + 1] = static_cast<int32_t>(rq);
+        if (last) static_cast<int32_t*>(a.ragged_o)[b + 1] = static_cast<int32_t>(ro);
+      }
+    }
+    return;
+  }
   const int32_t s = e.seq;
   TS_DEVICE_REQUIRE(s >= 0 && s < a.paging.seqs && e.q_len >= 1 && e.kv_len >= e.q_len);
   const int32_t begin = a.paging.seq_page_begin[s];
@@ -40,7 +64,6 @@ __global__ void cudnn_tables_kernel(CudnnTablesArgs a) {
     const int64_t rq = e.row_begin * a.q_row_stride, ro = e.row_begin * a.o_row_stride;
     const int64_t end_q = (e.row_begin + e.q_len) * a.q_row_stride;
     const int64_t end_o = (e.row_begin + e.q_len) * a.o_row_stride;
-    const bool last = b == a.count - 1;
     if (a.ragged_int64) {
       static_cast<int64_t*>(a.ragged_q)[b] = rq;
       static_cast<int64_t*>(a.ragged_o)[b] = ro;

@@ -89,5 +89,60 @@ TEST(CudnnPrefillCreate, RefusesGeometryItDoesNotServe) {
   }
 }
 
+// The serving threshold: seqs of fewer than min_q_len rows are left out (to another kernel);
+// the step's row count stays, the maxima are of the entries kept, none kept is not an error,
+// and a malformed plan is refused whichever seqs would be kept.
+TEST(CudnnPrefillPlan, MinQLenLeavesShorterSeqsOut) {
+  const std::vector<int32_t> row_seq = {2, 2, 2, 0, 0, 0, 0, 4, 1};
+  const std::vector<int32_t> positions = {37, 38, 39, 0, 1, 2, 3, 700, 5};
+  auto b = plan_cudnn_prefill(row_seq, positions, 3);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  ASSERT_EQ(b->entries.size(), 2u);
+  expect_entry(b->entries[0], 2, 0, 3, 40);
+  expect_entry(b->entries[1], 0, 3, 4, 4);
+  EXPECT_EQ(b->rows, 9);
+  EXPECT_EQ(b->max_q_len, 4);
+  EXPECT_EQ(b->max_kv_len, 40);
+  auto four = plan_cudnn_prefill(row_seq, positions, 4);
+  ASSERT_TRUE(four.ok());
+  ASSERT_EQ(four->entries.size(), 1u);
+  expect_entry(four->entries[0], 0, 3, 4, 4);
+  EXPECT_EQ(four->max_kv_len, 4);
+  auto none = plan_cudnn_prefill(row_seq, positions, 5);
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_TRUE(none->entries.empty());
+  EXPECT_EQ(none->rows, 9);
+  EXPECT_EQ(none->max_q_len, 0);
+  auto split = plan_cudnn_prefill(std::vector<int32_t>{0, 1, 0}, std::vector<int32_t>{0, 0, 1}, 5);
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.error().message.find("second run of rows at row 2"), std::string::npos);
+}
+
+// The serving limits are checked before any cuDNN or CUDA call.
+TEST(CudnnPrefillCreate, RefusesServingLimitsThatCannotHold) {
+  const KvPoolView local{nullptr, 1, 8, 16, 8, 256};
+  CudnnPrefillLimits small_container{4, 1024};
+  small_container.declared_pages = 4;
+  auto a = CudnnPrefill::create(local, 16, 0, small_container);
+  ASSERT_FALSE(a.ok());
+  CudnnPrefillLimits unbounded{4, 1024};
+  unbounded.keys = kCudnnServingKeys;  // fixed rows, max_rows 0
+  auto b = CudnnPrefill::create(local, 16, 0, unbounded);
+  ASSERT_FALSE(b.ok());
+  CudnnPrefillLimits zero_q{4, 1024};
+  zero_q.min_q_len = 0;
+  auto c = CudnnPrefill::create(local, 16, 0, zero_q);
+  ASSERT_FALSE(c.ok());
+  if (cudnn_compiled_in()) {
+    EXPECT_NE(a.error().message.find("declared_pages 4 < the pool's 8 pages"), std::string::npos)
+        << a.error().message;
+    EXPECT_NE(b.error().message.find("fixed rows need max_rows > 0"), std::string::npos)
+        << b.error().message;
+    EXPECT_NE(c.error().message.find("min_q_len 0"), std::string::npos) << c.error().message;
+  } else {
+    EXPECT_NE(a.error().message.find("no cuDNN in this build"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace twinstep::kernels

@@ -293,7 +293,7 @@ engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
   if (cudaError_t err = cudaStreamSynchronize(stream_); err != cudaSuccess) {
     return unexpected(cuda_error(err, "cudaStreamSynchronize(bind)"));
   }
-  make_cudnn();  // over the local pool; when it cannot, every step it is asked for falls back
+  bind_cudnn();  // over the local pool; when it cannot, every step it is asked for falls back
   if (graphs_ != nullptr && global.page_size != graph_page_size_) {
     return device_error(DeviceErrorCode::kBadLayout,
                         "bind(): pools of page size " + std::to_string(global.page_size) +
@@ -359,6 +359,17 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
     if (!tuned) return unexpected(from_kernel(tuned.error()));
     gemm_tune_ms_ = tuned.value().wall_ms;
   }
+  // cuDNN's local prefill plans, all of them, before the pools are sized (their memory is then
+  // out of what free_memory_bytes() reports), over the local pool's geometry; bind() rebinds
+  // them to the pool. Before the activations: they cover the plans' row slack.
+  if (cudnn_enabled_) {
+    const engine::FamilyGeometry& lg = model_->config().family(Family::kLocal);
+    graph_page_size_ = gc.page_size;  // the plans' page size (cudnn_limits reads it)
+    const CudnnPrefillLimits limits = cudnn_limits(gc.max_logits, gc.max_context, gc.max_step_rows);
+    const KvPoolView local{nullptr, lg.num_layers, 2, gc.page_size, lg.kv_heads, lg.head_dim};
+    make_cudnn(local, limits, /*before_pools=*/true);
+    if (cudnn_local_ != nullptr) forward_->set_cudnn_row_slack(cudnn_local_->max_row_slack());
+  }
   // The activations and the sampled ids at their final size: graphs hold their addresses.
   if (auto r =
           forward_->reserve(std::max(gc.max_step_rows, largest), std::max(gc.max_logits, largest));
@@ -402,6 +413,7 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
   graph_page_size_ = gc.page_size;
   graph_max_logits_ = gc.max_logits;
   graph_max_context_ = gc.max_context;
+  graph_max_step_rows_ = gc.max_step_rows;
   return engine::Ok{};
 }
 
@@ -436,6 +448,10 @@ engine::DeviceStats CudaDevice::stats() const {
   // The counters alone (every step reads them): cudnn_prefill_report() copies strings.
   d.prefill_cudnn_steps = forward_->cudnn_counters().steps;
   d.prefill_cudnn_fallbacks = cudnn_refused_steps_ + forward_->cudnn_counters().refusals;
+  if (cudnn_local_ != nullptr) {
+    d.prefill_cudnn_plans = cudnn_local_->stats().plans_built;
+    d.prefill_cudnn_bytes = cudnn_local_->stats().device_bytes;
+  }
   return d;
 }
 
@@ -564,10 +580,12 @@ struct StagePart {
 // prefill tiles per family.
 constexpr size_t kPartTokens = 0, kPartPositions = 1, kPartRowSeq = 2, kPartLogitRows = 3;
 constexpr size_t kPartFamily0 = 4, kPartsPerFamily = 4, kPartTiles0 = 12;
+constexpr size_t kPartCudnnRest = kPartTiles0 + engine::kFamilyCount;
 
 std::vector<StagePart> plan_parts(const engine::StepPlan& plan,
                                   const std::vector<int32_t>& logit_rows,
-                                  const std::vector<PrefillTile> (&tiles)[engine::kFamilyCount]) {
+                                  const std::vector<PrefillTile> (&tiles)[engine::kFamilyCount],
+                                  const std::vector<PrefillTile>& cudnn_rest) {
   const int64_t R = plan.num_rows();
   std::vector<StagePart> parts = {{plan.tokens.data(), R * 4},
                                   {plan.positions.data(), R * 4},
@@ -583,7 +601,9 @@ std::vector<StagePart> plan_parts(const engine::StepPlan& plan,
   for (const auto& t : tiles) {
     parts.push_back({t.data(), static_cast<int64_t>(t.size() * sizeof(PrefillTile))});
   }
-  TS_CHECK(parts.size() == kPartTiles0 + engine::kFamilyCount) << parts.size() << " parts";
+  parts.push_back(
+      {cudnn_rest.data(), static_cast<int64_t>(cudnn_rest.size() * sizeof(PrefillTile))});
+  TS_CHECK(parts.size() == kPartCudnnRest + 1) << parts.size() << " parts";
   int64_t total = 0;
   for (StagePart& p : parts) {
     p.offset = total;
@@ -615,7 +635,8 @@ engine::Status<DeviceError> CudaDevice::reserve_stage(int64_t bytes) {
   return engine::Ok{};
 }
 
-Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) {
+Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan,
+                                                  const CudnnPrefillBatch* cudnn) {
   const int32_t R = plan.num_rows();
   const int32_t S = static_cast<int32_t>(plan.seqs.size());
   std::vector<int32_t> logit_rows(plan.num_logits);
@@ -630,7 +651,16 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
       tiles[static_cast<int>(f)] = plan_prefill_tiles(plan.row_seq, prefill_group(f));
     }
   }
-  const std::vector<StagePart> parts = plan_parts(plan, logit_rows, tiles);
+  // The local tiles of the seqs a cuDNN step leaves to our kernel.
+  std::vector<PrefillTile> cudnn_rest;
+  if (cudnn != nullptr) {
+    std::vector<char> taken(S, 0);
+    for (const CudnnPrefillSeq& e : cudnn->entries) taken[e.seq] = 1;
+    for (const PrefillTile& t : tiles[static_cast<int>(Family::kLocal)]) {
+      if (!taken[t.seq]) cudnn_rest.push_back(t);
+    }
+  }
+  const std::vector<StagePart> parts = plan_parts(plan, logit_rows, tiles, cudnn_rest);
   const int64_t total = parts.back().offset + align16(parts.back().bytes);
   if (auto reserved = reserve_stage(total); !reserved.ok()) return unexpected(reserved.error());
   auto* host = static_cast<uint8_t*>(host_stage_);
@@ -664,6 +694,13 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan) 
     v.pools[i] = pool_view(f);
     v.prefill_tiles[i] = PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(kPartTiles0 + i)),
                                           static_cast<int32_t>(tiles[i].size()), prefill_group(f)};
+  }
+  if (cudnn != nullptr) {
+    v.cudnn_rest_tiles =
+        PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(kPartCudnnRest)),
+                         static_cast<int32_t>(cudnn_rest.size()), prefill_group(Family::kLocal)};
+    v.cudnn_batch = cudnn;
+    v.cudnn_local = cudnn_local_.get();
   }
   return v;
 }
@@ -819,9 +856,8 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
   }
   if (step_events_[0] != nullptr) cudaEventRecord(step_events_[0], stream_);
   if (const int32_t bucket = graph_bucket(plan); bucket > 0) return execute_graph(plan, bucket);
-  auto views = upload(plan);
+  auto views = upload(plan, choose_cudnn(plan) ? &cudnn_batch_ : nullptr);
   if (!views) return unexpected(views.error());
-  attach_cudnn(plan, views.value());
   lap(&host_phases_.stage_us);
   if (fire(engine::FaultSite::kLaunch)) {
     // The plan copy may be in flight; nothing else is.

@@ -31,6 +31,15 @@ namespace twinstep::kernels {
 // 111 shapes took 1.6-1.9 s and 2.6 GiB of scratch, freed before the graphs are measured.
 inline constexpr bool kDefaultTuneGemms = true;
 
+// CudaDeviceOptions::cudnn_local_prefill by default (issue 12): off until the H200 gates have
+// passed with it on (perf/NOTES.md, "cuDNN local prefill on by default").
+inline constexpr bool kDefaultCudnnLocalPrefill = false;
+// Its threshold: a seq of fewer rows in a step (decode rows, short chunks) runs our
+// attention_prefill_tc instead, so that a step's cuDNN entries number at most max_rows / 16.
+inline constexpr int32_t kCudnnDefaultMinQLen = 16;
+// Rows of a step its plans declare when enable_decode_graphs() gave none.
+inline constexpr int32_t kCudnnDefaultMaxRows = 8192;
+
 struct CudaDeviceOptions {
   int device_ordinal = 0;
   uint64_t random_seed = 0;                 // used when no weights are given
@@ -54,7 +63,8 @@ struct CudaDeviceOptions {
   PrefillVariant batch_invariant_variant_256 = PrefillVariant::kWgmma;
   // cuDNN's paged SDPA forward (kernels/attention_prefill_cudnn.h) for the local layers'
   // attention of steps with a multi-row seq (prefill and mixed steps, their decode rows
-  // included). The global layers (head_dim 512: cuDNN has no path) and decode-only steps (eager
+  // included) whose seqs have at least cudnn_min_q_len rows. The global layers (head_dim 512:
+  // cuDNN has no path), the other seqs of such a step and decode-only steps (eager
   // and graph replays) keep our kernels. Kernel bench on the H200 (perf/NOTES.md, "cuDNN's paged
   // SDPA forward"): 1.79-1.91x our default kernel at head_dim 256, 12B attention per 4 x 2048
   // step 30.1 -> 22.2 ms. Off until the engine gates and bench have run with it on.
@@ -66,13 +76,22 @@ struct CudaDeviceOptions {
   // consecutive positions, more seqs than the limit, a longer context, a plan cuDNN refuses;
   // every step does when bind() could not make it (pages not a power of 2, local head_dim
   // outside 64..256, no cuDNN in the build: cudnn_prefill_report().unavailable says which).
-  // The first step of each new shape builds a plan (~2 s for the first, 60-100 ms after).
-  bool cudnn_local_prefill = false;
+  // Plans: cudnn_keys (the serving policy by default: one plan per power-of-2 entry count,
+  // declaring the limits' rows and keys) are all built before the first step, by
+  // enable_decode_graphs() before the pools are sized (their memory then comes out of the
+  // free memory the caller sizes the pools from, like the graphs'), else by bind(); a step
+  // never builds one (one outside the built keys falls back, counted).
+  bool cudnn_local_prefill = kDefaultCudnnLocalPrefill;
   // Its limits: seqs with rows in one step (0: enable_decode_graphs' max_logits, i.e. the
-  // engine's max_running, else kCudnnDefaultMaxSeqs) and keys of one seq (0: the graphs'
-  // max_context, else the model's max_position_embeddings).
+  // engine's max_running, else kCudnnDefaultMaxSeqs), keys of one seq (0: the graphs'
+  // max_context, else the model's max_position_embeddings), rows of one step (0: the graphs'
+  // max_step_rows, else kCudnnDefaultMaxRows) and the rows a seq needs to be given to cuDNN.
   int32_t cudnn_max_seqs = 0;
   int32_t cudnn_max_context = 0;
+  int32_t cudnn_max_rows = 0;
+  int32_t cudnn_min_q_len = kCudnnDefaultMinQLen;
+  CudnnPrefillKeys cudnn_keys = kCudnnServingKeys;
+  int32_t cudnn_pad_kv_len = 0;  // seq_len_kv of the padding entries (CudnnPrefillLimits)
 };
 inline constexpr int32_t kCudnnDefaultMaxSeqs = 256;
 
@@ -89,7 +108,13 @@ struct CudnnPrefillReport {
   uint64_t steps = 0;         // steps whose local layers' attention it ran
   uint64_t fallbacks = 0;     // steps asked for it that ran the default kernel instead
   std::string last_fallback;  // why: the last step refused before the forward, the last prepare()
-  CudnnPrefillStats plans;    // execution plans built (count, host ms total and max)
+  // Steps with a multi-row seq none of whose seqs reached cudnn_min_q_len: our kernel by
+  // design, not a fallback.
+  uint64_t steps_without_entries = 0;
+  // The plans were built (and cuDNN's memory taken) by enable_decode_graphs(), before the
+  // pools were sized; false: by bind(), after.
+  bool built_before_pools = false;
+  CudnnPrefillStats plans;  // execution plans built (count, host ms, keys, device bytes)
 };
 
 // How a decode-only step that fits a captured bucket runs.
@@ -190,7 +215,10 @@ class CudaDevice final : public engine::Device {
   CudaDevice() = default;
   std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
   bool fire(engine::FaultSite site);
-  Result<StepViews, engine::DeviceError> upload(const engine::StepPlan& plan);
+  // cudnn: the step's cuDNN batch (choose_cudnn) or null; its seqs get no local tiles in
+  // StepViews::cudnn_rest_tiles.
+  Result<StepViews, engine::DeviceError> upload(const engine::StepPlan& plan,
+                                                const CudnnPrefillBatch* cudnn = nullptr);
   engine::Status<engine::DeviceError> reserve_stage(int64_t bytes);
   std::optional<engine::DeviceError> refuse(cudaStream_t stream) const;
   // argmax_done: the device argmax of every logits row is already in device_sampled_ (a
@@ -248,11 +276,20 @@ class CudaDevice final : public engine::Device {
   DecodeGraphStats dropped_stats_;  // counters of graph sets dropped, so totals survive
   int32_t graph_max_logits_ = 0;    // of enable_decode_graphs (0: not enabled)
   int32_t graph_max_context_ = 0;
-  // cuDNN local prefill (cuda_device_cudnn.cc): made by bind() when the option resolved on;
-  // attach_cudnn points an eager non-decode step's views at it and at the step's batch.
-  void make_cudnn();
-  void attach_cudnn(const engine::StepPlan& plan, StepViews& views);
+  int32_t graph_max_step_rows_ = 0;
+  // cuDNN local prefill (cuda_device_cudnn.cc): made with every plan of its key space by
+  // enable_decode_graphs() over the local pool's geometry (before the pools exist), rebound by
+  // bind() to the pool; made by bind() when no graphs were enabled. choose_cudnn decides an
+  // eager non-decode step's batch before its upload (which then plans the tiles of the seqs it
+  // leaves to our kernel).
+  CudnnPrefillLimits cudnn_limits(int32_t max_logits, int32_t max_context,
+                                  int32_t max_step_rows) const;
+  void make_cudnn(const KvPoolView& local, const CudnnPrefillLimits& limits, bool before_pools);
+  void bind_cudnn();
+  bool choose_cudnn(const engine::StepPlan& plan);
   bool cudnn_enabled_ = false;
+  bool cudnn_before_pools_ = false;
+  uint64_t cudnn_short_steps_ = 0;
   std::unique_ptr<CudnnPrefill> cudnn_local_;
   CudnnPrefillBatch cudnn_batch_;  // the current step's, pointed at by its views
   std::string cudnn_unavailable_;

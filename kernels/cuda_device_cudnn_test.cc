@@ -19,6 +19,7 @@ namespace {
 
 TEST(CudnnLocalPrefillOption, EnvironmentOverridesTheOptionBothWays) {
   CudaDeviceOptions off;
+  off.cudnn_local_prefill = false;
   CudaDeviceOptions on;
   on.cudnn_local_prefill = true;
   EXPECT_FALSE(resolve_cudnn_local_prefill(off, nullptr).value());

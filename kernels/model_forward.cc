@@ -225,7 +225,7 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   if (cudnn_local_prefill_) {
     CudnnPrefillBatch longest;
     longest.rows = longest.max_q_len = R;
-    cudnn_rows = int64_t{R} + CudnnPrefill::row_slack(longest);
+    cudnn_rows = int64_t{R} + std::max(CudnnPrefill::row_slack(longest), cudnn_row_slack_);
     for (int32_t l = 0; l < c.num_layers; ++l) {
       const DeviceModel::Layer& ly = model_.layer(l);
       if (ly.family != Family::kLocal) continue;
@@ -330,6 +330,12 @@ void ModelForward::set_cudnn_local_prefill(bool on) {
   }
 }
 
+void ModelForward::set_cudnn_row_slack(int32_t rows) {
+  TS_CHECK(arena_ == nullptr) << "set_cudnn_row_slack after the first reserve()";
+  TS_CHECK(rows >= 0) << rows;
+  cudnn_row_slack_ = rows;
+}
+
 // Once per step, before the layers: the local family's cuDNN attention of this step, prepared
 // on the forward's stream, or null (not asked, a decode-only step, or prepare() refused: the
 // step runs attention_prefill_tc, counted). Under the attention phase: a plan built here
@@ -341,12 +347,17 @@ CudnnPrefill* ModelForward::prepare_cudnn(const StepViews& step) {
   }
   const CudnnPrefillBatch& batch = *step.cudnn_batch;
   TS_CHECK(batch.rows == step.rows.rows) << batch.rows << " batch rows, step " << step.rows.rows;
-  TS_CHECK(int64_t{batch.rows} + CudnnPrefill::row_slack(batch) <= cudnn_rows_covered_)
-      << batch.rows << " rows + slack " << CudnnPrefill::row_slack(batch) << " > "
-      << cudnn_rows_covered_ << " reserved";
   mark(ForwardPhase::kAttention, blas_.stream());
-  const KernelStatus prepared = step.cudnn_local->prepare(
-      batch, step.paging[static_cast<int>(Family::kLocal)], cudnn_q_stride_, blas_.stream());
+  const int32_t slack = step.cudnn_local->row_slack_for(batch);
+  const KernelStatus prepared =
+      int64_t{batch.rows} + slack > cudnn_rows_covered_
+          ? KernelStatus(
+                unexpected(KernelError{KernelErrorCode::kBadArgument,
+                                       "cuDNN prefill: " + std::to_string(batch.rows) +
+                                           " rows + slack " + std::to_string(slack) + " > " +
+                                           std::to_string(cudnn_rows_covered_) + " rows reserved"}))
+          : step.cudnn_local->prepare(batch, step.paging[static_cast<int>(Family::kLocal)],
+                                      cudnn_q_stride_, blas_.stream());
   if (!prepared.ok()) {
     // A refused allocation leaves its error behind; the fallback's launch checks must not
     // read it as theirs (a sticky error stays and fails them anyway).
@@ -481,6 +492,12 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
                                     b.decode_ws, b.decode_ws_bytes, num_sms_, stream));
     } else if (cudnn != nullptr && L.family == Family::kLocal) {
       TS_TRY(cudnn->run(b.qkv, b.attn, step.pools[f], L.family_index, 1.0f, stream));
+      if (step.cudnn_rest_tiles.count > 0) {  // after cuDNN: its rows only are left alone
+        TS_TRY(attention_prefill_tc(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
+                                    L.family_index, step.rows, step.paging[f],
+                                    step.cudnn_rest_tiles, window, 1.0f, stream,
+                                    prefill_variant(L.head_dim)));
+      }
     } else {
       // Batch-invariant decode-only steps whose views carry no tiles (the graph stage's): one
       // tile per row, each its own seq (the stage's layout).

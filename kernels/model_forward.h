@@ -83,6 +83,10 @@ struct StepViews {
   // a decode-only step: every layer runs our kernels.
   const CudnnPrefillBatch* cudnn_batch = nullptr;
   CudnnPrefill* cudnn_local = nullptr;
+  // The local family's query tiles of the seqs not in cudnn_batch (its min_q_len left them
+  // out: decode rows, short chunks): attention_prefill_tc runs them after cuDNN, in the same
+  // layer. prefill_tiles stays the whole step's, for a step whose prepare() refuses.
+  PrefillTilesView cudnn_rest_tiles;
 };
 
 // Activation buffers sized for a row count, grown on demand.
@@ -139,6 +143,12 @@ class ModelForward {
   // Refused (an assertion) in the batch-invariant mode, whose rows take one pinned kernel.
   void set_cudnn_local_prefill(bool on);
   bool cudnn_local_prefill() const { return cudnn_local_prefill_; }
+  // Rows past a step that cuDNN's plans may touch (CudnnPrefill::max_row_slack: the rows every
+  // plan declares); reserve() covers at least that many besides the bucket of its rows. Before
+  // the first reserve().
+  void set_cudnn_row_slack(int32_t rows);
+  // The local layers' fused qkv row stride: the Q stride cuDNN's plans are built for.
+  int64_t cudnn_q_stride() const { return cudnn_q_stride_; }
   struct CudnnCounters {
     uint64_t steps = 0;     // steps whose local layers ran cuDNN
     uint64_t refusals = 0;  // steps whose prepare() refused (they ran attention_prefill_tc)
@@ -169,7 +179,8 @@ class ModelForward {
   // capacity plus the slack; 0 when off), and the step's prepared instance or null.
   bool cudnn_local_prefill_ = false;
   int64_t cudnn_rows_covered_ = 0;
-  int64_t cudnn_q_stride_ = 0;  // the local layers' fused qkv row stride (Q's source)
+  int64_t cudnn_q_stride_ = 0;   // the local layers' fused qkv row stride (Q's source)
+  int32_t cudnn_row_slack_ = 0;  // set_cudnn_row_slack
   CudnnCounters cudnn_counters_;
   CudnnPrefill* prepare_cudnn(const StepViews& step);
 };
