@@ -1,11 +1,16 @@
 // gates/batch_invariance_gates.cc (issue 16): the batch-invariant mode on the CUDA device.
-//   - LogitsDoNotDependOnTheBatchChunkingOrGraphs: three target requests (two greedy, one
-//     sampled with a fixed seed) on a 6-layer cut of the 12B geometry, run alone with whole
-//     prompts and decode graphs (the reference), alone without graphs, alone with max_step_tokens
-//     7, 64 and 2048, and in a crowd of 64 random requests (graphs on and off, chunks of 2048
-//     and 64). With the mode on (with each head_dim 256 variant it may pin: one warpgroup, the
-//     default, and the pair kernel) every logits row of every target is bitwise the reference's
-//     and the tokens are the same; with the mode off the gate prints how many differ.
+//   - LogitsDoNotDependOnTheBatchChunkingOrGraphs: four target requests (three greedy, one
+//     sampled with a fixed seed; one of a 9000-token prompt, so its global rows span 5 key
+//     chunks) on a 6-layer cut of the 12B geometry, run alone with whole prompts and decode
+//     graphs (the reference), alone without graphs, alone with max_step_tokens 7, 64 and 2048,
+//     and in a crowd of 64 random requests (graphs on and off, chunks of 2048 and 64). With the
+//     mode on every logits row of every target is bitwise the reference's and the tokens are
+//     the same; with the mode off the gate prints how many differ. The long target's rows run
+//     the key chunks both ways: split over blocks (steps of <= 64 rows: alone, chunks of 7
+//     and 64) and in one block (larger steps).
+//   - PrefixHitsDoNotChangeLogits: two requests whose prompts extend a 2600-token prompt
+//     another request ran first (their K/V up to the hit taken from the prefix cache) against
+//     the same two computing everything on a fresh engine: bitwise with the mode on.
 //   - ArrivalOrderDoesNotChangeTokens: the 12B preset with the replay workload's engine
 //     configuration (sim/replay_workload.h: 4096-token steps, 128 running), one seeded set of 48
 //     requests (chunked long prompts, greedy and sampled) submitted twice in different orders
@@ -33,8 +38,13 @@ namespace {
 
 constexpr int32_t kPageSize = 16;
 
-// The 12B at 6 layers (0-4 local, 5 global) with a 128-key window.
-engine::ModelConfig cut_12b() { return cut_12b_config(6, 128); }
+// The 12B at 6 layers (0-4 local, 5 global) with a 128-key window, positions up to 16384 (the
+// cut's 4096 would refuse the 9000-token target).
+engine::ModelConfig cut_12b() {
+  engine::ModelConfig c = cut_12b_config(6, 128);
+  c.max_position_embeddings = 16384;
+  return c;
+}
 
 std::vector<int32_t> random_prompt(sim::Rng& rng, const engine::ModelConfig& c, int64_t length) {
   std::vector<int32_t> p = {c.bos_token_id};
@@ -54,12 +64,13 @@ engine::SamplingParams sampled(uint64_t seed) {
 }
 
 // Greedy 300 tokens (crosses the window), sampled 129 tokens, greedy 2100 tokens (chunked even
-// at 2048).
+// at 2048), greedy 9000 tokens (5 key chunks of kInvariantKeyChunk at the global layer).
 std::vector<engine::Request> targets(const engine::ModelConfig& c) {
   sim::Rng rng(16);
   std::vector<engine::Request> t = {greedy_request(random_prompt(rng, c, 300), 12),
                                     greedy_request(random_prompt(rng, c, 129), 12),
-                                    greedy_request(random_prompt(rng, c, 2100), 8)};
+                                    greedy_request(random_prompt(rng, c, 2100), 8),
+                                    greedy_request(random_prompt(rng, c, 9000), 6)};
   t[1].sampling = sampled(77);
   return t;
 }
@@ -113,9 +124,10 @@ struct Mode {
   bool invariant;
   kernels::PrefillVariant variant_256;
 };
+// (The pair kernel at 256 was a second mode until the key chunks: they are built for the
+// one-warpgroup kernel, the mode's default, and the pair kernel is refused in the mode.)
 constexpr Mode kModes[] = {
     {"on (one warpgroup at 256, the default)", true, kernels::PrefillVariant::kWgmma},
-    {"on (pair kernel at 256)", true, kernels::PrefillVariant::kWgmmaPairKeyTile64},
     {"off", false, kernels::PrefillVariant::kDefault},
 };
 
@@ -262,7 +274,7 @@ TEST_F(BatchInvarianceGates, LogitsDoNotDependOnTheBatchChunkingOrGraphs) {
   for (const Mode& mode : kModes) {
     SCOPED_TRACE(mode.name);
     const ScenarioRun ref = run_scenario(c, kScenarios[0], mode);
-    ASSERT_EQ(ref.traces.size(), 3u);
+    ASSERT_EQ(ref.traces.size(), 4u);
     EXPECT_GT(ref.graph_replays, 0u) << "the reference's decode never replayed a graph";
     for (size_t k = 1; k < std::size(kScenarios); ++k) {
       const Scenario& s = kScenarios[k];
@@ -296,6 +308,84 @@ TEST_F(BatchInvarianceGates, LogitsDoNotDependOnTheBatchChunkingOrGraphs) {
         EXPECT_EQ(d.rows_differ, 0) << d.logits_differ << " logits differ, max |d| " << d.max_abs;
         EXPECT_EQ(d.tokens_differ, 0);
       }
+    }
+  }
+}
+
+// Two requests extending one 2600-token prompt (greedy, and sampled with a fixed seed). With
+// `hit`, that prompt alone (2 tokens) runs first and the cache is on: their prompts' first pages
+// come from the prefix cache. Without, the cache is off: every prompt token is computed.
+// Returns their traces and the prompt tokens the cache gave them.
+ScenarioRun run_prefix(const engine::ModelConfig& c, const Mode& mode, bool hit,
+                       uint64_t* hit_tokens) {
+  engine::EngineConfig ec;
+  ec.page_size = kPageSize;
+  ec.pages_global = 2048;
+  ec.pages_local = 2048;
+  ec.max_running = 8;
+  ec.max_step_tokens = 4096;
+  ec.batch_invariant = mode.invariant;
+  ec.prefix_cache = hit;  // the reference computes every prompt token of both
+  ScenarioRun out;
+  auto dev = make_device(c, ec, /*graphs=*/true, 5, mode.variant_256);
+  if (dev == nullptr) return out;
+  RecordingDevice rec(*dev);
+  auto made = engine::Engine::create(c, ec, rec);
+  EXPECT_TRUE(made.ok()) << (made.ok() ? "" : made.error().message);
+  if (!made.ok()) return out;
+  engine::Engine& e = *made.value();
+  sim::Rng rng(2600);
+  const std::vector<int32_t> shared = random_prompt(rng, c, 2600);
+  std::vector<engine::Request> t;
+  for (const int64_t extra : {200, 37}) {
+    std::vector<int32_t> p = shared;
+    const std::vector<int32_t> tail = random_prompt(rng, c, extra + 1);
+    p.insert(p.end(), tail.begin() + 1, tail.end());  // without the tail's BOS
+    t.push_back(greedy_request(std::move(p), 8));
+  }
+  t[1].sampling = sampled(91);
+  if (hit) {
+    e.submit(greedy_request(shared, 2));
+    drive(e, 2000);
+  }
+  const uint64_t hits_before = e.metrics().counters.prefix_hit_tokens;
+  out.traces.resize(t.size());
+  Recorder record{rec, c.vocab_size, {}, out.traces};
+  for (size_t i = 0; i < t.size(); ++i) {  // one at a time, as the first ran
+    record.index[e.submit(t[i]).id()] = static_cast<int>(i);
+    drive(e, 2000, record);
+  }
+  *hit_tokens = e.metrics().counters.prefix_hit_tokens - hits_before;
+  for (size_t i = 0; i < t.size(); ++i) {
+    EXPECT_EQ(out.traces[i].tokens.size(), static_cast<size_t>(t[i].max_tokens)) << "target " << i;
+  }
+  out.graph_replays = dev->decode_graph_stats().replays;
+  return out;
+}
+
+TEST_F(BatchInvarianceGates, PrefixHitsDoNotChangeLogits) {
+  const engine::ModelConfig c = cut_12b();
+  for (const Mode& mode : kModes) {
+    SCOPED_TRACE(mode.name);
+    uint64_t own_hits = 0, hit_tokens = 0;
+    const ScenarioRun own = run_prefix(c, mode, /*hit=*/false, &own_hits);
+    const ScenarioRun hit = run_prefix(c, mode, /*hit=*/true, &hit_tokens);
+    ASSERT_EQ(own.traces.size(), 2u);
+    ASSERT_EQ(hit.traces.size(), 2u);
+    EXPECT_EQ(own_hits, 0u) << "the reference took K/V from the cache";
+    // Both extend the 2600-token prompt: each hits at least the 2592 tokens of its full pages
+    // (the second also the first's).
+    EXPECT_GE(hit_tokens, 2u * 2592u) << "the prefix cache was not hit";
+    const Diff d = compare(own.traces, hit.traces);
+    std::printf(
+        "[gate] mode %s, prefix hits (%llu prompt tokens from the cache) vs computing "
+        "everything: %d of %d logits rows differ (%lld logits, max |d| %.4g), %d tokens "
+        "differ\n",
+        mode.name, static_cast<unsigned long long>(hit_tokens), d.rows_differ, d.rows,
+        static_cast<long long>(d.logits_differ), d.max_abs, d.tokens_differ);
+    if (mode.invariant) {
+      EXPECT_EQ(d.rows_differ, 0) << d.logits_differ << " logits differ, max |d| " << d.max_abs;
+      EXPECT_EQ(d.tokens_differ, 0);
     }
   }
 }

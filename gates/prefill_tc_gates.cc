@@ -114,6 +114,107 @@ void poison_unattended(const PagedScenario& sc, std::vector<bf16>& pool) {
   }
 }
 
+// One tile per row (each row a run of its own): the tiles a decode row gets, here for every row.
+std::vector<PrefillTile> row_tiles_of(const PagedScenario& sc, int32_t group) {
+  std::vector<PrefillTile> tiles;
+  for (int32_t r = 0; r < sc.rows(); ++r) {
+    for (int32_t m = 0; m < group; m += kernels::kPrefillTileM) {
+      tiles.push_back({r, 1, m, sc.row_seq[r]});
+    }
+  }
+  return tiles;
+}
+
+// Fixed key chunks (the batch-invariant mode): for each variant the chunks are built for, and
+// chunks of 64 and 192 keys (so these short seqs split into up to 16), the output is
+//   - bitwise the same whether a tile's chunks run in one block (slots 1), one block per chunk
+//     (slots 32: every span here fits), or mixed (slots 3: longer spans run in one block), and
+//     whether each row has a tile of its own or shares its run's tiles;
+//   - bitwise the unsplit kernel's on every (row, head) whose keys lie in one chunk;
+//   - within the unsplit kernel's error bound against fp64 (the fold's fp32 rounding is far
+//     below the bf16 output's).
+// The fold and partial buffers start as NaN: a read of a slot no block wrote shows.
+void run_chunk_checks(const TcCase& tc, const PagedScenario& sc, const bf16* q,
+                      const kernels::KvPoolView& pool, DevicePlan& plan,
+                      const std::vector<PrefillTile>& run_tiles,
+                      const std::vector<std::vector<double>>& ref, const Errors& e_ref,
+                      const Errors& e_round, cudaStream_t stream) {
+  using V = kernels::PrefillVariant;
+  const int32_t hd = tc.head_dim, group = tc.q_heads / tc.kv_heads, layer = 1;
+  const int64_t q_stride = int64_t{tc.q_heads} * hd;
+  const size_t body = size_t(sc.rows()) * q_stride;
+  std::vector<V> variants;
+  if (hd == 256) {
+    variants = {V::kWgmma, V::kMma};
+  } else if (hd == 512) {
+    variants = {V::kWgmmaSplitDims};
+  } else {
+    variants = {V::kMma};
+  }
+  DeviceBuffer<PrefillTile> d_run(run_tiles), d_rows(row_tiles_of(sc, group));
+  const kernels::PrefillTilesView tv_run{d_run.get(), static_cast<int32_t>(d_run.size()), group};
+  const kernels::PrefillTilesView tv_rows{d_rows.get(), static_cast<int32_t>(d_rows.size()), group};
+  constexpr int32_t kSlotsMax = 32;
+  const std::vector<float> nan_fold(body, std::nanf("")),
+      nan_part(body * kSlotsMax * (hd + 2) / hd, std::nanf(""));
+  const std::vector<bf16> sentinel(body + q_stride, sentinel_bf16());
+  for (const V variant : variants) {
+    DeviceBuffer<bf16> unsplit(sentinel);
+    KERNEL_OK(kernels::attention_prefill_tc(q, q_stride, unsplit.get(), tc.q_heads, pool, layer,
+                                            plan.rows_view(), plan.paging_view(), tv_run, tc.window,
+                                            1.0f, stream, variant));
+    const auto plain = unsplit.download();
+    for (const int32_t chunk : {64, 192}) {
+      std::vector<bf16> first;
+      for (const int32_t slots : {1, 3, kSlotsMax}) {
+        for (const bool per_row : {false, true}) {
+          DeviceBuffer<float> fold(nan_fold), part(nan_part);
+          kernels::PrefillKeyChunks ch;
+          ch.key_chunk = chunk;
+          ch.slots = slots;
+          ch.fold = fold.get();
+          ch.part_o = part.get();
+          ch.part_ml = part.get() + body * kSlotsMax;
+          DeviceBuffer<bf16> out(sentinel);
+          KERNEL_OK(kernels::attention_prefill_tc(
+              q, q_stride, out.get(), tc.q_heads, pool, layer, plan.rows_view(), plan.paging_view(),
+              per_row ? tv_rows : tv_run, tc.window, 1.0f, stream, variant, ch));
+          const auto got = out.download();
+          SCOPED_TRACE(std::to_string(static_cast<int>(variant)) + ", chunk " +
+                       std::to_string(chunk) + ", slots " + std::to_string(slots) +
+                       (per_row ? ", a tile per row" : ", run tiles"));
+          EXPECT_EQ(count_not_sentinel(got, 0, body), body) << "outputs left unwritten";
+          EXPECT_EQ(count_not_sentinel(got, body, q_stride), 0u) << "wrote past the rows";
+          if (first.empty()) {
+            first = got;
+            // (row, head)s of one chunk: the unsplit kernel's bits.
+            size_t one_chunk = 0, one_chunk_differ = 0;
+            for (int32_t r = 0; r < sc.rows(); ++r) {
+              const int32_t p = sc.positions[r];
+              if (sc.first_key(p) / chunk != p / chunk) continue;
+              one_chunk += 1;
+              one_chunk_differ +=
+                  bitwise_diffs(got, size_t(r) * q_stride, plain, size_t(r) * q_stride, q_stride);
+            }
+            EXPECT_EQ(one_chunk_differ, 0u) << "of " << one_chunk << " rows of one chunk";
+            const Errors e = errors_of(ref, std::vector<bf16>(got.begin(), got.begin() + body), hd);
+            std::printf(
+                "[gate]   key chunks of %3d (variant %d): rows of one chunk %zu (bitwise the "
+                "unsplit kernel's: %s); rel err whole %.2e, worst %.2e\n",
+                chunk, static_cast<int>(variant), one_chunk, one_chunk_differ == 0 ? "yes" : "NO",
+                e.whole, e.worst_row);
+            EXPECT_LE(e.whole, std::hypot(e_ref.whole, e_round.whole));
+            EXPECT_LE(e.worst_row, e_ref.worst_row + e_round.worst_row);
+          } else {
+            EXPECT_EQ(bitwise_diffs(got, 0, first, 0, body), 0u)
+                << "the chunks' spread over blocks or the tiles changed the bits";
+          }
+        }
+      }
+    }
+  }
+}
+
 void run_tc_case(const TcCase& tc, cudaStream_t stream) {
   SCOPED_TRACE(tc.name);
   sim::Rng rng(0x7c + tc.head_dim * 7 + tc.window * 3 + tc.q_heads);
@@ -223,6 +324,8 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
     EXPECT_LE(e.whole, std::hypot(e_ref.whole, e_round.whole)) << label;
     EXPECT_LE(e.worst_row, e_ref.worst_row + e_round.worst_row) << label;
   }
+  run_chunk_checks(tc, b, d_q.get() + q_stride, pool_b, pb, tiles_of(b, 0, group), ref, e_ref,
+                   e_round, stream);
 }
 
 // Seqs: {kv_len_before, rows}. Each case mixes a chunk that continues a prompt, a fresh prompt

@@ -64,42 +64,110 @@ __global__ void __launch_bounds__(TcShape<HD, BN, DSPLIT>::kThreads)
 
   const PairRows pr = pair_rows(a, t, kv_head, wm * 16 + lane / 4);
   const int2 range = tile_key_range(pr, range_s);
-  const int32_t klo = range.x, khi = range.y;
-  const int32_t j_start = (klo / BN) * BN;
-  const int32_t n_tiles = (khi - j_start + BN - 1) / BN;  // >= 1: every tile has a live pair
-
-  key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi, j_start, off_s);
-  key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi, j_start + BN,
-                              off_s + BN);
-  __syncthreads();
-  load_q<HD, BN, DSPLIT>(a, t, kv_head, q_s);
-  load_kv<HD, BN, DSPLIT>(a, off_s, k_s, v_s);
-  cp_async_commit();
-  __syncthreads();  // off_s[0] is rewritten below
+  bool split = false;
+  // Key chunks only where one warp holds a pair's whole sum (launch_tc refuses the others).
+  const int2 chunks =
+      DSPLIT == 1 ? block_chunks(a, chunk_span(a, range.x, range.y), &split) : make_int2(0, 0);
+  if (chunks.x > chunks.y) return;  // an idle chunk slot (uniform over the block)
 
   float o[NO][4];
 #pragma unroll
   for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  for (int32_t i = 0; i < n_tiles; ++i) {
-    const int st = i & 1;
-    if (i + 1 < n_tiles) {
-      load_kv<HD, BN, DSPLIT>(a, off_s + (st ^ 1) * BN, k_s + (st ^ 1) * BN * HD,
-                              v_s + (st ^ 1) * BN * HD);
-    }
-    cp_async_commit();  // possibly empty: keeps one group per iteration
-    if (i + 2 < n_tiles) {
-      key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi,
-                                  j_start + (i + 2) * BN, off_s + st * BN);
-    }
-    cp_async_wait<1>();
-    __syncthreads();
-    attend_stage<HD, BN, DSPLIT, NO>(a, pr, j_start + i * BN, q_s, k_s + st * BN * HD,
-                                     v_s + st * BN * HD, x, m_run, l_run, o);
-    __syncthreads();  // stage st is reloaded next iteration; x is rewritten
-  }
+  float m_fold[2] = {-INFINITY, -INFINITY}, l_fold[2] = {0.0f, 0.0f};
+  for (int32_t c = chunks.x; c <= chunks.y; ++c) {
+    const int2 keys = DSPLIT == 1 ? chunk_keys(a, c, range.x, range.y) : range;
+    const int32_t klo = keys.x, khi = keys.y;
+    const int32_t j_start = (klo / BN) * BN;
+    const int32_t n_tiles = (khi - j_start + BN - 1) / BN;  // >= 1: every tile has a live pair
 
-  store_pairs<HD, BN, DSPLIT, NO>(a, pr, x, l_run, o);
+    key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi, j_start, off_s);
+    key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi, j_start + BN,
+                                off_s + BN);
+    __syncthreads();
+    if (c == chunks.x) load_q<HD, BN, DSPLIT>(a, t, kv_head, q_s);
+    load_kv<HD, BN, DSPLIT>(a, off_s, k_s, v_s);
+    cp_async_commit();
+    __syncthreads();  // off_s[0] is rewritten below
+
+    for (int32_t i = 0; i < n_tiles; ++i) {
+      const int st = i & 1;
+      if (i + 1 < n_tiles) {
+        load_kv<HD, BN, DSPLIT>(a, off_s + (st ^ 1) * BN, k_s + (st ^ 1) * BN * HD,
+                                v_s + (st ^ 1) * BN * HD);
+      }
+      cp_async_commit();  // possibly empty: keeps one group per iteration
+      if (i + 2 < n_tiles) {
+        key_offsets<HD, BN, DSPLIT>(a, pb, pe - pb, first_page, kv_head, klo, khi,
+                                    j_start + (i + 2) * BN, off_s + st * BN);
+      }
+      cp_async_wait<1>();
+      __syncthreads();
+      attend_stage<HD, BN, DSPLIT, NO>(a, pr, j_start + i * BN, q_s, k_s + st * BN * HD,
+                                       v_s + st * BN * HD, x, m_run, l_run, o);
+      __syncthreads();  // stage st is reloaded next iteration; x is rewritten
+    }
+    if constexpr (DSPLIT == 1) {
+      chunk_end<HD, NO>(a, pr, 0, split, static_cast<int32_t>(blockIdx.z), c == chunks.y, true,
+                        m_run, l_run, o, m_fold, l_fold);
+      cp_async_wait<0>();  // the last (empty) group: nothing left in flight
+      __syncthreads();     // the next chunk rewrites the stages and offsets
+    } else {
+      store_pairs<HD, BN, DSPLIT, NO>(a, pr, x, l_run, o);
+    }
+  }
+}
+
+// The chunks' fold of a split launch (TcArgs::chunk_slots > 1): block (tile, KV head) takes the
+// tile the attention blocks of that (x, y) took; where they split its span (block_chunks), each
+// of its pairs folds its chunks' partials in chunk order, as chunk_end folds them in a block,
+// and stores the normalised result. Spans of one chunk, or of more than chunk_slots, were
+// stored by the attention kernel.
+__global__ void __launch_bounds__(256) attention_chunk_merge_kernel(TcArgs a, int32_t hd) {
+  const PrefillTile t = a.tiles[a.tile_count - 1 - blockIdx.x];
+  const int32_t kv_head = blockIdx.y;
+  const int32_t pairs = t.run_rows * a.group;
+  __shared__ int32_t range_s[2];
+  if (threadIdx.x == 0) {
+    range_s[0] = INT_MAX;
+    range_s[1] = 0;
+  }
+  __syncthreads();
+  if (threadIdx.x < kPrefillTileM && t.m_begin + static_cast<int32_t>(threadIdx.x) < pairs) {
+    const int32_t row = t.row_begin + (t.m_begin + threadIdx.x) / a.group;
+    const int32_t pos = a.positions[row];
+    atomicMin(&range_s[0], a.window > 0 ? max(0, pos - a.window + 1) : 0);
+    atomicMax(&range_s[1], pos + 1);
+  }
+  __syncthreads();
+  const int2 span = chunk_span(a, range_s[0], range_s[1]);
+  const int32_t n = span.y - span.x + 1;
+  if (!(a.chunk_slots > 1 && n > 1 && n <= a.chunk_slots)) return;
+  const int32_t half = hd / 2;
+  for (int32_t item = threadIdx.x; item < kPrefillTileM * half; item += blockDim.x) {
+    const int32_t m = t.m_begin + item / half, d = (item % half) * 2;
+    if (m >= pairs) break;  // items run pair by pair: the rest are past the run too
+    const int32_t row = t.row_begin + m / a.group;
+    const int64_t ri = static_cast<int64_t>(row) * a.q_heads + kv_head * a.group + m % a.group;
+    const int32_t pos = a.positions[row];
+    const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+    float M = -INFINITY, L = 0.0f, O0 = 0.0f, O1 = 0.0f;
+    for (int32_t c = span.x; c <= span.y; ++c) {
+      const int2 keys = chunk_keys(a, c, lo, pos + 1);
+      if (keys.x >= keys.y) continue;  // the attention block wrote nothing for this pair
+      const int64_t s = ri * a.chunk_slots + (c - span.x);
+      const float2 ml = *reinterpret_cast<const float2*>(a.part_ml + s * 2);
+      FoldStep f;
+      if (!fold_weights(M, L, ml.x, ml.y, &f)) continue;
+      const float2 v = *reinterpret_cast<const float2*>(a.part_o + s * hd + d);
+      O0 = fold_elem(f, O0, v.x);
+      O1 = fold_elem(f, O1, v.y);
+      M = f.m;
+      L = f.l;
+    }
+    const float inv = 1.0f / L;  // >= 1: a pair attends its own key
+    *reinterpret_cast<uint32_t*>(a.out + ri * hd + d) = pack2(O0 * inv, O1 * inv);
+  }
 }
 
 bool variant_built(PrefillVariant v, int32_t head_dim) {
@@ -111,6 +179,20 @@ bool variant_built(PrefillVariant v, int32_t head_dim) {
   return head_dim == 256 && !split;
 }
 
+bool chunks_built(PrefillVariant v, int32_t head_dim) {
+  switch (head_dim) {
+    case 64:
+    case 128:
+      return v == PrefillVariant::kDefault || v == PrefillVariant::kMma;
+    case 256:
+      return v == PrefillVariant::kMma || v == PrefillVariant::kWgmma;
+    case 512:
+      return v == PrefillVariant::kDefault || v == PrefillVariant::kWgmmaSplitDims;
+    default:
+      return false;
+  }
+}
+
 template <int HD, int BN, int DSPLIT>
 KernelStatus launch_tc(const TcArgs& a, cudaStream_t stream) {
   using S = TcShape<HD, BN, DSPLIT>;
@@ -118,18 +200,31 @@ KernelStatus launch_tc(const TcArgs& a, cudaStream_t stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
   if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(attention_prefill_tc)");
-  dim3 grid(a.tile_count, a.kv_heads);
+  TS_CHECK(DSPLIT == 1 || a.key_chunk == 0) << "key chunks at DSPLIT " << DSPLIT;
+  dim3 grid(a.tile_count, a.kv_heads, a.chunk_slots);
   kernel<<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
   return launch_status("attention_prefill_tc_kernel");
 }
 
+KernelStatus launch_variant(const TcArgs& a, int32_t head_dim, PrefillVariant variant,
+                            cudaStream_t stream);
+
 }  // namespace
+
+int64_t prefill_chunk_fold_bytes(int32_t rows, int32_t q_heads, int32_t head_dim) {
+  return int64_t{rows} * q_heads * head_dim * 4;
+}
+
+int64_t prefill_chunk_partial_bytes(int32_t rows, int32_t q_heads, int32_t head_dim,
+                                    int32_t slots) {
+  return int64_t{rows} * q_heads * slots * (head_dim + 2) * 4;
+}
 
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                   const PagingView& paging, const PrefillTilesView& tiles,
                                   int32_t window, float scale, cudaStream_t stream,
-                                  PrefillVariant variant) {
+                                  PrefillVariant variant, const PrefillKeyChunks& chunks) {
   if (auto checked = check_attention_args("attention_prefill_tc", q, q_row_stride, out, q_heads,
                                           pool, layer, rows, paging, scale);
       !checked.ok()) {
@@ -151,29 +246,65 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
                         std::to_string(static_cast<int>(variant)) + " is not built for head_dim " +
                         std::to_string(pool.head_dim));
   }
+  if (chunks.key_chunk != 0) {
+    if (chunks.key_chunk < 0 || chunks.key_chunk % 64 != 0 || chunks.slots < 1 ||
+        chunks.fold == nullptr ||
+        (chunks.slots > 1 && (chunks.part_o == nullptr || chunks.part_ml == nullptr))) {
+      return bad_argument("attention_prefill_tc: key chunks of " +
+                          std::to_string(chunks.key_chunk) + " keys over " +
+                          std::to_string(chunks.slots) +
+                          " slots (expected a positive multiple of 64, slots >= 1 and the "
+                          "fold and partial buffers)");
+    }
+    if (!chunks_built(variant, pool.head_dim)) {
+      return bad_argument("attention_prefill_tc: key chunks are not built for variant " +
+                          std::to_string(static_cast<int>(variant)) + " at head_dim " +
+                          std::to_string(pool.head_dim));
+    }
+  }
   if (rows.rows == 0) return Ok{};
-  const TcArgs a{q,
-                 q_row_stride,
-                 out,
-                 q_heads,
-                 tiles.group,
-                 pool.data + pool_layer_elems(pool) * layer,
-                 pool.pages_total,
-                 pool.page_size,
-                 pool.kv_heads,
-                 rows.positions,
-                 rows.row_seq,
-                 rows.rows,
-                 paging.page_indices,
-                 paging.seq_page_begin,
-                 paging.seq_first_page,
-                 paging.pages_listed,
-                 paging.seqs,
-                 tiles.tiles,
-                 tiles.count,
-                 window,
-                 scale * kLog2e};
-  switch (pool.head_dim) {
+  TcArgs a{q,
+           q_row_stride,
+           out,
+           q_heads,
+           tiles.group,
+           pool.data + pool_layer_elems(pool) * layer,
+           pool.pages_total,
+           pool.page_size,
+           pool.kv_heads,
+           rows.positions,
+           rows.row_seq,
+           rows.rows,
+           paging.page_indices,
+           paging.seq_page_begin,
+           paging.seq_first_page,
+           paging.pages_listed,
+           paging.seqs,
+           tiles.tiles,
+           tiles.count,
+           window,
+           scale * kLog2e};
+  if (chunks.key_chunk > 0) {
+    a.key_chunk = chunks.key_chunk;
+    a.chunk_slots = chunks.slots;
+    a.fold = chunks.fold;
+    a.part_o = chunks.part_o;
+    a.part_ml = chunks.part_ml;
+  }
+  if (auto launched = launch_variant(a, pool.head_dim, variant, stream); !launched.ok()) {
+    return launched;
+  }
+  if (a.chunk_slots == 1) return Ok{};
+  attention_chunk_merge_kernel<<<dim3(a.tile_count, a.kv_heads), 256, 0, stream>>>(a,
+                                                                                   pool.head_dim);
+  return launch_status("attention_chunk_merge_kernel");
+}
+
+namespace {
+
+KernelStatus launch_variant(const TcArgs& a, int32_t head_dim, PrefillVariant variant,
+                            cudaStream_t stream) {
+  switch (head_dim) {
     case 64:
       return launch_tc<64, 64, 1>(a, stream);
     case 128:
@@ -226,9 +357,11 @@ KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out
       }
       return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
     default:
-      TS_UNREACHABLE() << "head_dim " << pool.head_dim << " passed check_attention_args";
+      TS_UNREACHABLE() << "head_dim " << head_dim << " passed check_attention_args";
   }
   return Ok{};
 }
+
+}  // namespace
 
 }  // namespace twinstep::kernels

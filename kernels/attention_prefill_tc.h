@@ -78,10 +78,33 @@ enum class PrefillVariant {
   kTmaSplitDimsLean,    // kTmaSplitDims with the lean softmax
   kTmaPingPongSplitKv,  // kTmaPingPongLean with K and V slots released apart
 };
+// Fixed key chunks (the batch-invariant mode, issue 16): each row's keys are split at absolute
+// key positions that are multiples of key_chunk; every chunk runs the variant's own key stages
+// from a fresh online softmax, and the chunks' (max, sum, accumulator) are folded in chunk order
+// with one explicitly rounded formula. A row of one chunk gets the unsplit kernel's bits; a row
+// of several gets the same bits whichever tile it sits in and however the chunks are spread
+// over blocks. Spread: `slots` > 1 gives a tile of 2..slots chunks one block per chunk (their
+// partials in part_o / part_ml, then a merge kernel folds them); otherwise, and for longer
+// spans, one block runs its tile's chunks in turn, folding into `fold`. Which one runs changes
+// the speed, not the bits (gated: prefill_tc_gates). Built for the variants the mode pins:
+// kMma at head_dim 64, 128 and 256, kWgmma at 256, kWgmmaSplitDims (and kDefault) at 512, and
+// kDefault at 64 / 128; any other is kBadArgument.
+struct PrefillKeyChunks {
+  int32_t key_chunk = 0;     // > 0, a multiple of 64; 0: no chunks (the arguments are unused)
+  int32_t slots = 1;         // >= 1
+  float* fold = nullptr;     // [rows, q_heads, head_dim] fp32
+  float* part_o = nullptr;   // [rows, q_heads, slots, head_dim] fp32 (slots > 1)
+  float* part_ml = nullptr;  // [rows, q_heads, slots, 2] fp32 (slots > 1)
+};
+// Bytes of PrefillKeyChunks::fold, and of part_o + part_ml, for `rows` rows.
+int64_t prefill_chunk_fold_bytes(int32_t rows, int32_t q_heads, int32_t head_dim);
+int64_t prefill_chunk_partial_bytes(int32_t rows, int32_t q_heads, int32_t head_dim, int32_t slots);
+
 KernelStatus attention_prefill_tc(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                   const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                   const PagingView& paging, const PrefillTilesView& tiles,
                                   int32_t window, float scale, cudaStream_t stream,
-                                  PrefillVariant variant = PrefillVariant::kDefault);
+                                  PrefillVariant variant = PrefillVariant::kDefault,
+                                  const PrefillKeyChunks& chunks = {});
 
 }  // namespace twinstep::kernels

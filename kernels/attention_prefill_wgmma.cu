@@ -41,40 +41,51 @@ __global__ void __launch_bounds__(kWgThreads) attention_prefill_wgmma_kernel(TcA
   const int32_t first_page = a.seq_first_page[t.seq];
   const PairRows pr = pair_rows(a, t, kv_head, warp * 16 + lane / 4);
   const int2 range = tile_key_range(pr, range_s);
-  const int32_t klo = range.x, khi = range.y;
-  const int32_t j_start = (klo / kBn1) * kBn1;
-  const int32_t n_tiles = (khi - j_start + kBn1 - 1) / kBn1;
-
-  auto offsets = [&](int32_t j0, int64_t* dst) {
-    key_offsets<kHd1, kBn1, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
-  };
-  offsets(j_start, off_s);
-  offsets(j_start + kBn1, off_s + kBn1);
-  __syncthreads();
-  load_q_sw<kHd1, kWgThreads>(a, t, kv_head, true, threadIdx.x, q_s);
-  load_kv_sw<kHd1, kBn1, kWgThreads>(a, off_s, k_s, v_s);
-  cp_async_commit();
-  __syncthreads();  // off_s[0] is rewritten below
+  bool split = false;
+  const int2 chunks = block_chunks(a, chunk_span(a, range.x, range.y), &split);
+  if (chunks.x > chunks.y) return;  // an idle chunk slot (uniform over the block)
 
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  for (int32_t i = 0; i < n_tiles; ++i) {
-    const int st = i & 1;
-    if (i + 1 < n_tiles) {
-      load_kv_sw<kHd1, kBn1, kWgThreads>(a, off_s + (st ^ 1) * kBn1, k_s + (st ^ 1) * kBn1 * kHd1,
-                                         v_s + (st ^ 1) * kBn1 * kHd1);
-    }
+  float m_fold[2] = {-INFINITY, -INFINITY}, l_fold[2] = {0.0f, 0.0f};
+  for (int32_t c = chunks.x; c <= chunks.y; ++c) {
+    const int2 keys = chunk_keys(a, c, range.x, range.y);
+    const int32_t klo = keys.x, khi = keys.y;
+    const int32_t j_start = (klo / kBn1) * kBn1;
+    const int32_t n_tiles = (khi - j_start + kBn1 - 1) / kBn1;
+
+    auto offsets = [&](int32_t j0, int64_t* dst) {
+      key_offsets<kHd1, kBn1, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
+    };
+    offsets(j_start, off_s);
+    offsets(j_start + kBn1, off_s + kBn1);
+    __syncthreads();
+    if (c == chunks.x) load_q_sw<kHd1, kWgThreads>(a, t, kv_head, true, threadIdx.x, q_s);
+    load_kv_sw<kHd1, kBn1, kWgThreads>(a, off_s, k_s, v_s);
     cp_async_commit();
-    if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn1, off_s + st * kBn1);
-    stage_ready();
-    float s[kBn1 / 8][4];
-    scores_wg<kBn1>(q_s, k_s + st * kBn1 * kHd1, s);
-    softmax_pv_wg<kBn1>(a, pr, j_start + i * kBn1, s, v_s + st * kBn1 * kHd1, m_run, l_run, o);
-    __syncthreads();  // stage st is reloaded next iteration
+    __syncthreads();  // off_s[0] is rewritten below
+
+    for (int32_t i = 0; i < n_tiles; ++i) {
+      const int st = i & 1;
+      if (i + 1 < n_tiles) {
+        load_kv_sw<kHd1, kBn1, kWgThreads>(a, off_s + (st ^ 1) * kBn1, k_s + (st ^ 1) * kBn1 * kHd1,
+                                           v_s + (st ^ 1) * kBn1 * kHd1);
+      }
+      cp_async_commit();
+      if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn1, off_s + st * kBn1);
+      stage_ready();
+      float s[kBn1 / 8][4];
+      scores_wg<kBn1>(q_s, k_s + st * kBn1 * kHd1, s);
+      softmax_pv_wg<kBn1>(a, pr, j_start + i * kBn1, s, v_s + st * kBn1 * kHd1, m_run, l_run, o);
+      __syncthreads();  // stage st is reloaded next iteration
+    }
+    chunk_end<kHd1, 32>(a, pr, 0, split, static_cast<int32_t>(blockIdx.z), c == chunks.y, true,
+                        m_run, l_run, o, m_fold, l_fold);
+    cp_async_wait<0>();  // the last (empty) group: nothing left in flight
+    __syncthreads();     // the next chunk rewrites the stages and offsets
   }
-  store_wg<kHd1>(a, pr, l_run, o, 0);
 }
 
 // ---- two warpgroups over two tiles of one seq, head_dim 256 (kWgmmaPair*) ------------------
@@ -170,66 +181,78 @@ __global__ void __launch_bounds__(2 * kWgThreads, 1) attention_prefill_wgmma512_
   const int32_t first_page = a.seq_first_page[t.seq];
   const PairRows pr = pair_rows(a, t, kv_head, warp_wg * 16 + lane / 4);  // same in both wgs
   const int2 range = tile_key_range(pr, range_s);
-  const int32_t klo = range.x, khi = range.y;
-  const int32_t j_start = (klo / kBn2) * kBn2;
-  const int32_t n_tiles = (khi - j_start + kBn2 - 1) / kBn2;
-
-  auto offsets = [&](int32_t j0, int64_t* dst) {
-    key_offsets<kHd2, kBn2, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
-  };
-  offsets(j_start, off_s);
-  offsets(j_start + kBn2, off_s + kBn2);
-  __syncthreads();
-  load_q_sw<kHd2, 2 * kWgThreads>(a, t, kv_head, true, threadIdx.x, q_s);
-  load_kv_sw<kHd2, kBn2, 2 * kWgThreads>(a, off_s, k_s, v_s);
-  cp_async_commit();
-  __syncthreads();  // off_s[0] is rewritten below
+  bool split = false;
+  const int2 chunks = block_chunks(a, chunk_span(a, range.x, range.y), &split);
+  if (chunks.x > chunks.y) return;  // an idle chunk slot (uniform over the block)
 
   const int panel0 = wg * 4;  // this warpgroup's dims: panels 4 wg .. 4 wg + 3
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  for (int32_t i = 0; i < n_tiles; ++i) {
-    const int st = i & 1;
-    if (i + 1 < n_tiles) {
-      load_kv_sw<kHd2, kBn2, 2 * kWgThreads>(
-          a, off_s + (st ^ 1) * kBn2, k_s + (st ^ 1) * kBn2 * kHd2, v_s + (st ^ 1) * kBn2 * kHd2);
-    }
-    cp_async_commit();
-    if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn2, off_s + st * kBn2);
-    stage_ready();
-    const bf16* k_st = k_s + st * kBn2 * kHd2;
-    float s[kBn2 / 8][4];
-    scores_wg<kBn2>(q_s + panel0 * kPrefillTileM * kPanel, k_st + panel0 * kBn2 * kPanel, s);
-    // Sum the two halves of the dot products; float addition commutes, so both warpgroups get
-    // the same bits and run the same softmax.
-#pragma unroll
-    for (int n = 0; n < kBn2 / 8; ++n) {
-      x_s[(wg * (kBn2 / 8) + n) * kWgThreads + tid] =
-          make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
-    }
+  float m_fold[2] = {-INFINITY, -INFINITY}, l_fold[2] = {0.0f, 0.0f};
+  for (int32_t c = chunks.x; c <= chunks.y; ++c) {
+    const int2 keys = chunk_keys(a, c, range.x, range.y);
+    const int32_t klo = keys.x, khi = keys.y;
+    const int32_t j_start = (klo / kBn2) * kBn2;
+    const int32_t n_tiles = (khi - j_start + kBn2 - 1) / kBn2;
+
+    auto offsets = [&](int32_t j0, int64_t* dst) {
+      key_offsets<kHd2, kBn2, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
+    };
+    offsets(j_start, off_s);
+    offsets(j_start + kBn2, off_s + kBn2);
     __syncthreads();
+    if (c == chunks.x) load_q_sw<kHd2, 2 * kWgThreads>(a, t, kv_head, true, threadIdx.x, q_s);
+    load_kv_sw<kHd2, kBn2, 2 * kWgThreads>(a, off_s, k_s, v_s);
+    cp_async_commit();
+    __syncthreads();  // off_s[0] is rewritten below
+
+    for (int32_t i = 0; i < n_tiles; ++i) {
+      const int st = i & 1;
+      if (i + 1 < n_tiles) {
+        load_kv_sw<kHd2, kBn2, 2 * kWgThreads>(
+            a, off_s + (st ^ 1) * kBn2, k_s + (st ^ 1) * kBn2 * kHd2, v_s + (st ^ 1) * kBn2 * kHd2);
+      }
+      cp_async_commit();
+      if (i + 2 < n_tiles) offsets(j_start + (i + 2) * kBn2, off_s + st * kBn2);
+      stage_ready();
+      const bf16* k_st = k_s + st * kBn2 * kHd2;
+      float s[kBn2 / 8][4];
+      scores_wg<kBn2>(q_s + panel0 * kPrefillTileM * kPanel, k_st + panel0 * kBn2 * kPanel, s);
+      // Sum the two halves of the dot products; float addition commutes, so both warpgroups
+      // get the same bits and run the same softmax.
 #pragma unroll
-    for (int n = 0; n < kBn2 / 8; ++n) {
-      const float4 other = x_s[((wg ^ 1) * (kBn2 / 8) + n) * kWgThreads + tid];
-      s[n][0] += other.x;
-      s[n][1] += other.y;
-      s[n][2] += other.z;
-      s[n][3] += other.w;
+      for (int n = 0; n < kBn2 / 8; ++n) {
+        x_s[(wg * (kBn2 / 8) + n) * kWgThreads + tid] =
+            make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int n = 0; n < kBn2 / 8; ++n) {
+        const float4 other = x_s[((wg ^ 1) * (kBn2 / 8) + n) * kWgThreads + tid];
+        s[n][0] += other.x;
+        s[n][1] += other.y;
+        s[n][2] += other.z;
+        s[n][3] += other.w;
+      }
+      softmax_pv_wg<kBn2>(a, pr, j_start + i * kBn2, s,
+                          v_s + st * kBn2 * kHd2 + panel0 * kBn2 * kPanel, m_run, l_run, o);
+      __syncthreads();  // stage st is reloaded and x_s rewritten next iteration
     }
-    softmax_pv_wg<kBn2>(a, pr, j_start + i * kBn2, s,
-                        v_s + st * kBn2 * kHd2 + panel0 * kBn2 * kPanel, m_run, l_run, o);
-    __syncthreads();  // stage st is reloaded and x_s rewritten next iteration
+    chunk_end<kHd2, 32>(a, pr, wg * 256, split, static_cast<int32_t>(blockIdx.z), c == chunks.y,
+                        wg == 0, m_run, l_run, o, m_fold, l_fold);
+    cp_async_wait<0>();  // the last (empty) group: nothing left in flight
+    __syncthreads();     // the next chunk rewrites the stages and offsets
   }
-  store_wg<kHd2>(a, pr, l_run, o, wg * 256);
 }
 
 }  // namespace
 
 KernelStatus launch_prefill_wgmma256(const TcArgs& a, cudaStream_t stream) {
   return launch<attention_prefill_wgmma_kernel, kSmem1>(
-      dim3(a.tile_count, a.kv_heads), kWgThreads, a, stream, "attention_prefill_wgmma_kernel");
+      dim3(a.tile_count, a.kv_heads, a.chunk_slots), kWgThreads, a, stream,
+      "attention_prefill_wgmma_kernel");
 }
 
 KernelStatus launch_prefill_wgmma256_pair(const TcArgs& a, int32_t key_tile, cudaStream_t stream) {
@@ -243,9 +266,9 @@ KernelStatus launch_prefill_wgmma256_pair(const TcArgs& a, int32_t key_tile, cud
 }
 
 KernelStatus launch_prefill_wgmma512(const TcArgs& a, cudaStream_t stream) {
-  return launch<attention_prefill_wgmma512_kernel, kSmem2>(dim3(a.tile_count, a.kv_heads),
-                                                           2 * kWgThreads, a, stream,
-                                                           "attention_prefill_wgmma512_kernel");
+  return launch<attention_prefill_wgmma512_kernel, kSmem2>(
+      dim3(a.tile_count, a.kv_heads, a.chunk_slots), 2 * kWgThreads, a, stream,
+      "attention_prefill_wgmma512_kernel");
 }
 
 }  // namespace twinstep::kernels::tc

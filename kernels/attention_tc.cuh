@@ -40,6 +40,13 @@ struct TcArgs {
   int32_t tile_count;
   int32_t window;    // <= 0: no window
   float scale_log2;  // scale * log2(e): scores go through exp2
+  // Fixed key chunks (the batch-invariant mode, PrefillKeyChunks in attention_prefill_tc.h):
+  // key_chunk 0 is one chunk over the tile's whole key range (the default mode).
+  int32_t key_chunk = 0;
+  int32_t chunk_slots = 1;   // gridDim.z; > 1: a tile of 2..chunk_slots chunks, one per block
+  float* fold = nullptr;     // [rows, q_heads, HD] fp32: a block's folded chunks so far
+  float* part_o = nullptr;   // [rows, q_heads, chunk_slots, HD] fp32: one block's chunk
+  float* part_ml = nullptr;  // [rows, q_heads, chunk_slots, 2]: its (max, sum)
 };
 
 // ---- PTX wrappers -------------------------------------------------------------------------
@@ -400,6 +407,133 @@ __device__ __forceinline__ void store_pairs(const TcArgs& a, const PairRows& pr,
     for (int n = 0; n < NO; ++n) {
       *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
     }
+  }
+}
+
+// ---- fixed key chunks (batch-invariant mode) ----------------------------------------------
+// A pair's keys [lo, pos] are split at absolute multiples of key_chunk; each chunk gets its own
+// online softmax from (-inf, 0, 0) over the same absolute key stages, and the chunks' (max,
+// sum, accumulator) are folded in chunk order by fold_weights / fold_elem, whether one block
+// runs them in turn (into TcArgs::fold) or one block each (into the partials, folded by
+// attention_chunk_merge_kernel). A chunk without keys of the pair is skipped and the first one
+// is copied, so a pair's bits depend only on its own chunks, not on the tile's span, and a pair
+// of one chunk gets o * (1 / l): the unsplit kernel's bits.
+
+// The chunks [x, y] (inclusive) the key range [klo, khi) touches; (0, 0) without chunks.
+__device__ __forceinline__ int2 chunk_span(const TcArgs& a, int32_t klo, int32_t khi) {
+  if (a.key_chunk <= 0) return make_int2(0, 0);
+  return make_int2(klo / a.key_chunk, (khi - 1) / a.key_chunk);
+}
+// Keys of chunk c within [klo, khi).
+__device__ __forceinline__ int2 chunk_keys(const TcArgs& a, int32_t c, int32_t klo, int32_t khi) {
+  if (a.key_chunk <= 0) return make_int2(klo, khi);
+  return make_int2(max(klo, c * a.key_chunk), min(khi, (c + 1) * a.key_chunk));
+}
+// Which chunks this block runs: [x, y] of the tile's span, or x > y (nothing: an idle slot).
+// Split over the grid's z slots when the span has 2..chunk_slots chunks; else block z 0 runs
+// them all in turn. Uniform over the block.
+__device__ __forceinline__ int2 block_chunks(const TcArgs& a, int2 span, bool* split) {
+  const int32_t n = span.y - span.x + 1;
+  *split = a.chunk_slots > 1 && n > 1 && n <= a.chunk_slots;
+  const int32_t z = static_cast<int32_t>(blockIdx.z);
+  if (*split) return make_int2(span.x + z, z < n ? span.x + z : span.x + z - 1);
+  return z == 0 ? span : make_int2(1, 0);
+}
+
+// The fold of chunk state (m, l) into the folded (M, L): the new (M, L) and the factors of the
+// old accumulator (fa) and the chunk's (fb). Explicitly rounded: no FMA contraction, so every
+// kernel that folds gets the same bits. Returns false when the chunk is empty (kept as is).
+struct FoldStep {
+  float m, l, fa, fb;
+  bool copy;  // nothing folded yet: the chunk's accumulator is taken as is
+};
+__device__ __forceinline__ bool fold_weights(float M, float L, float m, float l, FoldStep* f) {
+  if (m == -INFINITY) return false;
+  if (M == -INFINITY) {
+    *f = FoldStep{m, l, 0.0f, 1.0f, true};
+    return true;
+  }
+  const float mn = fmaxf(M, m);
+  const float fa = exp2f(M - mn), fb = exp2f(m - mn);
+  *f = FoldStep{mn, __fadd_rn(__fmul_rn(L, fa), __fmul_rn(l, fb)), fa, fb, false};
+  return true;
+}
+__device__ __forceinline__ float fold_elem(const FoldStep& f, float O, float o) {
+  return f.copy ? o : __fadd_rn(__fmul_rn(O, f.fa), __fmul_rn(o, f.fb));
+}
+
+// The end of one chunk for the thread's two pairs (the m16n8 accumulator layout: o[n][2 i + e]
+// is pair i, dim dim0 + 8 n + 2 (lane % 4) + e): completes l over the quad, then
+//   split: writes the chunk's state to its slot (pairs with keys in it);
+//   else: folds it into (M, L) and TcArgs::fold, and on the tile's last chunk stores the
+//   normalised result. Resets the chunk state. `write_ml`: this thread's warpgroup writes the
+// (max, sum) (at head_dim 512 both warpgroups hold the same).
+template <int HD, int NO>
+__device__ __forceinline__ void chunk_end(const TcArgs& a, const PairRows& pr, int dim0, bool split,
+                                          int32_t slot, bool last, bool write_ml, float (&m_run)[2],
+                                          float (&l_run)[2], float (&o)[NO][4], float (&M)[2],
+                                          float (&L)[2]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(kFullMask, l_run[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (pr.row[i] < 0) continue;
+    const int64_t ri = static_cast<int64_t>(pr.row[i]) * a.q_heads + pr.head[i];
+    const int d0 = dim0 + (lane % 4) * 2;
+    if (split) {
+      if (m_run[i] == -INFINITY) continue;
+      const int64_t s = ri * a.chunk_slots + slot;
+      float* dst = a.part_o + s * HD + d0;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8) = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+      }
+      if (write_ml && lane % 4 == 0) {
+        *reinterpret_cast<float2*>(a.part_ml + s * 2) = make_float2(m_run[i], l_run[i]);
+      }
+      continue;
+    }
+    FoldStep f;
+    const bool folds = fold_weights(M[i], L[i], m_run[i], l_run[i], &f);
+    float* acc = a.fold + ri * HD + d0;
+    if (last) {
+      // The tile's last chunk: a pair without keys in it has its folded state in `fold`.
+      const float inv = 1.0f / (folds ? f.l : L[i]);  // >= 1: a pair attends its own key
+      bf16* dst = a.out + ri * HD + d0;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        float2 v = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+        if (!folds || !f.copy) {
+          const float2 old = *reinterpret_cast<const float2*>(acc + n * 8);
+          v = folds ? make_float2(fold_elem(f, old.x, v.x), fold_elem(f, old.y, v.y)) : old;
+        }
+        *reinterpret_cast<uint32_t*>(dst + n * 8) = pack2(v.x * inv, v.y * inv);
+      }
+      continue;
+    }
+    if (!folds) continue;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+      float2 v = make_float2(o[n][2 * i], o[n][2 * i + 1]);
+      if (!f.copy) {
+        const float2 old = *reinterpret_cast<const float2*>(acc + n * 8);
+        v = make_float2(fold_elem(f, old.x, v.x), fold_elem(f, old.y, v.y));
+      }
+      *reinterpret_cast<float2*>(acc + n * 8) = v;
+    }
+    M[i] = f.m;
+    L[i] = f.l;
+  }
+#pragma unroll
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m_run[i] = -INFINITY;
+    l_run[i] = 0.0f;
   }
 }
 

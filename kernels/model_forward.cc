@@ -244,6 +244,18 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
           plan_prefill_tiles(own_seq, c.num_q_heads / c.family(f).kv_heads);
     }
   }
+  // Batch-invariant mode: the key chunks' fold buffer (every row) and the split partials.
+  int64_t chunk_fold = 0, chunk_partials = 0;
+  int64_t max_head_dim = 0;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    max_head_dim = std::max<int64_t>(max_head_dim, model_.layer(l).head_dim);
+  }
+  const int32_t split_rows = std::min(R, kInvariantSplitRows);
+  if (batch_invariant_) {
+    chunk_fold = prefill_chunk_fold_bytes(R, c.num_q_heads, static_cast<int32_t>(max_head_dim));
+    chunk_partials = prefill_chunk_partial_bytes(
+        split_rows, c.num_q_heads, static_cast<int32_t>(max_head_dim), kInvariantSplitSlots);
+  }
   const int64_t tile_bytes = static_cast<int64_t>(sizeof(PrefillTile));
   const int64_t sizes[] = {R * H * 2,
                            R * H * 2,
@@ -256,7 +268,9 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                            L * int64_t{c.vocab_size} * 4,
                            decode_ws,
                            static_cast<int64_t>(tiles[0].size()) * tile_bytes,
-                           static_cast<int64_t>(tiles[1].size()) * tile_bytes};
+                           static_cast<int64_t>(tiles[1].size()) * tile_bytes,
+                           chunk_fold,
+                           chunk_partials};
   int64_t total = 0;
   for (int64_t s : sizes) total += align_up(s);
   if (arena_ != nullptr) {
@@ -303,6 +317,9 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                         cudaMemcpyHostToDevice, blas_.stream()),
         "cudaMemcpyAsync(row tiles)"));
   }
+  chunk_fold_ = batch_invariant_ ? static_cast<float*>(slots[12]) : nullptr;
+  chunk_partials_ = batch_invariant_ ? static_cast<float*>(slots[13]) : nullptr;
+  chunk_ml_offset_ = int64_t{split_rows} * c.num_q_heads * kInvariantSplitSlots * max_head_dim;
   rows_capacity_ = R;
   logits_capacity_ = L;
   cudnn_rows_covered_ = cudnn_rows;
@@ -374,6 +391,22 @@ PrefillVariant ModelForward::prefill_variant(int32_t head_dim) const {
   if (!batch_invariant_) return PrefillVariant::kDefault;
   if (head_dim == 256) return invariant_variant_256_;
   return head_dim == 512 ? PrefillVariant::kWgmmaSplitDims : PrefillVariant::kMma;
+}
+
+PrefillKeyChunks ModelForward::key_chunks(int32_t rows, int32_t window) const {
+  if (!batch_invariant_) return {};
+  TS_CHECK(chunk_fold_ != nullptr && rows <= rows_capacity_) << rows << " rows";
+  PrefillKeyChunks ch;
+  ch.key_chunk = kInvariantKeyChunk;
+  ch.fold = chunk_fold_;
+  if (rows <= kInvariantSplitRows) {
+    // A window of W keys touches at most (W - 1) / C + 2 chunks.
+    ch.slots = window > 0 ? std::min(kInvariantSplitSlots, (window - 1) / kInvariantKeyChunk + 2)
+                          : kInvariantSplitSlots;
+    ch.part_o = chunk_partials_;
+    ch.part_ml = chunk_partials_ + chunk_ml_offset_;
+  }
+  return ch;
 }
 
 PrefillTilesView ModelForward::row_tiles(Family family, int32_t rows) const {
@@ -502,10 +535,10 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
       // Batch-invariant decode-only steps whose views carry no tiles (the graph stage's): one
       // tile per row, each its own seq (the stage's layout).
       const bool own_tiles = step.decode_only && step.prefill_tiles[f].count == 0;
-      TS_TRY(attention_prefill_tc(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
-                                  L.family_index, step.rows, step.paging[f],
-                                  own_tiles ? row_tiles(L.family, R) : step.prefill_tiles[f],
-                                  window, 1.0f, stream, prefill_variant(L.head_dim)));
+      TS_TRY(attention_prefill_tc(
+          b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f], L.family_index, step.rows,
+          step.paging[f], own_tiles ? row_tiles(L.family, R) : step.prefill_tiles[f], window, 1.0f,
+          stream, prefill_variant(L.head_dim), key_chunks(R, window)));
     }
     const FusedNext next{l + 1 < c.num_layers ? model_.layer(l + 1).input_norm : nullptr};
     TS_TRY(finish_layer(model_, L, blas_, b, R, stream, &next));

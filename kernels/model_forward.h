@@ -89,6 +89,14 @@ struct StepViews {
   PrefillTilesView cudnn_rest_tiles;
 };
 
+// The batch-invariant mode's key chunks (ModelForward::set_batch_invariant): a row's keys are
+// split at multiples of kInvariantKeyChunk. 2048: a multiple of every key stage (32, 64); the
+// 12B's window of 1024 touches at most 2 chunks; a row of <= 2048 keys is one chunk (the
+// unsplit kernel's bits); 16 x 32k decode gets 17 chunks a global row.
+inline constexpr int32_t kInvariantKeyChunk = 2048;
+inline constexpr int32_t kInvariantSplitRows = 64;   // steps of <= this many rows split
+inline constexpr int32_t kInvariantSplitSlots = 32;  // chunks of one tile over blocks: 64k keys
+
 // Activation buffers sized for a row count, grown on demand.
 class ModelForward {
  public:
@@ -132,6 +140,12 @@ class ModelForward {
   // the first reserve() and before any graph capture. The mode pins one variant per head dim
   // for all rows (each variant has its own key stages): `variant_256` at 256, kWgmmaSplitDims
   // at 512, kMma at 64 and 128 (their only kernel), whatever kDefault becomes.
+  // Long contexts: each row's keys are split at multiples of kInvariantKeyChunk (absolute key
+  // positions, PrefillKeyChunks), the chunks folded in chunk order; steps of at most
+  // kInvariantSplitRows rows spread a tile's chunks over blocks (up to kInvariantSplitSlots
+  // of them, fewer at windowed layers: the chunks a window can touch), larger steps run a
+  // tile's chunks in one block. Either way a row's bits are the same. The variants the chunks
+  // are built for: kWgmma or kMma at 256 (another is refused by the first step that runs it).
   void set_batch_invariant(bool on, PrefillVariant variant_256 = PrefillVariant::kWgmma);
   bool batch_invariant() const { return batch_invariant_; }
   // cuDNN's paged SDPA for the local layers' attention of steps whose views carry a batch
@@ -172,6 +186,11 @@ class ModelForward {
   PrefillVariant invariant_variant_256_ = PrefillVariant::kWgmma;
   // The variant a layer's attention runs: kDefault outside the mode.
   PrefillVariant prefill_variant(int32_t head_dim) const;
+  // The key chunks a layer's attention of a `rows`-row step runs with: none outside the mode.
+  PrefillKeyChunks key_chunks(int32_t rows, int32_t window) const;
+  float* chunk_fold_ = nullptr;      // [rows_capacity_, q_heads, max head_dim] fp32
+  float* chunk_partials_ = nullptr;  // part_o then part_ml of kInvariantSplitRows rows
+  int64_t chunk_ml_offset_ = 0;      // floats from chunk_partials_ to part_ml
   const PrefillTile* row_tiles_[engine::kFamilyCount] = {nullptr, nullptr};
   int32_t tiles_per_row_[engine::kFamilyCount] = {0, 0};
   PrefillTilesView row_tiles(engine::Family family, int32_t rows) const;
