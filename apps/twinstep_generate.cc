@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/generate_options.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/engine.h"
@@ -38,168 +39,28 @@ namespace {
 
 using namespace twinstep;
 
-const char* kUsage =
-    "usage: twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,...] --max-tokens N\n"
-    "                         [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]\n"
-    "                         [--eager] [--batch-invariant]\n"
-    "                         [--temperature T] [--top-k K] [--top-p P] [--sample-seed S]\n"
-    "                         [--page-size P] [--max-step-tokens N]\n"
-    "       twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT\n"
-    "                         [--prompt TEXT ...] [--chat [--system TEXT]] --max-tokens N ...\n"
-    "DIR holds config.json (+ generation_config.json, *.safetensors unless --random-weights);\n"
-    "PRESET is a built-in geometry (gemma4-12b, sim-tiny), which needs --random-weights on cuda.\n"
-    "On cuda, decode steps replay CUDA graphs; --eager runs every step without them.\n"
-    "--batch-invariant: a prompt's logits do not depend on the other prompts sharing its steps\n"
-    "or on --max-step-tokens (cuda: at some throughput; sim: always so).\n"
-    "Prints the generated ids of each prompt, comma-separated, one line per prompt; with\n"
-    "--tokenizer, the generated text of each prompt instead (special tokens left out),\n"
-    "followed by a newline, streamed when there is one prompt. --prompt TEXT is encoded with\n"
-    "the tokenizer's post-processor (Gemma: <bos> first); --chat makes each prompt a user\n"
-    "turn (after --system TEXT) in the chat template of the tokenizer_config.json beside\n"
-    "tokenizer.json, with the generation prompt, and stops at the end-of-turn token.\n";
+using Options = apps::GenerateOptions;
 
 [[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr, "twinstep-generate: %s\n%s", message.c_str(), kUsage);
+  std::fprintf(stderr, "twinstep-generate: %s\n%s", message.c_str(), apps::kGenerateUsage);
   std::exit(2);
 }
 
-struct Options {
-  std::string model;
-  std::vector<std::vector<int32_t>> prompts;
-  int32_t max_tokens = -1;
 #if defined(TWINSTEP_WITH_CUDA)
-  std::string device = "cuda";
+constexpr bool kWithCuda = true;
 #else
-  std::string device = "sim";
+constexpr bool kWithCuda = false;
 #endif
-  bool random_weights = false;
-  uint64_t seed = 0;
-  bool ignore_eos = false;
-  bool eager = false;            // cuda: no decode CUDA graphs
-  bool batch_invariant = false;  // EngineConfig::batch_invariant, and the CUDA device's mode
-  engine::SamplingParams sampling;
-  int32_t page_size = 16;
-  int32_t max_step_tokens = 2048;
-  // Text (text/): prompts as text and output as text.
-  std::string tokenizer;                  // --tokenizer DIR|tokenizer.json
-  std::vector<std::string> text_prompts;  // --prompt TEXT, repeatable
-  bool chat = false;                      // --chat: each prompt is a user turn
-  std::optional<std::string> system;      // --system TEXT, with --chat
-};
-
-int64_t parse_int(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0) {
-    usage_error(flag + " expects an integer, got '" + text + "'");
-  }
-  return v;
-}
-
-double parse_double(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0') usage_error(flag + " expects a number, got '" + text + "'");
-  return v;
-}
-
-std::vector<std::vector<int32_t>> parse_prompts(const std::string& text) {
-  std::vector<std::vector<int32_t>> prompts;
-  std::stringstream all(text);
-  std::string one;
-  while (std::getline(all, one, ';')) {
-    std::vector<int32_t> ids;
-    std::stringstream ss(one);
-    std::string id;
-    while (std::getline(ss, id, ',')) {
-      const int64_t v = parse_int("--prompt-ids", id);
-      if (v < 0 || v > INT32_MAX) usage_error("--prompt-ids: id " + id + " out of range");
-      ids.push_back(static_cast<int32_t>(v));
-    }
-    if (ids.empty()) usage_error("--prompt-ids: empty prompt in '" + text + "'");
-    prompts.push_back(std::move(ids));
-  }
-  if (prompts.empty()) usage_error("--prompt-ids: no prompt");
-  return prompts;
-}
-
-// The text options against each other and the id prompts.
-void check_text_options(const Options& o) {
-  if (!o.prompts.empty() && !o.text_prompts.empty()) {
-    usage_error("--prompt and --prompt-ids are exclusive");
-  }
-  if (o.prompts.empty() && o.text_prompts.empty())
-    usage_error("--prompt-ids or --prompt is required");
-  if (!o.text_prompts.empty() && o.tokenizer.empty()) usage_error("--prompt needs --tokenizer");
-  if (o.chat && o.text_prompts.empty()) usage_error("--chat needs --prompt");
-  if (o.system && !o.chat) usage_error("--system needs --chat");
-}
 
 Options parse_args(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model")
-      o.model = value();
-    else if (a == "--prompt-ids")
-      o.prompts = parse_prompts(value());
-    else if (a == "--max-tokens")
-      o.max_tokens = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--device")
-      o.device = value();
-    else if (a == "--random-weights")
-      o.random_weights = true;
-    else if (a == "--seed")
-      o.seed = static_cast<uint64_t>(parse_int(a, value()));
-    else if (a == "--ignore-eos")
-      o.ignore_eos = true;
-    else if (a == "--eager")
-      o.eager = true;
-    else if (a == "--batch-invariant")
-      o.batch_invariant = true;
-    else if (a == "--temperature")
-      o.sampling.temperature = static_cast<float>(parse_double(a, value()));
-    else if (a == "--top-k")
-      o.sampling.top_k = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--top-p")
-      o.sampling.top_p = static_cast<float>(parse_double(a, value()));
-    else if (a == "--sample-seed")
-      o.sampling.seed = static_cast<uint64_t>(parse_int(a, value()));
-    else if (a == "--page-size")
-      o.page_size = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--max-step-tokens")
-      o.max_step_tokens = static_cast<int32_t>(parse_int(a, value()));
-    else if (a == "--tokenizer")
-      o.tokenizer = value();
-    else if (a == "--prompt")
-      o.text_prompts.push_back(value());
-    else if (a == "--chat")
-      o.chat = true;
-    else if (a == "--system")
-      o.system = value();
-    else if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    } else {
-      usage_error("unknown argument '" + a + "'");
-    }
+  auto parsed =
+      apps::parse_generate_args(std::vector<std::string>(argv + 1, argv + argc), kWithCuda);
+  if (!parsed) usage_error(parsed.error());
+  if (parsed.value().help) {
+    std::fputs(apps::kGenerateUsage, stdout);
+    std::exit(0);
   }
-  if (o.model.empty()) usage_error("--model is required");
-  check_text_options(o);
-  if (o.max_tokens <= 0) usage_error("--max-tokens must be a positive integer");
-  if (o.device != "cuda" && o.device != "sim") {
-    usage_error("--device must be 'cuda' or 'sim', got '" + o.device + "'");
-  }
-  if (o.page_size <= 0) usage_error("--page-size must be positive");
-#if !defined(TWINSTEP_WITH_CUDA)
-  if (o.device == "cuda") usage_error("this build has no CUDA: use --device sim");
-#endif
-  return o;
+  return std::move(parsed.value());
 }
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
