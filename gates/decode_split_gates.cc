@@ -149,11 +149,12 @@ std::vector<float> body(const std::vector<bf16>& out, size_t elems) {
 // What a case exercised, from the host's copy of the device's split rule.
 struct Coverage {
   bool one_split = false, empty_split = false, window_below_chunk = false,
-       window_above_chunk = false, released_pages = false;
+       window_above_chunk = false, released_pages = false, pages_above_tile = false;
 };
 
 void note_coverage(const SplitCase& c, const Built& b, int32_t splits, Coverage& cov) {
   cov.one_split |= splits == 1;
+  cov.pages_above_tile |= c.page_size > kernels::kDecodeSplitTileKeys;
   for (int32_t r = 0; r < b.sc.rows(); ++r) {
     const int32_t p = b.sc.positions[r], n = p + 1 - b.sc.first_key(p);
     const int32_t per = (n + splits - 1) / splits;
@@ -244,6 +245,18 @@ std::vector<SplitCase> cases() {
       {"hd 128, GQA 2, page 3, window 100, batch 3", 128, 4, 2, 3, 100, false, {50, 100, 2000}},
       {"hd 512, GQA 8, page 32, window 300, batch 16", 512, 16, 2, 32, 300, false,
        random_contexts(11, 16, 1200)},
+      // Pages larger than a 32-key tile: the copy cursor advances by slots alone (32 / page
+      // is 0), wrapping into the next page mid-tile at page 48.
+      {"hd 512, GQA 16, page 48 (> a tile), ctx 1..5000",
+       512,
+       16,
+       1,
+       48,
+       0,
+       false,
+       {1, 47, 48, 49, 95, 97, 5000}},
+      {"hd 256, GQA 2, page 64 (> a tile), window 1024, batch 32", 256, 16, 8, 64, 1024, false,
+       random_contexts(13, 32, 3000)},
   };
 }
 
@@ -257,6 +270,7 @@ TEST_F(DecodeSplitGates, MatchesReferenceAndFp64) {
   EXPECT_TRUE(cov.window_below_chunk) << "no full window smaller than a split";
   EXPECT_TRUE(cov.window_above_chunk) << "no full window larger than a split";
   EXPECT_TRUE(cov.released_pages) << "no row with seq_first_page > 0";
+  EXPECT_TRUE(cov.pages_above_tile) << "no case with pages larger than a key tile";
 }
 
 TEST_F(DecodeSplitGates, RepeatRunsAreBitwiseEqual) {

@@ -111,6 +111,14 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 2^x on the MUFU alone: results below 2^-126 flush to 0 (exp2f adds a range fix-up of 4
+// instructions per call; a weight that small is nothing next to the tile's max, weight 1).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Swizzled element offset of chunk c of row r in a [rows][HD] bf16 tile.
 template <int HD>
 __device__ __forceinline__ int swz(int r, int c) {
@@ -135,25 +143,74 @@ __device__ __forceinline__ void load_q(const SplitArgs& a, int32_t row, int32_t 
   }
 }
 
-// Keys t0 .. t0 + 31 (those < ke) of one kv head into the ring stage ks / vs; the rest zero.
+// The copies of one thread for the tiles of one block, in tile order. Thread t copies the
+// 16-byte chunk t % kChunks of keys t / kChunks + i * kPass (i < kLoads) of every tile, so its
+// place in the page table moves by one tile (32 keys) per call: a page index and a slot per
+// key, advanced by 32 / page_size pages and 32 % page_size slots, with no division and no
+// 64-bit product per copy. (v2 computed key_offset, two divisions by the page size and 64-bit
+// products, for every 16-byte copy: ~45% of the kernel's instructions, perf/NOTES.md session
+// 5.) The page-table checks are key_offset's (kernels/paged_keys.cuh), in the same order.
 template <int HD>
-__device__ __forceinline__ void load_tile(const SplitArgs& a, const SeqPages& sp, int32_t kv_head,
-                                          int32_t t0, int32_t ke, bf16* ks, bf16* vs) {
+struct TileLoader {
   using G = Geometry<HD>;
-  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
-  const int64_t v_off = static_cast<int64_t>(a.page_size) * token_elems;
-  const bf16* head_base = a.layer_base + static_cast<int64_t>(kv_head) * HD;
+  static constexpr int kPass = G::kThreads / G::kChunks;  // keys per pass of the block
+  static constexpr int kLoads = kTileKeys / kPass;        // passes per tile
+  static_assert(G::kThreads % G::kChunks == 0 && kPass % 8 == 0 && kTileKeys % kPass == 0,
+                "a thread's keys share one swizzle phase");
+  const bf16* src;       // kv head's chunk `part` of slot 0 of page 0
+  int64_t page_elems;    // 2 * page_size * token_elems
+  int32_t token_elems;   // kv_heads * HD
+  int32_t smem;          // swizzled offset of the thread's first chunk in a K (or V) stage
+  int32_t key;           // first key of the next tile + the thread's key offset
+  int32_t step_pages;    // 32 / page_size
+  int32_t step_slots;    // 32 % page_size
+  int32_t idx[kLoads];   // page of key + i * kPass, relative to the row's first listed page
+  int32_t slot[kLoads];  // its slot in that page
+
+  __device__ __forceinline__ TileLoader(const SplitArgs& a, int32_t kv_head, int32_t first_page,
+                                        int32_t kb) {
+    const int part = threadIdx.x % G::kChunks, k0 = threadIdx.x / G::kChunks;
+    token_elems = a.kv_heads * HD;
+    page_elems = int64_t{2} * a.page_size * token_elems;
+    src = a.layer_base + static_cast<int64_t>(kv_head) * HD + part * 8;
+    smem = swz<HD>(k0, part);
+    key = kb + k0;
+    step_pages = kTileKeys / a.page_size;
+    step_slots = kTileKeys % a.page_size;
 #pragma unroll
-  for (int i = 0; i < kTileKeys * G::kChunks / G::kThreads; ++i) {
-    const int c = threadIdx.x + i * G::kThreads;
-    const int key = c / G::kChunks, part = c % G::kChunks;
-    const int32_t j = t0 + key;
-    const bool valid = j < ke;
-    const bf16* src = valid ? head_base + key_offset(a, sp, j, token_elems) + part * 8 : head_base;
-    cp_async_16(ks + swz<HD>(key, part), src, valid);
-    cp_async_16(vs + swz<HD>(key, part), valid ? src + v_off : src, valid);
+    for (int i = 0; i < kLoads; ++i) {
+      const int32_t j = key + i * kPass;
+      idx[i] = j / a.page_size - first_page;
+      slot[i] = j % a.page_size;
+    }
   }
-}
+
+  // The next tile's keys (those < ke) into the ring stage ks / vs; the rest zero-filled.
+  __device__ __forceinline__ void load(const SplitArgs& a, const SeqPages& sp, int32_t ke, bf16* ks,
+                                       bf16* vs) {
+    const int64_t v_off = int64_t{a.page_size} * token_elems;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const bool valid = key + i * kPass < ke;
+      const bf16* p = src;
+      if (valid) {
+        TS_DEVICE_REQUIRE(idx[i] >= 0 && idx[i] < sp.count);
+        const uint32_t page = a.page_indices[sp.begin + idx[i]];
+        TS_DEVICE_REQUIRE(page >= 1u && page < static_cast<uint32_t>(a.pages_total));
+        p = src + page * page_elems + int64_t{slot[i]} * token_elems;
+      }
+      cp_async_16(ks + smem + i * kPass * HD, p, valid);
+      cp_async_16(vs + smem + i * kPass * HD, valid ? p + v_off : p, valid);
+      slot[i] += step_slots;
+      idx[i] += step_pages;
+      if (slot[i] >= a.page_size) {
+        slot[i] -= a.page_size;
+        ++idx[i];
+      }
+    }
+    key += kTileKeys;
+  }
+};
 
 // Warp w scores key group w % 4 (keys 8 (w % 4) .. + 7) for all 16 heads over its dim part
 // w / 4: S = Q . K^T with two accumulator chains (even and odd k-steps), written to its part
@@ -198,16 +255,29 @@ __device__ __forceinline__ void read_scores(const float* s_s, int32_t t0, int32_
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const int col = kc * 16 + q * 8 + 2 * t;
-        float2 v = make_float2(0.0f, 0.0f);
+        float2 v = *reinterpret_cast<const float2*>(&s_s[(g + 8 * h) * kScorePad + col]);
 #pragma unroll
-        for (int p = 0; p < Geometry<HD>::kDimParts; ++p) {
+        for (int p = 1; p < Geometry<HD>::kDimParts; ++p) {
           const float2 w =
               *reinterpret_cast<const float2*>(&s_s[(p * kHeads + g + 8 * h) * kScorePad + col]);
           v.x += w.x;
           v.y += w.y;
         }
-        s[kc][h][2 * q] = t0 + col < ke ? v.x * scale_log2 : -INFINITY;
-        s[kc][h][2 * q + 1] = t0 + col + 1 < ke ? v.y * scale_log2 : -INFINITY;
+        s[kc][h][2 * q] = v.x * scale_log2;
+        s[kc][h][2 * q + 1] = v.y * scale_log2;
+      }
+    }
+  }
+  if (t0 + kTileKeys <= ke) return;  // a whole tile (all but a chunk's last): nothing to mask
+#pragma unroll
+  for (int kc = 0; kc < 2; ++kc) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int col = kc * 16 + q * 8 + 2 * t;
+        if (t0 + col >= ke) s[kc][h][2 * q] = -INFINITY;
+        if (t0 + col + 1 >= ke) s[kc][h][2 * q + 1] = -INFINITY;
       }
     }
   }
@@ -237,7 +307,7 @@ __device__ __forceinline__ void tile_softmax_pv(const float* s_s, const bf16* vs
     }
     mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 2));
-    corr[h] = exp2f(m[h] - mx);  // 0 while m is still -inf; the tile's first key is valid
+    corr[h] = exp2_ftz(m[h] - mx);  // 0 while m is still -inf; the tile's first key is valid
     m[h] = mx;
   }
   uint32_t pa[2][4];  // A fragments of P (16 heads x 16 keys) per half
@@ -249,7 +319,7 @@ __device__ __forceinline__ void tile_softmax_pv(const float* s_s, const bf16* vs
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
         const uint32_t packed =
-            pack2(exp2f(s[kc][h][2 * q] - m[h]), exp2f(s[kc][h][2 * q + 1] - m[h]));
+            pack2(exp2_ftz(s[kc][h][2 * q] - m[h]), exp2_ftz(s[kc][h][2 * q + 1] - m[h]));
         float back[2];
         unpack2(packed, back);
         sum[h] += back[0] + back[1];
@@ -348,12 +418,10 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
   auto stage_k = [&](int st) { return ring + st * 2 * G::kTileElems; };
 
   load_q<HD>(a, row, head0, heads, q_s);
+  TileLoader<HD> loader(a, kv_head, keys.pages.first, kb);
 #pragma unroll
   for (int st = 0; st < G::kStages - 1; ++st) {
-    if (st < tiles) {
-      load_tile<HD>(a, keys.pages, kv_head, kb + st * kTileKeys, ke, stage_k(st),
-                    stage_k(st) + G::kTileElems);
-    }
+    if (st < tiles) loader.load(a, keys.pages, ke, stage_k(st), stage_k(st) + G::kTileElems);
     cp_async_commit();
   }
   float o[G::kNTiles][4];
@@ -366,7 +434,7 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
     const int32_t next = tile + G::kStages - 1;
     if (next < tiles) {
       bf16* nk = stage_k(next % G::kStages);
-      load_tile<HD>(a, keys.pages, kv_head, kb + next * kTileKeys, ke, nk, nk + G::kTileElems);
+      loader.load(a, keys.pages, ke, nk, nk + G::kTileElems);
     }
     cp_async_commit();  // possibly empty: keeps the group count in step with the tiles
     const bf16* ks = stage_k(tile % G::kStages);
