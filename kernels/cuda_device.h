@@ -31,9 +31,11 @@ namespace twinstep::kernels {
 // 111 shapes took 1.6-1.9 s and 2.6 GiB of scratch, freed before the graphs are measured.
 inline constexpr bool kDefaultTuneGemms = true;
 
-// CudaDeviceOptions::cudnn_local_prefill by default (issue 12): off until the H200 gates have
-// passed with it on (perf/NOTES.md, "cuDNN local prefill on by default").
-inline constexpr bool kDefaultCudnnLocalPrefill = false;
+// CudaDeviceOptions::cudnn_local_prefill by default (issue 12): on where cuDNN is in the build,
+// since the H200 gates passed with it on (ModelGates with HF parity, PrefixCacheGates,
+// LogprobGates, DecodeGraphGates, CudnnPrefillGates; perf/NOTES.md, "cuDNN local prefill on by
+// default"). A build without cuDNN keeps our kernel and reports no fallbacks for it.
+inline constexpr bool kDefaultCudnnLocalPrefill = TWINSTEP_HAVE_CUDNN != 0;
 // Its threshold: a seq of fewer rows in a step (decode rows, short chunks) runs our
 // attention_prefill_tc instead, so that a step's cuDNN entries number at most max_rows / 16.
 inline constexpr int32_t kCudnnDefaultMinQLen = 16;
@@ -67,7 +69,7 @@ struct CudaDeviceOptions {
   // cuDNN has no path), the other seqs of such a step and decode-only steps (eager
   // and graph replays) keep our kernels. Kernel bench on the H200 (perf/NOTES.md, "cuDNN's paged
   // SDPA forward"): 1.79-1.91x our default kernel at head_dim 256, 12B attention per 4 x 2048
-  // step 30.1 -> 22.2 ms. Off until the engine gates and bench have run with it on.
+  // step 30.1 -> 22.2 ms. On by default where cuDNN is in the build (kDefaultCudnnLocalPrefill).
   // The environment overrides it in create(): TWINSTEP_CUDNN_PREFILL=1 on, =0 off (another
   // value is refused), so existing gates and benches run either way unbuilt. The
   // batch-invariant mode wins over both: with batch_invariant set it stays off (every row must

@@ -32,6 +32,14 @@ TEST(CudnnLocalPrefillOption, EnvironmentOverridesTheOptionBothWays) {
   EXPECT_FALSE(resolve_cudnn_local_prefill(off, "0").value());
 }
 
+// On by default exactly where cuDNN is in the build; a build without it keeps our kernel.
+TEST(CudnnLocalPrefillOption, OnByDefaultWhereCudnnIsBuiltIn) {
+  const CudaDeviceOptions defaults;
+  EXPECT_EQ(defaults.cudnn_local_prefill, cudnn_compiled_in());
+  EXPECT_EQ(resolve_cudnn_local_prefill(defaults, nullptr).value(), cudnn_compiled_in());
+  EXPECT_FALSE(resolve_cudnn_local_prefill(defaults, "0").value());
+}
+
 TEST(CudnnLocalPrefillOption, RefusesOtherValuesByName) {
   CudaDeviceOptions o;
   for (const char* bad : {"yes", "true", "2", " 1", "1 "}) {
