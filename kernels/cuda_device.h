@@ -35,7 +35,11 @@ inline constexpr bool kDefaultTuneGemms = true;
 // since the H200 gates passed with it on (ModelGates with HF parity, PrefixCacheGates,
 // LogprobGates, DecodeGraphGates, CudnnPrefillGates; perf/NOTES.md, "cuDNN local prefill on by
 // default"). A build without cuDNN keeps our kernel and reports no fallbacks for it.
-inline constexpr bool kDefaultCudnnLocalPrefill = TWINSTEP_HAVE_CUDNN != 0;
+#if defined(TWINSTEP_HAVE_CUDNN) && TWINSTEP_HAVE_CUDNN
+inline constexpr bool kDefaultCudnnLocalPrefill = true;
+#else
+inline constexpr bool kDefaultCudnnLocalPrefill = false;
+#endif
 // Its threshold: a seq of fewer rows in a step (decode rows, short chunks) runs our
 // attention_prefill_tc instead, so that a step's cuDNN entries number at most max_rows / 16.
 inline constexpr int32_t kCudnnDefaultMinQLen = 16;
