@@ -27,9 +27,78 @@ struct PageListEdit {
   Family family = Family::kGlobal;
   int8_t delta = 0;
 };
-// Where bound page lists record their edits (the scheduler owns one; a checker drains it).
+// Where bound page lists record their edits and bound request fields their writes (the
+// scheduler owns one; a checker drains it).
 struct PageListLog {
   std::vector<PageListEdit> edits;
+  std::vector<RequestId> marked;  // a request per write of one of its Marked fields (repeats)
+};
+
+// What a request's Marked fields write to: its log and id (bound once it has its place).
+struct RequestMarker {
+  PageListLog* log = nullptr;
+  RequestId id;
+  void mark() const {
+    if (log != nullptr) log->marked.push_back(id);
+  }
+};
+
+// A request's field read as the plain value and written only through assignment, each write
+// marking the request in its marker's log, so a checker re-checks just the marked requests
+// and no write escapes it. A copy is unbound (it belongs to no request).
+template <class T>
+class Marked {
+ public:
+  Marked() = default;
+  Marked(T value) : value_(value) {}  // NOLINT: implicit, a field initialised as its value
+  Marked(const Marked& other) : value_(other.value_) {}
+  Marked& operator=(const Marked& other) { return *this = other.value_; }
+  Marked& operator=(T value) {
+    value_ = value;
+    if (marker_ != nullptr) marker_->mark();
+    return *this;
+  }
+  Marked& operator+=(T delta) { return *this = static_cast<T>(value_ + delta); }
+  operator T() const { return value_; }  // NOLINT: read as the value
+  T get() const { return value_; }
+  void bind(const RequestMarker* marker) { marker_ = marker; }
+
+ private:
+  T value_{};
+  const RequestMarker* marker_ = nullptr;
+};
+
+// The same for a vector a request only appends to or replaces wholesale.
+template <class T>
+class MarkedVector {
+ public:
+  MarkedVector() = default;
+  MarkedVector(std::vector<T> values) : values_(std::move(values)) {}  // NOLINT
+  MarkedVector(const MarkedVector& other) : values_(other.values_) {}
+  MarkedVector& operator=(const MarkedVector& other) { return *this = other.values_; }
+  MarkedVector& operator=(std::vector<T> values) {
+    values_ = std::move(values);
+    if (marker_ != nullptr) marker_->mark();
+    return *this;
+  }
+  void push_back(T value) {
+    values_.push_back(value);
+    if (marker_ != nullptr) marker_->mark();
+  }
+  operator const std::vector<T>&() const { return values_; }  // NOLINT: read as the vector
+  const std::vector<T>& view() const { return values_; }
+  size_t size() const { return values_.size(); }
+  bool empty() const { return values_.empty(); }
+  const T& operator[](size_t i) const { return values_[i]; }
+  const T& back() const { return values_.back(); }
+  const T* data() const { return values_.data(); }
+  typename std::vector<T>::const_iterator begin() const { return values_.begin(); }
+  typename std::vector<T>::const_iterator end() const { return values_.end(); }
+  void bind(const RequestMarker* marker) { marker_ = marker; }
+
+ private:
+  std::vector<T> values_;
+  const RequestMarker* marker_ = nullptr;
 };
 
 // A request's held pages of one family: a vector whose every edit, once bound to a log, is
@@ -67,6 +136,7 @@ class PageList {
   std::vector<PageId>::const_iterator begin() const { return pages_.begin(); }
   std::vector<PageId>::const_iterator end() const { return pages_.end(); }
   const std::vector<PageId>& view() const { return pages_; }
+  operator const std::vector<PageId>&() const { return pages_; }  // NOLINT: read as the vector
 
   void push_back(PageId page) {
     pages_.push_back(page);
@@ -110,8 +180,8 @@ class PageList {
 };
 
 struct KvState {
-  int32_t first_page = 0;  // logical page number (position / page_size) of pages[0]
-  PageList pages;          // held pages, logical order, contiguous from first_page
+  Marked<int32_t> first_page = 0;  // logical page number (position / page_size) of pages[0]
+  PageList pages;                  // held pages, logical order, contiguous from first_page
   // Bumped by every edit of `pages` other than appending at the end and dropping from the
   // front (a page swapped for a shared one, the list cleared or replaced): build_plan keeps
   // the entries of a table it listed before only while this count is unchanged.

@@ -2,6 +2,7 @@
 // checks of ownership and state.
 #include "engine/page_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -16,7 +17,76 @@ PoolTag next_pool_tag() {
   return PoolTag{counter.fetch_add(1)};
 }
 
+// The heap's order: the oldest tick on top.
+bool later(const auto& a, const auto& b) { return a.tick > b.tick; }
+
 }  // namespace
+
+void FlatIndex::reset(size_t max_entries) {
+  size_t capacity = 16;
+  shift_ = 60;
+  while (capacity < 2 * max_entries + 2) {
+    capacity *= 2;
+    shift_ -= 1;
+  }
+  keys_.assign(capacity, 0);
+  values_.assign(capacity, 0);
+  mask_ = capacity - 1;
+  size_ = 0;
+  zero_present_ = false;
+}
+
+const uint32_t* FlatIndex::find(uint64_t key) const {
+  if (key == 0) return zero_present_ ? &zero_value_ : nullptr;
+  for (size_t i = home(key);; i = (i + 1) & mask_) {
+    if (keys_[i] == key) return &values_[i];
+    if (keys_[i] == 0) return nullptr;
+  }
+}
+
+bool FlatIndex::insert(uint64_t key, uint32_t value) {
+  if (key == 0) {
+    if (zero_present_) return false;
+    zero_present_ = true;
+    zero_value_ = value;
+    size_ += 1;
+    return true;
+  }
+  TS_CHECK(2 * (size_ + 1) <= keys_.size()) << "flat index over its size: " << size_;
+  size_t i = home(key);
+  for (; keys_[i] != 0; i = (i + 1) & mask_) {
+    if (keys_[i] == key) return false;
+  }
+  keys_[i] = key;
+  values_[i] = value;
+  size_ += 1;
+  return true;
+}
+
+bool FlatIndex::erase(uint64_t key) {
+  if (key == 0) {
+    if (!zero_present_) return false;
+    zero_present_ = false;
+    size_ -= 1;
+    return true;
+  }
+  size_t i = home(key);
+  for (; keys_[i] != key; i = (i + 1) & mask_) {
+    if (keys_[i] == 0) return false;
+  }
+  // Backward shift: move later entries of the run into the hole when their home allows it.
+  for (size_t j = (i + 1) & mask_; keys_[j] != 0; j = (j + 1) & mask_) {
+    const size_t h = home(keys_[j]);
+    const bool movable = i <= j ? (h <= i || h > j) : (h <= i && h > j);
+    if (!movable) continue;
+    keys_[i] = keys_[j];
+    values_[i] = values_[j];
+    i = j;
+  }
+  keys_[i] = 0;
+  size_ -= 1;
+  return true;
+}
 
 PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t head_dim,
                    int32_t layers, int32_t capacity) {
@@ -29,6 +99,8 @@ PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t h
   pages_[0].state = PageState::kPadding;
   dirty_mark_.assign(pages_.size(), 0);
   free_.reserve(capacity);
+  table_.reset(static_cast<size_t>(capacity));
+  order_.reserve(2 * static_cast<size_t>(capacity) + 64);
   // Lowest ids on top of the stack, so a fresh pool hands out 1, 2, 3, ...
   for (int32_t i = capacity; i >= 1; --i) free_.push_back(static_cast<uint32_t>(i));
 }
@@ -40,16 +112,35 @@ void PagePool::refuse_foreign(PageId page) const {
 }
 
 std::optional<PageId> PagePool::lookup(uint64_t hash) const {
-  auto it = table_.find(hash);
-  if (it == table_.end()) return std::nullopt;
-  return PageId{layout_.tag, it->second};
+  const uint32_t* index = table_.find(hash);
+  if (index == nullptr) return std::nullopt;
+  return PageId{layout_.tag, *index};
+}
+
+void PagePool::push_order(uint32_t index, uint64_t tick) {
+  if (order_.size() >= 2 * static_cast<size_t>(cached_) + 64) compact_order();
+  order_.push_back(OrderEntry{tick, index});
+  std::push_heap(order_.begin(), order_.end(), later<OrderEntry, OrderEntry>);
+}
+
+void PagePool::compact_order() {
+  std::erase_if(order_, [&](const OrderEntry& e) { return !entry_live(e); });
+  std::make_heap(order_.begin(), order_.end(), later<OrderEntry, OrderEntry>);
 }
 
 void PagePool::evict_oldest() {
-  const auto oldest = lru_.begin();
-  const uint32_t index = oldest->second;
-  lru_.erase(oldest);
+  TS_CHECK(cached_ > 0) << "eviction with no cached page";
+  while (!order_.empty() && !entry_live(order_.front())) {
+    std::pop_heap(order_.begin(), order_.end(), later<OrderEntry, OrderEntry>);
+    order_.pop_back();
+  }
+  TS_CHECK(!order_.empty()) << "the eviction order lost its " << cached_ << " cached pages";
+  const uint32_t index = order_.front().index;
+  std::pop_heap(order_.begin(), order_.end(), later<OrderEntry, OrderEntry>);
+  order_.pop_back();
   Page& p = write(index);
+  p.in_order = false;
+  cached_ -= 1;
   table_.erase(p.hash);
   p.published = false;
   p.hash = 0;
@@ -108,7 +199,8 @@ uint64_t PagePool::acquire(PageId page) {
     return 0;
   }
   const uint64_t tick = p.lru_tick;
-  lru_.erase(tick);
+  p.in_order = false;  // its heap entry goes stale
+  cached_ -= 1;
   p.state = PageState::kHeld;
   p.refs = 1;
   held_ += 1;
@@ -125,10 +217,13 @@ void PagePool::to_cache(uint32_t index, uint64_t lru_tick) {
     free_.push_back(index);
     return;
   }
+  TS_CHECK(!p.in_order || TS_MUTANT(kEvictReferenced))
+      << "page " << index << " is in the eviction order already (tick " << p.lru_tick << ")";
+  cached_ += p.in_order ? 0 : 1;
   p.state = PageState::kCached;
   p.lru_tick = lru_tick;
-  const bool inserted = lru_.emplace(lru_tick, index).second;
-  TS_CHECK(inserted) << "eviction order already holds tick " << lru_tick;
+  p.in_order = true;
+  push_order(index, lru_tick);
 }
 
 void PagePool::unacquire(PageId page, uint64_t lru_tick) {
@@ -160,13 +255,15 @@ bool PagePool::publish(PageId page, uint64_t hash) {
   Page& p = write(checked(page));
   TS_CHECK(p.state == PageState::kHeld && !p.published)
       << "publish of " << page << " in state " << int(p.state) << " published=" << p.published;
-  if (!table_.emplace(hash, page.index).second) return false;
+  if (!table_.insert(hash, page.index)) return false;
   p.published = true;
   p.hash = hash;
   if (TS_MUTANT(kEvictReferenced)) {
     // The page joins the eviction order while it still has holders.
     p.lru_tick = ++lru_clock_;
-    lru_.emplace(p.lru_tick, page.index);
+    p.in_order = true;
+    cached_ += 1;
+    push_order(page.index, p.lru_tick);
   }
   return true;
 }

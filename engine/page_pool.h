@@ -16,9 +16,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/check.h"
@@ -26,6 +24,34 @@
 #include "engine/plan.h"
 
 namespace twinstep::engine {
+
+// An open-addressing map from 64-bit keys (content hashes: already well mixed) to 32-bit
+// values, sized once for at most `max_entries` (no rehash, no allocation after reset): linear
+// probing at under half load, erase by backward shift. Key 0 lives beside the table (0 marks an
+// empty slot). Nothing iterates it, so its layout never reaches a trace.
+class FlatIndex {
+ public:
+  void reset(size_t max_entries);
+  size_t size() const { return size_; }
+  const uint32_t* find(uint64_t key) const;
+  uint32_t* find(uint64_t key) {
+    return const_cast<uint32_t*>(static_cast<const FlatIndex*>(this)->find(key));
+  }
+  // False (and no change) when `key` is present.
+  bool insert(uint64_t key, uint32_t value);
+  // False when `key` is absent.
+  bool erase(uint64_t key);
+
+ private:
+  size_t home(uint64_t key) const { return (key * 0x9e3779b97f4a7c15ULL) >> shift_; }
+  std::vector<uint64_t> keys_;  // [capacity] 0: empty
+  std::vector<uint32_t> values_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+  size_t size_ = 0;
+  bool zero_present_ = false;
+  uint32_t zero_value_ = 0;
+};
 
 class PagePool {
  public:
@@ -42,7 +68,7 @@ class PagePool {
   int32_t free_count() const { return static_cast<int32_t>(free_.size()); }
   int32_t reserved_count() const { return reserved_; }
   int32_t held_count() const { return held_; }
-  int32_t cached_count() const { return static_cast<int32_t>(lru_.size()); }
+  int32_t cached_count() const { return cached_; }
   // What a reservation can take: free pages, then cached ones by eviction.
   int32_t available_count() const { return free_count() + cached_count(); }
   int32_t held_peak() const { return held_peak_; }
@@ -96,7 +122,8 @@ class PagePool {
     int32_t refs = 0;
     bool published = false;
     uint64_t hash = 0;
-    uint64_t lru_tick = 0;  // cached pages: key in lru_
+    uint64_t lru_tick = 0;  // cached pages: place in the eviction order
+    bool in_order = false;  // in the eviction order (cached pages)
   };
   uint32_t checked(PageId page) const {
     if (owns(page)) [[likely]]
@@ -117,12 +144,26 @@ class PagePool {
   void to_cache(uint32_t index, uint64_t lru_tick);
 
   PoolLayout layout_;
-  std::vector<Page> pages_;                       // [pages_total]; mutated only via write()
-  mutable std::vector<uint32_t> dirty_;           // the dirty log (drain_dirty)
-  mutable std::vector<uint8_t> dirty_mark_;       // [pages_total] 1 while in dirty_
-  std::vector<uint32_t> free_;                    // LIFO stack of free page indices
-  std::map<uint64_t, uint32_t> lru_;              // cached pages: release tick -> index
-  std::unordered_map<uint64_t, uint32_t> table_;  // published hash -> index (lookups only)
+  std::vector<Page> pages_;                  // [pages_total]; mutated only via write()
+  mutable std::vector<uint32_t> dirty_;      // the dirty log (drain_dirty)
+  mutable std::vector<uint8_t> dirty_mark_;  // [pages_total] 1 while in dirty_
+  std::vector<uint32_t> free_;               // LIFO stack of free page indices
+  // The eviction order: a min-heap of (release tick, index); an entry is live while its page
+  // is in the order at that tick (taking a page back leaves its entry stale: popped when it
+  // reaches the top, or dropped when stale entries outnumber live ones). Ticks of live
+  // entries are distinct, so the oldest is one page, as in an ordered map.
+  struct OrderEntry {
+    uint64_t tick = 0;
+    uint32_t index = 0;
+  };
+  std::vector<OrderEntry> order_;
+  int32_t cached_ = 0;  // pages in the eviction order
+  bool entry_live(const OrderEntry& e) const {
+    return pages_[e.index].in_order && pages_[e.index].lru_tick == e.tick;
+  }
+  void push_order(uint32_t index, uint64_t tick);
+  void compact_order();
+  FlatIndex table_;  // published hash -> index (lookups only)
   uint64_t lru_clock_ = 0;
   uint64_t evictions_ = 0;
   int32_t reserved_ = 0;

@@ -154,7 +154,7 @@ void Scheduler::retire_aborted(StepOutputs* out, bool after_commit) {
   for (auto& [id, r] : requests_) {
     if (r.phase == RequestPhase::kDone || !r.abort_flag->load(std::memory_order_acquire)) continue;
     if (TS_MUTANT(kTokenAfterAbort) && !after_commit && r.phase == RequestPhase::kDecode) continue;
-    counters_.aborts_by_phase[static_cast<int>(r.phase)] += 1;
+    counters_.aborts_by_phase[static_cast<int>(r.phase.get())] += 1;
     counters_.shared_page_aborts += holds_shared_page(r) ? 1 : 0;
     if (TS_MUTANT(kRefDroppedTwice)) {
       for (const Family f : kFamilies) {
@@ -332,7 +332,7 @@ void Scheduler::build_tables(const std::vector<Scheduled>& scheduled, Family f, 
     if (s.hit_tokens == 0 && l.step == old_step && l.rewrites == kv.rewrites && l.seq > last_kept &&
         l.seq < old_seqs) {
       const int32_t old_first = fp.seq_first_page[l.seq];
-      const int32_t lo = std::max(old_first, kv.first_page);
+      const int32_t lo = std::max(old_first, kv.first_page.get());
       const int32_t hi = std::min(old_first + l.held, kv.first_page + held);
       if (hi > lo) {
         k = TableKeep{old_begin[l.seq] + (lo - old_first), total + (lo - kv.first_page), hi - lo};
@@ -352,7 +352,7 @@ void Scheduler::build_tables(const std::vector<Scheduled>& scheduled, Family f, 
   for (size_t si = 0; si < scheduled.size(); ++si) {
     const Scheduled& s = scheduled[si];
     KvState& kv = s.state->kv_of(f);
-    fp.seq_first_page.push_back(s.hit_tokens > 0 ? s.hit_first_page[fi] : kv.first_page);
+    fp.seq_first_page.push_back(s.hit_tokens > 0 ? s.hit_first_page[fi] : kv.first_page.get());
     // The entries around the kept run: held pages before and after it, then hit and reserved.
     const int32_t begin = fp.seq_page_begin[si];
     const int32_t kept_lo = keep[si].count > 0 ? keep[si].to - begin : 0;
@@ -469,7 +469,7 @@ void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& e
 
 void Scheduler::release_window_pages(RequestState& r) {
   const int32_t p = config_.page_size;
-  const int32_t frontier = TS_MUTANT(kEarlyWindowRelease) ? r.frontier + 1 : r.frontier;
+  const int32_t frontier = TS_MUTANT(kEarlyWindowRelease) ? r.frontier + 1 : r.frontier.get();
   const PageSpan span = local_span(frontier, p, model_.sliding_window);
   KvState& kv = r.kv_of(Family::kLocal);
   while (kv.first_page < span.begin && !kv.pages.empty()) {
@@ -658,7 +658,16 @@ void Scheduler::enqueue(RequestId id, Request request, std::shared_ptr<std::atom
   r.abort_flag = std::move(flag);
   RequestState& placed = requests_.emplace(id, std::move(r)).first->second;
   if (page_list_log_on_) {
-    for (const Family f : kFamilies) placed.kv_of(f).pages.bind(&page_list_log_, id, f);
+    placed.marker = RequestMarker{&page_list_log_, id};
+    placed.tokens.bind(&placed.marker);
+    placed.frontier.bind(&placed.marker);
+    placed.phase.bind(&placed.marker);
+    placed.page_keys.bind(&placed.marker);
+    for (const Family f : kFamilies) {
+      placed.kv_of(f).pages.bind(&page_list_log_, id, f);
+      placed.kv_of(f).first_page.bind(&placed.marker);
+    }
+    placed.marker.mark();
   }
   waiting_.push_back(id);
   ledger_.admitted(id);

@@ -28,16 +28,19 @@ struct RequestState {
   RequestId id;
   Request request;
   std::shared_ptr<std::atomic<bool>> abort_flag;
-  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  // The fields the checks read are Marked: a write marks the request for the incremental
+  // checks (bound in enqueue, once the request has its place in the table).
+  RequestMarker marker;
+  MarkedVector<int32_t> tokens;  // prompt, then generated tokens
   int32_t prompt_len = 0;
-  int32_t frontier = 0;      // tokens whose K/V are written, both families
-  KvState kv[kFamilyCount];  // indexed by Family
-  RequestPhase phase = RequestPhase::kWaiting;
+  Marked<int32_t> frontier = 0;  // tokens whose K/V are written, both families
+  KvState kv[kFamilyCount];      // indexed by Family
+  Marked<RequestPhase> phase = RequestPhase::kWaiting;
   int32_t consecutive_failures = 0;
   uint64_t admitted_seq = 0;  // admission order, for preemption victims
   // Prefix cache: the key of each full page of `tokens` computed so far (logical order), and
   // per family the logical page below which every held page is published (or shared).
-  std::vector<uint64_t> page_keys;
+  MarkedVector<uint64_t> page_keys;
   int32_t published_end[kFamilyCount] = {0, 0};
 
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
@@ -89,6 +92,11 @@ class Scheduler {
   void drain_page_list_edits(std::vector<PageListEdit>* out) const {
     out->insert(out->end(), page_list_log_.edits.begin(), page_list_log_.edits.end());
     page_list_log_.edits.clear();
+  }
+  // The requests whose Marked fields were written since the last drain (with repeats).
+  void drain_request_marks(std::vector<RequestId>* out) const {
+    out->insert(out->end(), page_list_log_.marked.begin(), page_list_log_.marked.end());
+    page_list_log_.marked.clear();
   }
   bool idle() const { return requests_.empty(); }
   int32_t max_context() const { return max_context_; }

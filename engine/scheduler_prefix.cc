@@ -100,7 +100,7 @@ void Scheduler::publish_full_pages(RequestState& r) {
     const int fi = static_cast<int>(f);
     KvState& kv = r.kv_of(f);
     const int32_t end = std::min(full, kv.end_page());
-    for (int32_t k = std::max(r.published_end[fi], kv.first_page); k < end; ++k) {
+    for (int32_t k = std::max(r.published_end[fi], kv.first_page.get()); k < end; ++k) {
       const size_t i = static_cast<size_t>(k - kv.first_page);
       const PageId page = kv.pages[i];
       if (pool_mut(f).publish(page, r.page_keys[k])) continue;

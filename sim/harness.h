@@ -21,7 +21,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
@@ -193,7 +192,9 @@ class Harness {
   void check_published_range(const LiveRequest& live, engine::Family f, int32_t begin, int32_t end);
   void check_published_at(const LiveRequest& live, engine::Family f, engine::PageId page);
   void check_counters();
-  void check_queues_incremental();
+  void track_queues();
+  void check_queue_of(const LiveRequest& live);
+  void mark_live(LiveRequest& live);
   void refresh_available(engine::Family f, uint32_t page);
   bool has_available(engine::Family f, uint64_t content) const;
   Fingerprint fingerprint_of(const engine::RequestState& r) const;
@@ -255,7 +256,7 @@ class Harness {
   std::vector<std::vector<engine::RequestId>> holders_of_[engine::kFamilyCount];
   std::vector<uint32_t> touched_pages_[engine::kFamilyCount];
   std::vector<uint8_t> touched_mark_[engine::kFamilyCount];
-  std::unordered_map<uint64_t, int32_t> available_[engine::kFamilyCount];
+  engine::FlatIndex available_[engine::kFamilyCount];  // content -> pages offering it
   int32_t by_state_[engine::kFamilyCount][5] = {};
   int32_t published_pages_[engine::kFamilyCount] = {};
   int64_t references_[engine::kFamilyCount] = {};
@@ -263,8 +264,15 @@ class Harness {
   std::vector<LiveRequest> live_;
   std::vector<uint32_t> live_slot_;  // [id.value] index in live_ + 1; 0: not live
   std::vector<engine::RequestId> submitted_since_step_;
-  std::vector<engine::PageListEdit> edits_;        // scratch: this step's page-list edits
-  std::vector<uint32_t> dirty_scratch_;            // scratch: a pool's dirty log
+  std::vector<engine::PageListEdit> edits_;      // scratch: this step's page-list edits
+  std::vector<uint32_t> dirty_scratch_;          // scratch: a pool's dirty log
+  std::vector<engine::RequestId> to_check_;      // this step's marked live requests
+  std::vector<engine::RequestId> removed_;       // this step's ended requests
+  std::vector<engine::RequestId> marks_;         // scratch: the drained request marks
+  std::vector<engine::RequestId> running_seen_;  // the queues as the last step left them
+  std::vector<engine::RequestId> waiting_seen_;
+  std::vector<uint8_t> queue_bits_;                // [id.value] 1 running, 2 waiting, as seen
+  std::vector<engine::RequestId> queue_touched_;   // scratch: ids whose membership may move
   std::vector<engine::RequestId> running_before_;  // failed-step check: the queues before
   std::vector<engine::RequestId> waiting_before_;
   bool incremental_ok_ = true;  // false: ids past the dense range; every step runs whole

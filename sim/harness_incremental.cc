@@ -3,9 +3,10 @@
 // invariants, the failed-step and prefix-hit snapshots) done on every step over what the step
 // changed, from three logs kept at the lowest level of what they watch: PagePool's dirty log
 // (every write to a page goes through one place), the page lists' edit log (every entry that
-// enters or leaves a request's list, a request erased holding pages included), and a
-// fingerprint of each live request's scalar fields read every step. A page whose pool side and
-// holders did not change passes as it did; a request whose fields, lists and outputs did not
+// enters or leaves a request's list, a request erased holding pages included), and the marks
+// of the request fields the checks read (Marked in engine/kv_state.h: every write marks its
+// request), with the queues compared against their copies. A page whose pool side and holders
+// did not change passes as it did; a request whose fields, lists, queue and outputs did not
 // change passes as it did. The full scans (harness.cc, Scheduler::check_invariants) still run
 // at each seed's end and every K-th step with --full-check-every K. perf/NOTES.md, "Simulator
 // at 1000x with every check", says what a bug would have to do to slip past these.
@@ -49,7 +50,7 @@ void Harness::init_incremental() {
     published_pages_[fi] = 0;
     references_[fi] = 0;
     expected_references_[fi] = 0;
-    available_[fi].clear();
+    available_[fi].reset(n);
     for (uint32_t i = 1; i < n; ++i) {
       const PageId page{pool.tag(), i};
       PageShadow& sh = shadow_[fi][i];
@@ -97,9 +98,10 @@ void Harness::track_live_requests() {
     LiveRequest* live = live_of(u.id);
     if (live == nullptr) continue;
     if (!u.terminal) {
-      live->marked = true;  // its outputs moved: the account against them is re-checked
+      mark_live(*live);  // its outputs moved: the account against them is re-checked
       continue;
     }
+    removed_.push_back(u.id);
     for (const Family f : engine::kFamilies) {
       expected_references_[static_cast<int>(f)] -= live->expected[static_cast<int>(f)];
     }
@@ -126,6 +128,7 @@ void Harness::track_live_requests() {
     fresh.fresh = true;
     live_.push_back(fresh);
     live_slot_[id.value] = static_cast<uint32_t>(live_.size());
+    mark_live(live_.back());
   }
   submitted_since_step_.clear();
   if (live_.size() == requests.size()) return;
@@ -139,7 +142,7 @@ void Harness::track_live_requests() {
     if (const LiveRequest* old = live_of(id)) entry = *old;
     entry.id = id;
     entry.state = &r;
-    entry.marked = true;
+    entry.marked = false;
     rebuilt.push_back(entry);
   }
   for (auto& expected : expected_references_) expected = 0;
@@ -155,6 +158,14 @@ void Harness::track_live_requests() {
     if (live_slot_.size() <= live_[i].id.value) live_slot_.resize(live_[i].id.value + 1, 0);
     live_slot_[live_[i].id.value] = static_cast<uint32_t>(i + 1);
   }
+  to_check_.clear();
+  for (LiveRequest& entry : live_) mark_live(entry);
+}
+
+void Harness::mark_live(LiveRequest& live) {
+  if (live.marked) return;
+  live.marked = true;
+  to_check_.push_back(live.id);
 }
 
 // Page-list edits: each page's holders follow them; the page and the request are re-checked.
@@ -166,7 +177,7 @@ void Harness::apply_list_edits() {
     const int fi = static_cast<int>(e.family);
     LiveRequest* live = live_of(e.request);
     if (live != nullptr) {
-      live->marked = true;
+      mark_live(*live);
       live->list_edits += e.delta > 0 ? 1 : 0;
       live->any_edit = true;
     }
@@ -193,12 +204,19 @@ void Harness::apply_list_edits() {
       touched_pages_[fi].push_back(e.page.index);
     }
   }
+  marks_.clear();
+  s.drain_request_marks(&marks_);
+  for (const engine::RequestId id : marks_) {
+    if (LiveRequest* live = live_of(id)) mark_live(*live);
+  }
 }
 
 // A failed step changes no surviving request (fields or lists) and neither queue's order.
 void Harness::check_failed_step_incremental() {
-  for (LiveRequest& live : live_) {
-    if (live.fresh) continue;
+  for (const engine::RequestId id : to_check_) {  // an unmarked request wrote nothing
+    const LiveRequest* found = live_of(id);
+    if (found == nullptr || found->fresh) continue;
+    const LiveRequest& live = *found;
     Fingerprint now = fingerprint_of(*live.state);
     now.page_keys = live.seen.page_keys;  // a rolled-back hit may have computed more keys
     if (now == live.seen && !live.any_edit) continue;
@@ -239,7 +257,7 @@ void Harness::check_published_range(const LiveRequest& live, Family f, int32_t b
   const engine::RequestState& r = *live.state;
   const engine::KvState& kv = r.kv_of(f);
   const engine::PagePool& pool = engine_->scheduler().pool(f);
-  begin = std::max(begin, kv.first_page);
+  begin = std::max(begin, kv.first_page.get());
   end = std::min(end, kv.end_page());
   for (int32_t k = begin; k < end; ++k) {
     const PageId page = kv.pages[static_cast<size_t>(k - kv.first_page)];
@@ -307,46 +325,68 @@ void Harness::check_changed_request(LiveRequest& live, const Fingerprint& now) {
                    now.first_page[0] < seen.first_page[0] || now.first_page[1] < seen.first_page[1];
   live.rechecked_all = all;
   for (const Family f : engine::kFamilies) {
-    const int32_t from = all ? 0 : std::min(seen.frontier / p, full);
+    const int32_t from = all ? 0 : std::min(seen.frontier / p, full);  // per family below
     check_published_range(live, f, from, full);
   }
 }
 
-// Queue membership and phase of every live request, and every queued id live (O(queues)).
-void Harness::check_queues_incremental() {
+// The queues against their copies from the last step: the ids between the common prefix and
+// suffix of each are the only ones whose membership can have moved (an id listed twice aside);
+// a request whose membership moved is marked. An id queued but not live is reported when it
+// enters the queue, or when its request ends while it stays queued.
+void Harness::track_queues() {
   const engine::Scheduler& s = engine_->scheduler();
-  auto mark = [&](engine::RequestId id, uint8_t bit) {
-    if (live_of(id) == nullptr) {
-      violate("queue-phase", who(id) + " is queued but not a live request");
-      return;
+  queue_touched_.clear();
+  auto touch = [&](engine::RequestId id) -> uint8_t& {
+    if (id.value >= queue_bits_.size()) {
+      queue_bits_.resize(id.value + 1, 0);
+      queue_mark_.resize(std::max(queue_mark_.size(), queue_bits_.size()), 0);
     }
-    if (id.value >= queue_mark_.size()) queue_mark_.resize(id.value + 1, 0);
-    queue_mark_[id.value] |= bit;
+    if (!(queue_mark_[id.value] & 4)) {
+      queue_mark_[id.value] = 4 | queue_bits_[id.value];  // bit 4: touched; 1|2: bits before
+      queue_touched_.push_back(id);
+    }
+    return queue_bits_[id.value];
   };
-  for (const engine::RequestId id : s.running()) mark(id, 1);
-  for (const engine::RequestId id : s.waiting()) mark(id, 2);
-  for (const LiveRequest& live : live_) {
-    const uint8_t m = live.id.value < queue_mark_.size() ? queue_mark_[live.id.value] : 0;
-    const RequestPhase phase = live.state->phase;
-    const bool admitted = phase == RequestPhase::kPrefill || phase == RequestPhase::kDecode;
-    if (m == 1 || m == 2) {
-      if (admitted != (m == 1)) {
-        violate("queue-phase", who(live.id) + " is in phase " + request_phase_name(phase) +
-                                   " but " + (m == 1 ? "running" : "waiting"));
-      }
-    }
-    if ((m & 1) == ((m >> 1) & 1)) {
-      violate("state", who(live.id) + ": must be exactly one of running or waiting");
-    }
-    if ((m & 2) && live.state->frontier != 0) {
-      violate("state", who(live.id) + ": waiting with a non-zero frontier");
+  auto diff = [&](const auto& now, std::vector<engine::RequestId>& seen, uint8_t bit) {
+    const size_t n = now.size(), o = seen.size();
+    size_t pre = 0, suf = 0;
+    while (pre < n && pre < o && now[pre] == seen[pre]) ++pre;
+    while (suf < n - pre && suf < o - pre && now[n - 1 - suf] == seen[o - 1 - suf]) ++suf;
+    if (pre + suf == n && n == o) return;
+    for (size_t i = pre; i < o - suf; ++i) touch(seen[i]) &= static_cast<uint8_t>(~bit);
+    for (size_t i = pre; i < n - suf; ++i) touch(now[i]) |= bit;
+    seen.assign(now.begin(), now.end());
+  };
+  diff(s.running(), running_seen_, 1);
+  diff(s.waiting(), waiting_seen_, 2);
+  for (const engine::RequestId id : queue_touched_) {
+    const uint8_t before = queue_mark_[id.value] & 3;
+    queue_mark_[id.value] = 0;
+    const uint8_t now = queue_bits_[id.value];
+    if (now == before) continue;
+    if (LiveRequest* live = live_of(id)) {
+      mark_live(*live);
+    } else if (now != 0) {
+      violate("queue-phase", who(id) + " is queued but not a live request");
     }
   }
-  for (const engine::RequestId id : s.running()) {
-    if (id.value < queue_mark_.size()) queue_mark_[id.value] = 0;
+}
+
+// One marked request's queue: exactly one of running or waiting, its phase that queue's.
+void Harness::check_queue_of(const LiveRequest& live) {
+  const uint8_t m = live.id.value < queue_bits_.size() ? queue_bits_[live.id.value] : 0;
+  const RequestPhase phase = live.state->phase;
+  const bool admitted = phase == RequestPhase::kPrefill || phase == RequestPhase::kDecode;
+  if ((m == 1 || m == 2) && admitted != (m == 1)) {
+    violate("queue-phase", who(live.id) + " is in phase " + request_phase_name(phase) + " but " +
+                               (m == 1 ? "running" : "waiting"));
   }
-  for (const engine::RequestId id : s.waiting()) {
-    if (id.value < queue_mark_.size()) queue_mark_[id.value] = 0;
+  if ((m & 1) == ((m >> 1) & 1)) {
+    violate("state", who(live.id) + ": must be exactly one of running or waiting");
+  }
+  if ((m & 2) && live.state->frontier != 0) {
+    violate("state", who(live.id) + ": waiting with a non-zero frontier");
   }
 }
 
@@ -357,15 +397,21 @@ void Harness::refresh_available(Family f, uint32_t page) {
   const uint64_t now = offered ? page_content_[fi][page] : 0;
   if (now == sh.available) return;
   if (sh.available != 0) {
-    auto it = available_[fi].find(sh.available);
-    if (it != available_[fi].end() && --it->second == 0) available_[fi].erase(it);
+    uint32_t* count = available_[fi].find(sh.available);
+    if (count != nullptr && --*count == 0) available_[fi].erase(sh.available);
   }
-  if (now != 0) available_[fi][now] += 1;
+  if (now != 0) {
+    if (uint32_t* count = available_[fi].find(now)) {
+      *count += 1;
+    } else {
+      available_[fi].insert(now, 1);
+    }
+  }
   sh.available = now;
 }
 
 bool Harness::has_available(Family f, uint64_t content) const {
-  return available_[static_cast<int>(f)].count(content) != 0;
+  return available_[static_cast<int>(f)].find(content) != nullptr;
 }
 
 // One page the pool wrote or whose holders changed: check_pool_references' and
@@ -477,12 +523,21 @@ void Harness::check_counters() {
 
 void Harness::finish_incremental() {
   const engine::Scheduler& s = engine_->scheduler();
-  for (LiveRequest& live : live_) {
-    const Fingerprint now = fingerprint_of(*live.state);
-    if (live.fresh || live.marked || !(now == live.seen)) check_changed_request(live, now);
-    live.seen = now;
+  track_queues();
+  for (const engine::RequestId id : removed_) {
+    if (id.value < queue_bits_.size() && queue_bits_[id.value] != 0) {
+      violate("queue-phase", who(id) + " is queued but not a live request");
+    }
   }
-  check_queues_incremental();
+  removed_.clear();
+  for (const engine::RequestId id : to_check_) {
+    LiveRequest* live = live_of(id);
+    if (live == nullptr) continue;
+    const Fingerprint now = fingerprint_of(*live->state);
+    check_changed_request(*live, now);
+    check_queue_of(*live);
+    live->seen = now;
+  }
   if (config_.prefix_cache) {  // pages that entered a list, at their place in it
     for (const engine::PageListEdit& e : edits_) {
       const LiveRequest* live = e.delta > 0 ? live_of(e.request) : nullptr;
@@ -506,13 +561,16 @@ void Harness::finish_incremental() {
     touched_pages_[fi].clear();
   }
   check_counters();
-  for (LiveRequest& live : live_) {
-    live.fresh = false;
-    live.marked = false;
-    live.rechecked_all = false;
-    live.any_edit = false;
-    live.list_edits = 0;
+  for (const engine::RequestId id : to_check_) {
+    LiveRequest* live = live_of(id);
+    if (live == nullptr) continue;
+    live->fresh = false;
+    live->marked = false;
+    live->rechecked_all = false;
+    live->any_edit = false;
+    live->list_edits = 0;
   }
+  to_check_.clear();
 }
 
 }  // namespace twinstep::sim

@@ -30,7 +30,7 @@ namespace {
 
 uint64_t digest(const engine::RequestState& r) {
   uint64_t h = mix64((static_cast<uint64_t>(r.frontier) << 32) ^ r.tokens.size());
-  h = mix64(h ^ (0x9a5e00 + static_cast<uint64_t>(r.phase)));
+  h = mix64(h ^ (0x9a5e00 + static_cast<uint64_t>(r.phase.get())));
   if (!r.tokens.empty()) h = mix64(h ^ static_cast<uint32_t>(r.tokens.back()));
   for (const Family f : engine::kFamilies) {
     const engine::KvState& kv = r.kv_of(f);
