@@ -66,6 +66,8 @@ struct CudaDeviceOptions {
   // (ModelForward::set_batch_invariant). One warpgroup by default: on the H200 the 12B decode
   // step at batch 64 took +3.9% over the default mode with it, +22.4% with the pair kernel
   // (two passes per decode row); the prefill step 494.9 vs 489.9 ms (perf/NOTES.md, issue 16).
+  // The mode's fixed key chunks are built for kWgmma and kMma only: another variant is refused
+  // (kBadArgument) by the first step that runs attention.
   PrefillVariant batch_invariant_variant_256 = PrefillVariant::kWgmma;
   // cuDNN's paged SDPA forward (kernels/attention_prefill_cudnn.h) for the local layers'
   // attention of steps with a multi-row seq (prefill and mixed steps, their decode rows
