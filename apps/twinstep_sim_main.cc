@@ -69,10 +69,14 @@ configuration pins (each overrides the seed's draw):
   --no-prefix-cache      run the engine without its prefix cache
   --no-sharing           no shared-prefix workload (system prompts, follow-ups, twins)
 checking:
-  --full-check-every K   run the whole-state checks (every request's page account, the
-                         pools page by page, the engine's invariants, the failed-step and
-                         prefix-cache snapshots) on every K-th step and at each seed's end;
-                         other steps check what they touched (default 1: every step)
+  --full-check-every K   besides the incremental checks every step (each over what the step
+                         changed: the pages the pools wrote, the page-list edits, the marked
+                         requests, the queues), run the whole-state scans (every request's
+                         page account, the pools page by page, the engine's invariants, the
+                         failed-step and prefix-cache snapshots) on every K-th step; they
+                         always run at each seed's end (default: only there)
+  --full-scans-only      the whole-state scans on every step instead of the incremental
+                         checks (the checks as before session 5; for comparing the two)
 exit status: 0 pass, 1 a violation (its replay line is printed), 2 bad usage, 3 a campaign
 that left a coverage mark unhit.
 )";
@@ -316,6 +320,9 @@ bool parse_pin(Args& a, Options* out) {
     o.sharing = false;
   } else if (flag == "--full-check-every") {
     o.full_check_every = int_pin(1, 1 << 20);
+  } else if (flag == "--full-scans-only") {
+    opt.pins.push_back(flag);
+    o.full_scans_only = true;
   } else {
     return false;
   }

@@ -256,6 +256,7 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& over
   if (overrides.full_check_every && c.full_check_every < 1) {
     return unexpected(std::string("--full-check-every must be >= 1"));
   }
+  c.full_scans_only = overrides.full_scans_only.value_or(false);
   if (auto s = check_runnable(c); !s) return unexpected(s.error());
   return c;
 }
@@ -318,6 +319,7 @@ nlohmann::json SeedConfig::to_json() const {
           {"queued_abort_ppm", queued_abort_ppm},
           {"safety_steps_max", safety_steps_max},
           {"full_check_every", full_check_every},
+          {"full_scans_only", full_scans_only},
           {"clock", cost.calibrated ? "calibrated " + cost.calibrated->model_name : "three-term"}};
 }
 
@@ -609,6 +611,7 @@ SeedResult run_seed(const SeedConfig& config, const ProgressFn& progress, std::F
   ThrowingChecks checks;
   Harness harness(config.model, config.engine, mix64(config.seed ^ kFaultSalt), config.cost);
   harness.set_full_check_every(config.full_check_every);
+  harness.set_incremental_checks(!config.full_scans_only);
   SeedRunner runner(config, harness, progress, trace);
   try {
     result.violation = runner.run();

@@ -40,6 +40,7 @@ struct SeedConfig {
   int64_t safety_steps_max = 4000;
   CostModel cost;
   int32_t full_check_every = 0;  // Harness::set_full_check_every (not drawn; a pin); 0: none
+  bool full_scans_only = false;  // Harness::set_incremental_checks(false) (a pin)
 
   std::string describe() const;  // one line, for the seed's progress line
   nlohmann::json to_json() const;
@@ -62,6 +63,7 @@ struct Overrides {
   std::optional<bool> prefix_cache;         // --no-prefix-cache: the engine's prefix cache off
   std::optional<bool> sharing;              // --no-sharing: no shared-prefix workload
   std::optional<int32_t> full_check_every;  // --full-check-every K (default: none)
+  std::optional<bool> full_scans_only;      // --full-scans-only: no incremental checks
   // --cost-model: FILE's coefficients for every seed, or nullptr ("none") for the three-term
   // clock. Unset: the built-in H200 calibration for seeds on the 12B preset (when the build
   // has one), the three-term clock otherwise.

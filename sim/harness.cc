@@ -476,7 +476,8 @@ const engine::StepOutputs& Harness::step() {
   device_faults_before_ = faults_.device_fired();
   ledger_probed_ = false;
   const uint64_t plans_before = device_.plans_received();
-  full_step_ = !incremental_ok_ ||
+  const bool incremental = incremental_ok_ && incremental_on_;
+  full_step_ = !incremental ||
                (full_check_every_ > 0 && steps_ % static_cast<uint64_t>(full_check_every_) == 0);
   // Only a device fault fails a step; snapshot (O(pages held)) only while one can fire.
   std::optional<FailedStepSnapshot> before;
@@ -514,7 +515,7 @@ const engine::StepOutputs& Harness::step() {
     }
   }
   aborts_pending_.clear();
-  if (incremental_ok_) begin_incremental();
+  if (incremental) begin_incremental();
   if (last_.failed && before) {
     if (auto moved = moved_in_failed_step(*before, engine_->scheduler())) {
       violate("failed-step-moved-state", std::move(*moved));
@@ -523,7 +524,18 @@ const engine::StepOutputs& Harness::step() {
   check_step_bounds(plans_before);
   check_failure_limit();
   if (full_step_) check_page_account();
-  if (incremental_ok_) finish_incremental();
+  if (incremental) {
+    finish_incremental();
+  } else {  // the logs stay bounded
+    edits_.clear();
+    engine_->scheduler().drain_page_list_edits(&edits_);
+    marks_.clear();
+    engine_->scheduler().drain_request_marks(&marks_);
+    for (const Family f : engine::kFamilies) {
+      dirty_scratch_.clear();
+      engine_->scheduler().pool(f).drain_dirty(&dirty_scratch_);
+    }
+  }
   const engine::Metrics m = engine_->metrics();
   check_metrics(m);
   absorb(static_cast<uint64_t>(m.global.pages_used) << 32 |
@@ -539,6 +551,11 @@ void Harness::set_full_check_every(int32_t k) {
   full_check_every_ = k;
 }
 
+void Harness::set_incremental_checks(bool on) {
+  TS_CHECK(steps_ == 0) << "set_incremental_checks after " << steps_ << " steps";
+  incremental_on_ = on;
+}
+
 void Harness::check_whole_state() {
   check_page_account();
   for (std::string& v : engine_->check_invariants()) violate("state", std::move(v));
@@ -550,7 +567,7 @@ bool Harness::drain(int64_t max_steps) {
 }
 
 void Harness::check_baseline() {
-  if (full_check_every_ != 1) check_whole_state();
+  if (!full_step_ || steps_ == 0) check_whole_state();  // unless the last step ran them
   const engine::Metrics m = engine_->metrics();
   for (const Family f : engine::kFamilies) {
     if (m.family(f).pages_used != 0) {

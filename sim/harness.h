@@ -96,17 +96,20 @@ class Harness {
   const engine::StepOutputs& step();
   // Steps until idle or `max_steps`; false if it did not drain.
   bool drain(int64_t max_steps);
-  // Pools back at zero pages held (call when idle); with sampled whole-state checks, also
-  // runs them once, so a seed's end state is always checked whole.
+  // Pools back at zero pages held (call when idle), after the whole-state scans (unless the
+  // last step ran them), so a seed's end state is always checked whole.
   void check_baseline();
-  // Long campaigns (named option --full-check-every K, default 1 everywhere, the tests'
-  // campaigns included): the checks whose cost grows with the whole state rather than with the
-  // step (every live request's page account and queue, the pools' page-by-page references and
-  // states, Engine::check_invariants, the failed-step snapshot, the prefix-hit lower bound's
-  // snapshot of the cache) run on every K-th step; the other steps check those requests the
-  // step touched (their frontier and page account) and everything per step as before.
+  // Every step runs the incremental checks (harness_incremental.cc: the whole-state checks
+  // over what the step changed). The whole-state scans (every live request's page account and
+  // queue, the pools' page-by-page references and states, Engine::check_invariants, the
+  // failed-step snapshot, the prefix-hit lower bound's snapshot of the cache) run at each
+  // seed's end (check_baseline) and, with K >= 1 (--full-check-every K), on every K-th step as
+  // well; K = 0 (the default): only at the end.
   void set_full_check_every(int32_t k);
   int32_t full_check_every() const { return full_check_every_; }
+  // Off: no incremental checks, the whole-state scans on every step instead (set before the
+  // first step; for comparing the two).
+  void set_incremental_checks(bool on);
 
   engine::Engine& engine() { return *engine_; }
   SimDevice& device() { return device_; }
@@ -276,6 +279,7 @@ class Harness {
   std::vector<engine::RequestId> running_before_;  // failed-step check: the queues before
   std::vector<engine::RequestId> waiting_before_;
   bool incremental_ok_ = true;  // false: ids past the dense range; every step runs whole
+  bool incremental_on_ = true;  // set_incremental_checks
   uint64_t trace_hash_ = 0x6a09e667f3bcc908ULL;
   uint64_t steps_ = 0;
   int32_t full_check_every_ = 0;  // 0: the full scans only at a seed's end

@@ -177,6 +177,24 @@ std::optional<DeviceError> SimDevice::validate(const engine::StepPlan& plan) con
         fp.seq_page_begin.size() != plan.seqs.size() + 1) {
       return bad(std::string(engine::family_name(f)) + " plan arrays have the wrong length");
     }
+    // Each seq's table: a first logical page >= 0 and a range of page_indices (the reads index
+    // both; a corrupted scheduler must get an error, not a read outside them).
+    if (fp.seq_first_page.size() != plan.seqs.size()) {
+      return bad(std::string(engine::family_name(f)) + " plan has " +
+                 std::to_string(fp.seq_first_page.size()) + " first pages for " +
+                 std::to_string(plan.seqs.size()) + " seqs");
+    }
+    for (size_t s = 0; s < plan.seqs.size(); ++s) {
+      const int32_t begin = fp.seq_page_begin[s], end = fp.seq_page_begin[s + 1];
+      if (fp.seq_first_page[s] < 0 || begin < 0 || end < begin ||
+          end > static_cast<int32_t>(fp.page_indices.size())) {
+        return bad(std::string(engine::family_name(f)) + " seq " + std::to_string(s) +
+                   " lists pages [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                   std::to_string(fp.page_indices.size()) + " from logical page " +
+                   std::to_string(fp.seq_first_page[s]) +
+                   " (expected a first page >= 0 and a range inside the table)");
+      }
+    }
     for (const uint32_t page : fp.page_indices) {
       if (page == 0 || page >= static_cast<uint32_t>(pool.layout.pages_total)) {
         return bad(std::string(engine::family_name(f)) + " page " + std::to_string(page) +
