@@ -7,6 +7,7 @@
 
 #include "gates/kernel_gate_util.h"
 #include "kernels/fused_norms.h"
+#include "kernels/norm_rope_reference.h"
 
 namespace twinstep::gates {
 namespace {
@@ -543,6 +544,37 @@ TEST_F(KernelGates, Gemm) {
     EXPECT_LE(rel_error(to_float(d_y.download()), ref), kBf16Tolerance);
     EXPECT_LE(rel_error(d_yf.download(), ref), 1e-4);  // fp32 accumulate, fp32 out
   }
+}
+
+// qk_norm_rope runs several heads a warp; its one-head-a-warp reference must give the same
+// bits for every head dim, rope kind and head count (a partial last group included: 3 heads),
+// on fused-QKV strides.
+TEST_F(KernelGates, HeadsAWarpMatchTheOneHeadReferenceBitwise) {
+  sim::Rng rng(29);
+  const float eps = 1e-6f;
+  size_t compared = 0;
+  for (const RopeCase& rc : rope_cases()) {
+    for (int32_t heads : {1, 3, 8, 16}) {
+      SCOPED_TRACE("head_dim=" + std::to_string(rc.head_dim) + " heads=" + std::to_string(heads));
+      const int32_t hd = rc.head_dim, rows = 37;
+      const int64_t stride = int64_t{heads} * hd + 2 * int64_t{hd};
+      const auto x = random_bf16(rng, size_t(rows) * stride, -2.0f, 2.0f);
+      std::vector<int32_t> positions(rows);
+      for (auto& p : positions) p = static_cast<int32_t>(rng.below(8192));
+      const auto w = random_bf16(rng, hd, 0.5f, 1.5f);
+      DeviceBuffer<bf16> fast(x), ref(x), d_w(w);
+      DeviceBuffer<int32_t> d_pos(positions);
+      KERNEL_OK(kernels::qk_norm_rope(fast.get(), stride, d_w.get(), d_pos.get(), rows, heads, hd,
+                                      eps, rc.rope, stream_));
+      KERNEL_OK(kernels::qk_norm_rope_reference(ref.get(), stride, d_w.get(), d_pos.get(), rows,
+                                                heads, hd, eps, rc.rope, stream_));
+      const auto a = fast.download(), b = ref.download();
+      EXPECT_EQ(bitwise_diffs(a, 0, b, 0, a.size()), 0u) << "qk_norm_rope";
+      EXPECT_GT(bitwise_diffs(a, 0, x, 0, a.size()), 0u) << "qk_norm_rope changed nothing";
+      compared += a.size();
+    }
+  }
+  std::printf("[gate] heads a warp vs one head a warp: %zu elements compared, bitwise\n", compared);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // kernels/row_ops.cu: the row-wise and elementwise kernels of ops.h (embedding gather, RMSNorm,
 // q/k norm + RoPE, the paged KV write, gelu_tanh * up, residual add, scaling, softcap, argmax)
-// and their launchers. Attention lives in attention.cu, cuBLAS in blas.cc.
+// and their launchers (norm_rope_reference.h: the one-head-a-warp reference of the q norm +
+// RoPE). Attention lives in attention.cu, cuBLAS in blas.cc.
 #include <cfloat>
 #include <climits>
 #include <cmath>
 
 #include "kernels/common.cuh"
+#include "kernels/norm_rope_reference.h"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels {
@@ -102,9 +104,19 @@ __global__ void __launch_bounds__(kNormThreadsMax)
   }
 }
 
-// ---- q/k norm + rope: a warp per (row, head) ------------------------------------------
+// ---- q/k norm + rope: a warp per (row, G heads) ---------------------------------------
+// G = 1 is the reference (qk_norm_rope_reference). With one head a warp, each lane waits on
+// one 16-byte load between two reductions: 43.0% of the copy bandwidth on the H200 at the
+// 12B's q, 8192 x 16 x 256 (kernel_bandwidth_bench). G heads a warp put G loads a lane in
+// flight before the math, which is norm_rope_head per head as in G = 1: the same bits (gated,
+// kernel_gates). G = 4: 53.9% (0.076 -> 0.061 ms), 64 registers (40 at G = 1). The same change
+// to kv_write (2G loads a lane) was slower there, 52.0% -> 46.1% at 110 registers (48):
+// the KV write stays one head a warp.
 
-template <int HD>
+// Heads a warp of the fast kernel: as many as keep a lane's floats at 32.
+constexpr int heads_per_warp(int head_dim) { return head_dim >= 512 ? 2 : 4; }
+
+template <int HD, int G>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
     qk_norm_rope_kernel(bf16* __restrict__ x, int64_t row_stride, const bf16* __restrict__ weight,
                         const int32_t* __restrict__ positions, int32_t rows, int32_t heads,
@@ -113,17 +125,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
   __shared__ float inv_freq[HD / 2];
   fill_inv_freq(inv_freq, HD, theta, rotary_pairs);
   __syncthreads();
+  const int32_t groups = (heads + G - 1) / G;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  if (item >= static_cast<int64_t>(rows) * heads) return;
-  const int32_t row = static_cast<int32_t>(item / heads);
-  const int32_t head = static_cast<int32_t>(item % heads);
+  if (item >= static_cast<int64_t>(rows) * groups) return;
+  const int32_t row = static_cast<int32_t>(item / groups);
+  const int32_t head0 = static_cast<int32_t>(item % groups) * G;
   const int32_t position = positions[row];
   TS_DEVICE_REQUIRE(position >= 0);
-  bf16* p = x + row * row_stride + static_cast<int64_t>(head) * HD + (threadIdx.x % kWarp) * E;
-  float f[E];
-  load_bf16<E>(p, f);
-  norm_rope_head<HD>(f, weight, eps, position, rotary_pairs > 0 ? inv_freq : nullptr);
-  store_bf16<E>(p, f);
+  bf16* p = x + row * row_stride + static_cast<int64_t>(head0) * HD + (threadIdx.x % kWarp) * E;
+  float f[G][E];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (head0 + g < heads) load_bf16<E>(p + g * HD, f[g]);
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (head0 + g >= heads) break;  // warp-uniform
+    norm_rope_head<HD>(f[g], weight, eps, position, rotary_pairs > 0 ? inv_freq : nullptr);
+    store_bf16<E>(p + g * HD, f[g]);
+  }
 }
 
 // ---- paged KV write: a warp per (row, kv head) ----------------------------------------
@@ -331,13 +351,21 @@ KernelStatus dispatch_head_dim(int32_t head_dim, Args&&... args) {
   return Ok{};
 }
 
+// heads_a_warp: 1 (the reference kernels) or heads_per_warp(HD); blocks cover the items.
 template <int HD>
 struct QkNormRopeLaunch {
-  static void run(int blocks, cudaStream_t stream, bf16* x, int64_t row_stride, const bf16* weight,
-                  const int32_t* positions, int32_t rows, int32_t heads, float eps, float theta,
-                  int32_t rotary_pairs) {
-    qk_norm_rope_kernel<HD><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(
-        x, row_stride, weight, positions, rows, heads, eps, theta, rotary_pairs);
+  static void run(int heads_a_warp, cudaStream_t stream, bf16* x, int64_t row_stride,
+                  const bf16* weight, const int32_t* positions, int32_t rows, int32_t heads,
+                  float eps, float theta, int32_t rotary_pairs) {
+    const int64_t items = static_cast<int64_t>(rows) * ((heads + heads_a_warp - 1) / heads_a_warp);
+    const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    if (heads_a_warp == 1) {
+      qk_norm_rope_kernel<HD, 1><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(
+          x, row_stride, weight, positions, rows, heads, eps, theta, rotary_pairs);
+    } else {
+      qk_norm_rope_kernel<HD, heads_per_warp(HD)><<<blocks, kWarpsPerBlock * kWarp, 0, stream>>>(
+          x, row_stride, weight, positions, rows, heads, eps, theta, rotary_pairs);
+    }
   }
 };
 
@@ -408,9 +436,11 @@ KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows
   return launch_status("rms_norm_kernel");
 }
 
-KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
-                          const int32_t* positions, int32_t rows, int32_t heads, int32_t head_dim,
-                          float eps, Rope rope, cudaStream_t stream) {
+namespace {
+KernelStatus qk_norm_rope_launch(bf16* x, int64_t x_row_stride, const bf16* weight,
+                                 const int32_t* positions, int32_t rows, int32_t heads,
+                                 int32_t head_dim, float eps, Rope rope, cudaStream_t stream,
+                                 bool reference) {
   if (rows < 0 || heads <= 0) {
     return bad_argument("qk_norm_rope: need rows >= 0 and heads > 0, got rows=" + str(rows) +
                         " heads=" + str(heads));
@@ -427,15 +457,29 @@ KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
   if (!(eps > 0.0f)) return bad_argument("qk_norm_rope: eps must be > 0");
   if (auto s = check_rope(rope, head_dim); !s.ok()) return s;
   if (rows == 0) return Ok{};
-  const int64_t items = static_cast<int64_t>(rows) * heads;
-  const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  if (auto s = dispatch_head_dim<QkNormRopeLaunch>(head_dim, blocks, stream, x, x_row_stride,
+  const int heads_a_warp = reference ? 1 : heads_per_warp(head_dim);
+  if (auto s = dispatch_head_dim<QkNormRopeLaunch>(head_dim, heads_a_warp, stream, x, x_row_stride,
                                                    weight, positions, rows, heads, eps, rope.theta,
                                                    rope.rotary_pairs);
       !s.ok()) {
     return s;
   }
   return launch_status("qk_norm_rope_kernel");
+}
+
+}  // namespace
+
+KernelStatus qk_norm_rope(bf16* x, int64_t x_row_stride, const bf16* weight,
+                          const int32_t* positions, int32_t rows, int32_t heads, int32_t head_dim,
+                          float eps, Rope rope, cudaStream_t stream) {
+  return qk_norm_rope_launch(x, x_row_stride, weight, positions, rows, heads, head_dim, eps, rope,
+                             stream, /*reference=*/false);
+}
+KernelStatus qk_norm_rope_reference(bf16* x, int64_t x_row_stride, const bf16* weight,
+                                    const int32_t* positions, int32_t rows, int32_t heads,
+                                    int32_t head_dim, float eps, Rope rope, cudaStream_t stream) {
+  return qk_norm_rope_launch(x, x_row_stride, weight, positions, rows, heads, head_dim, eps, rope,
+                             stream, /*reference=*/true);
 }
 
 KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
