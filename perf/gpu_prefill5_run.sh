@@ -4,7 +4,8 @@
 # variables) and carried stripped, as .prefill-carry/bins.tgz (bin/...); the model gates find their build dir
 # (hf_refs, twinstep-generate) at the path compiled into them. Logs under $OUT (<= 8 files).
 #   PARTS: which parts run, in this order (default all): cudnn bw bench model others
-#   CUDNN: the TWINSTEP_CUDNN_PREFILL the gates run with (default 1; "" leaves it unset).
+#   CUDNN: the TWINSTEP_CUDNN_PREFILL the gates run with (default 1; "" leaves it unset, so
+#          the bench's off/on devices are what they say). KEYS=1: the bench's plan-key costs.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -37,8 +38,8 @@ for part in ${PARTS:-cudnn bw bench model others}; do
     summary "$OUT/cudnn_gates.log"
     ;;
   bench)
-    TWINSTEP_BENCH_CUDNN_KEYS=1 timeout 150 "$bin/engine_throughput_bench" --cudnn-prefill \
-      > "$OUT/bench.log" 2>&1
+    env ${KEYS:+TWINSTEP_BENCH_CUDNN_KEYS=1} timeout 150 "$bin/engine_throughput_bench" \
+      --cudnn-prefill > "$OUT/bench.log" 2>&1
     t "engine_throughput_bench --cudnn-prefill rc $?"
     cut -c1-400 "$OUT/bench.log" | tail -60
     ;;
@@ -49,10 +50,16 @@ for part in ${PARTS:-cudnn bw bench model others}; do
     ;;
   others)
     for g in decode_graph_gates prefix_cache_gates logprob_gates; do
+      [ -x "$bin/$g" ] || continue  # not carried this call
       timeout 120 "$bin/$g" > "$OUT/$g.log" 2>&1
       t "$g rc $?"
       LINES_MAX=30 summary "$OUT/$g.log"
     done
+    ;;
+  kernel)
+    timeout 60 "$bin/kernel_gates" > "$OUT/kernel_gates.log" 2>&1
+    t "kernel_gates rc $?"
+    LINES_MAX=30 summary "$OUT/kernel_gates.log"
     ;;
   bw)
     timeout 60 "$bin/kernel_bandwidth_bench" > "$OUT/bw.log" 2>&1
