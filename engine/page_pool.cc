@@ -29,8 +29,7 @@ void FlatIndex::reset(size_t max_entries) {
     capacity *= 2;
     shift_ -= 1;
   }
-  keys_.assign(capacity, 0);
-  values_.assign(capacity, 0);
+  slots_.assign(capacity, Slot{});
   mask_ = capacity - 1;
   size_ = 0;
   zero_present_ = false;
@@ -39,8 +38,8 @@ void FlatIndex::reset(size_t max_entries) {
 const uint32_t* FlatIndex::find(uint64_t key) const {
   if (key == 0) return zero_present_ ? &zero_value_ : nullptr;
   for (size_t i = home(key);; i = (i + 1) & mask_) {
-    if (keys_[i] == key) return &values_[i];
-    if (keys_[i] == 0) return nullptr;
+    if (slots_[i].key == key) return &slots_[i].value;
+    if (slots_[i].key == 0) return nullptr;
   }
 }
 
@@ -52,13 +51,12 @@ bool FlatIndex::insert(uint64_t key, uint32_t value) {
     size_ += 1;
     return true;
   }
-  TS_CHECK(2 * (size_ + 1) <= keys_.size()) << "flat index over its size: " << size_;
+  TS_CHECK(2 * (size_ + 1) <= slots_.size()) << "flat index over its size: " << size_;
   size_t i = home(key);
-  for (; keys_[i] != 0; i = (i + 1) & mask_) {
-    if (keys_[i] == key) return false;
+  for (; slots_[i].key != 0; i = (i + 1) & mask_) {
+    if (slots_[i].key == key) return false;
   }
-  keys_[i] = key;
-  values_[i] = value;
+  slots_[i] = Slot{key, value};
   size_ += 1;
   return true;
 }
@@ -71,19 +69,18 @@ bool FlatIndex::erase(uint64_t key) {
     return true;
   }
   size_t i = home(key);
-  for (; keys_[i] != key; i = (i + 1) & mask_) {
-    if (keys_[i] == 0) return false;
+  for (; slots_[i].key != key; i = (i + 1) & mask_) {
+    if (slots_[i].key == 0) return false;
   }
   // Backward shift: move later entries of the run into the hole when their home allows it.
-  for (size_t j = (i + 1) & mask_; keys_[j] != 0; j = (j + 1) & mask_) {
-    const size_t h = home(keys_[j]);
+  for (size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+    const size_t h = home(slots_[j].key);
     const bool movable = i <= j ? (h <= i || h > j) : (h <= i && h > j);
     if (!movable) continue;
-    keys_[i] = keys_[j];
-    values_[i] = values_[j];
+    slots_[i] = slots_[j];
     i = j;
   }
-  keys_[i] = 0;
+  slots_[i] = Slot{};
   size_ -= 1;
   return true;
 }

@@ -44,8 +44,11 @@ class FlatIndex {
 
  private:
   size_t home(uint64_t key) const { return (key * 0x9e3779b97f4a7c15ULL) >> shift_; }
-  std::vector<uint64_t> keys_;  // [capacity] 0: empty
-  std::vector<uint32_t> values_;
+  struct Slot {
+    uint64_t key = 0;  // 0: empty
+    uint32_t value = 0;
+  };
+  std::vector<Slot> slots_;  // [capacity]
   size_t mask_ = 0;
   int shift_ = 64;
   size_t size_ = 0;
@@ -79,6 +82,17 @@ class PagePool {
            page.index < static_cast<uint32_t>(layout_.pages_total);
   }
   PageState state(PageId page) const { return pages_[checked(page)].state; }
+  // A page's pool side in one read (a checker's): state, references, publication.
+  struct PageView {
+    PageState state = PageState::kFree;
+    int32_t refs = 0;
+    bool published = false;
+    uint64_t hash = 0;  // 0 unless published
+  };
+  PageView view(PageId page) const {
+    const Page& p = pages_[checked(page)];
+    return PageView{p.state, p.refs, p.published, p.published ? p.hash : 0};
+  }
   int32_t refcount(PageId page) const { return pages_[checked(page)].refs; }
   // The content hash a page is published under, if any (held or cached pages only).
   std::optional<uint64_t> published_hash(PageId page) const {

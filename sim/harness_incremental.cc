@@ -422,11 +422,11 @@ void Harness::check_dirty_page(Family f, uint32_t i) {
   const engine::PagePool& pool = engine_->scheduler().pool(f);
   const PageId page{pool.tag(), i};
   PageShadow& sh = shadow_[fi][i];
-  const State state = pool.state(page);
-  const int32_t refs = pool.refcount(page);
-  const auto hash = pool.published_hash(page);
-  const bool published = hash.has_value();
-  const bool publication_moved = published != sh.published || hash.value_or(0) != sh.hash;
+  const engine::PagePool::PageView v = pool.view(page);
+  const State state = v.state;
+  const int32_t refs = v.refs;
+  const bool published = v.published;
+  const bool publication_moved = published != sh.published || v.hash != sh.hash;
   by_state_[fi][static_cast<int>(sh.state)] -= 1;
   by_state_[fi][static_cast<int>(state)] += 1;
   published_pages_[fi] += (published ? 1 : 0) - (sh.published ? 1 : 0);
@@ -434,7 +434,7 @@ void Harness::check_dirty_page(Family f, uint32_t i) {
   sh.state = state;
   sh.refs = refs;
   sh.published = published;
-  sh.hash = hash.value_or(0);
+  sh.hash = v.hash;
   const std::vector<engine::RequestId>& holders = holders_of_[fi][i];
   const int32_t owners = static_cast<int32_t>(holders.size());
   const bool held = state == State::kHeld;

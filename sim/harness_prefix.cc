@@ -157,7 +157,8 @@ void Harness::record_plan_writes(const engine::StepPlan& plan, bool succeeded) {
       if (page >= pages.size()) continue;
       const bool known = succeeded && rec != nullptr && pos % p == p - 1 && pos >= 0 &&
                          pos < static_cast<int32_t>(rec->content.size());
-      set_page_content(f, page, known ? rec->content[pos] : 0);
+      const uint64_t content = known ? rec->content[pos] : 0;
+      if (pages[page] != content) set_page_content(f, page, content);  // else: nothing moves
     }
   }
 }

@@ -195,15 +195,37 @@ std::optional<DeviceError> SimDevice::validate(const engine::StepPlan& plan) con
                    " (expected a first page >= 0 and a range inside the table)");
       }
     }
-    for (const uint32_t page : fp.page_indices) {
-      if (page == 0 || page >= static_cast<uint32_t>(pool.layout.pages_total)) {
+    // Every listed page in [1, pages_total): page - 1 < pages_total - 1 unsigned, or'd over the
+    // table (one vectorised pass; the search for the first bad one only when there is one).
+    const uint32_t usable = static_cast<uint32_t>(pool.layout.pages_total) - 1;
+    const uint32_t* pages = fp.page_indices.data();
+    const size_t n = fp.page_indices.size();
+    uint32_t outside = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {  // a fixed trip count: vectorised at -O2 too
+      for (size_t k = 0; k < 8; ++k) outside |= (pages[i + k] - 1u) >= usable ? 1u : 0u;
+    }
+    for (; i < n; ++i) outside |= (pages[i] - 1u) >= usable ? 1u : 0u;
+    if (outside != 0) {
+      for (const uint32_t page : fp.page_indices) {
+        if (page - 1u < usable) continue;
         return bad(std::string(engine::family_name(f)) + " page " + std::to_string(page) +
                    " outside [1, " + std::to_string(pool.layout.pages_total) + ")");
       }
     }
-    const int64_t slots = static_cast<int64_t>(pool.records.size());
+    // Slots in [page_size, records): past the padding page, inside the pool (none when the
+    // plan's page size is not in [0, records]).
+    const int64_t records = static_cast<int64_t>(pool.records.size());
+    const uint64_t slots = plan.page_size >= 0 && plan.page_size <= records
+                               ? static_cast<uint64_t>(records - plan.page_size)
+                               : 0;
+    uint32_t slot_outside = 0;
     for (const int64_t slot : fp.row_slot) {
-      if (slot < plan.page_size || slot >= slots) {
+      slot_outside |= static_cast<uint64_t>(slot - plan.page_size) >= slots ? 1u : 0u;
+    }
+    if (slot_outside != 0) {
+      for (const int64_t slot : fp.row_slot) {
+        if (static_cast<uint64_t>(slot - plan.page_size) < slots) continue;
         return bad(std::string(engine::family_name(f)) + " write slot " + std::to_string(slot) +
                    " outside the pool");
       }
