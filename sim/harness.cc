@@ -526,6 +526,7 @@ const engine::StepOutputs& Harness::step() {
   if (full_step_) check_page_account();
   if (incremental) {
     finish_incremental();
+    if (full_step_) check_incremental_state();
   } else {  // the logs stay bounded
     edits_.clear();
     engine_->scheduler().drain_page_list_edits(&edits_);
@@ -558,6 +559,7 @@ void Harness::set_incremental_checks(bool on) {
 
 void Harness::check_whole_state() {
   check_page_account();
+  if (incremental_ok_ && incremental_on_ && steps_ > 0) check_incremental_state();
   for (std::string& v : engine_->check_invariants()) violate("state", std::move(v));
 }
 

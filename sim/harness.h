@@ -196,6 +196,7 @@ class Harness {
   void check_published_at(const LiveRequest& live, engine::Family f, engine::PageId page);
   void check_counters();
   void track_queues();
+  void check_incremental_state();
   void check_queue_of(const LiveRequest& live);
   void mark_live(LiveRequest& live);
   void refresh_available(engine::Family f, uint32_t page);

@@ -573,4 +573,87 @@ void Harness::finish_incremental() {
   to_check_.clear();
 }
 
+// On a whole-state step: the incremental checks' own state against the same recomputed from
+// scratch (the pools page by page, the requests' lists, the live table, the queues, the
+// available contents). A difference means a write escaped a log, or the bookkeeping here is
+// wrong: either way the incremental checks would have lost power, so it is a violation.
+void Harness::check_incremental_state() {
+  const engine::Scheduler& s = engine_->scheduler();
+  auto differ = [&](const std::string& what) { violate("incremental-state", what); };
+  for (const Family f : engine::kFamilies) {
+    const int fi = static_cast<int>(f);
+    const engine::PagePool& pool = s.pool(f);
+    std::vector<int32_t> owners(shadow_[fi].size(), 0);
+    for (const auto& [id, r] : s.requests()) {
+      for (const PageId page : r.kv_of(f).pages) {
+        if (pool.owns(page)) owners[page.index] += 1;
+      }
+    }
+    int32_t by_state[5] = {};
+    int64_t references = 0;
+    int32_t published = 0;
+    std::vector<uint64_t> offered;
+    for (uint32_t i = 1; i < shadow_[fi].size(); ++i) {
+      const engine::PagePool::PageView v = pool.view(PageId{pool.tag(), i});
+      const PageShadow& sh = shadow_[fi][i];
+      if (sh.state != v.state || sh.refs != v.refs || sh.published != v.published ||
+          sh.hash != v.hash) {
+        differ(page_name(f, i) + ": the shadow says state " + std::to_string(int(sh.state)) +
+               " refs " + std::to_string(sh.refs) + ", the pool state " +
+               std::to_string(int(v.state)) + " refs " + std::to_string(v.refs));
+      }
+      if (static_cast<int32_t>(holders_of_[fi][i].size()) != owners[i]) {
+        differ(page_name(f, i) + ": " + std::to_string(holders_of_[fi][i].size()) +
+               " holders from the list edits, " + std::to_string(owners[i]) + " in the lists");
+      }
+      const bool offer = v.state == State::kHeld || v.state == State::kCached;
+      const uint64_t content = offer ? page_content_[fi][i] : 0;
+      if (sh.available != content) differ(page_name(f, i) + ": its available content moved");
+      if (content != 0) offered.push_back(content);
+      by_state[static_cast<int>(v.state)] += 1;
+      references += v.refs;
+      published += v.published ? 1 : 0;
+    }
+    for (int k = 0; k < 5; ++k) {
+      if (by_state[k] != by_state_[fi][k]) differ(std::string(family_name(f)) + ": state counts");
+    }
+    if (references != references_[fi] || published != published_pages_[fi]) {
+      differ(std::string(family_name(f)) + ": reference or published sums");
+    }
+    std::sort(offered.begin(), offered.end());
+    size_t distinct = 0;
+    for (size_t i = 0; i < offered.size();) {
+      size_t j = i;
+      while (j < offered.size() && offered[j] == offered[i]) ++j;
+      const uint32_t* count = available_[fi].find(offered[i]);
+      if (count == nullptr || *count != j - i) {
+        differ(std::string(family_name(f)) + ": available content counts");
+      }
+      distinct += 1;
+      i = j;
+    }
+    if (distinct != available_[fi].size()) {
+      differ(std::string(family_name(f)) + ": " + std::to_string(available_[fi].size()) +
+             " available contents, " + std::to_string(distinct) + " offered");
+    }
+  }
+  if (live_.size() != s.requests().size()) differ("live table size");
+  for (const auto& [id, r] : s.requests()) {
+    const LiveRequest* live = live_of(id);
+    if (live == nullptr || live->state != &r) {
+      differ(who(id) + " is live but not in the live table");
+      continue;
+    }
+    if (!(fingerprint_of(r) == live->seen)) differ(who(id) + " changed unmarked");
+  }
+  std::vector<uint8_t> bits(queue_bits_.size(), 0);
+  for (const engine::RequestId id : s.running()) {
+    if (id.value < bits.size()) bits[id.value] |= 1;
+  }
+  for (const engine::RequestId id : s.waiting()) {
+    if (id.value < bits.size()) bits[id.value] |= 2;
+  }
+  if (bits != queue_bits_) differ("queue membership");
+}
+
 }  // namespace twinstep::sim

@@ -35,6 +35,9 @@ Overrides full_scans_only() {
   return o;
 }
 
+// With both on every step, the incremental checks' own state (page shadows, holders, live
+// table, queue bits, available contents) is also compared against the same recomputed from
+// scratch on every step (Harness::check_incremental_state: an "incremental-state" violation).
 TEST(IncrementalChecks, AgreeWithTheFullScansOnRandomCampaigns) {
   Overrides both;
   both.full_check_every = 1;  // incremental and full on every step
