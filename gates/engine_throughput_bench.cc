@@ -20,6 +20,7 @@
 // With --records FILE (issue 10) it runs instead a calibration sweep (prefill of many sizes,
 // decode at batch 1..128 over contexts 256..4096, chunked and mixed steps, a 16k-context
 // case) and writes every step's plan shape and measured time there, for twinstep-cost-fit.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/config.h"
@@ -42,6 +44,7 @@
 #include "kernels/attention_decode_split.h"
 #include "kernels/cuda_device.h"
 #include "kernels/decode_graphs.h"
+#include "kernels/l2_prefetch.h"
 #include "kernels/model_forward.h"
 #include "sim/cost_model.h"
 
@@ -1122,6 +1125,145 @@ int report(const engine::ModelConfig& config) {
 
 }  // namespace cudnn_prefill
 
+// ==== Issue 13: L2 prefetch of the next GEMM's weights (--decode-prefetch, --prefetch-probe) ==
+// The decode section with each batch run under several kernels::L2PrefetchConfig arms in one
+// process (graphs re-captured per arm), and a probe of single GEMMs with a cold L2 against the
+// same GEMM after its leading weights were prefetched.
+namespace l2_prefetch_ab {
+
+struct Arm {
+  const char* name;
+  kernels::L2PrefetchConfig config;
+};
+// Every batch runs these in this order; "off" and "after 32MB" twice, to see the drift.
+std::vector<Arm> arms() {
+  constexpr int64_t kMiB = 1 << 20;
+  constexpr int32_t kAll = 1 << 20;  // every batch of the A/B prefetches
+  return {{"off", {}},
+          {"after 16MB", {16 * kMiB, kAll, false}},
+          {"after 32MB", {32 * kMiB, kAll, false}},
+          {"after 48MB", {48 * kMiB, kAll, false}},
+          {"beside 32MB", {32 * kMiB, kAll, true}},
+          {"off", {}},
+          {"after 32MB", {32 * kMiB, kAll, false}}};
+}
+constexpr int kStepsPerArm = kDecodeWarmup + kDecodeTimed;
+
+void set(kernels::CudaDevice& device, const kernels::L2PrefetchConfig& config) {
+  if (auto s = device.set_l2_prefetch(config); !s.ok())
+    die("l2 prefetch: %s", s.error().message.c_str());
+}
+
+// One batch: every arm with the graphs, then (b <= 16) one observed eager step off and on.
+void decode_batch(engine::Engine& e, kernels::CudaDevice& device, const CostModel& cost, int batch,
+                  std::vector<Row>& table, PhaseTimer& timer) {
+  std::string line;
+  for (const Arm& a : arms()) {
+    set(device, a.config);
+    const double med =
+        time_decode(e, cost, batch, "b=" + std::to_string(batch) + " " + a.name, table);
+    char part[96];
+    std::snprintf(part, sizeof part, "  %s %.3f", a.name, med);
+    line += part;
+  }
+  std::printf("\nl2 prefetch A/B b=%d (graphs, median ms/step):%s\n", batch, line.c_str());
+  if (batch <= 16) {
+    for (const Arm& a : {arms()[0], arms()[2]}) {
+      set(device, a.config);
+      timer.reset();
+      kernels::set_forward_phase_observer(&timer);
+      Timed t = step(e);
+      kernels::set_forward_phase_observer(nullptr);
+      double forward_ms = 0;
+      const std::vector<double> phases = timer.phase_ms(&forward_ms);
+      const std::string title = "eager decode step, batch " + std::to_string(batch) + ", " + a.name;
+      print_breakdown(title.c_str(), phases, forward_ms, t.ms, t.ms);
+    }
+  }
+  set(device, {});
+}
+
+// Layer 0's four GEMMs at m = 1 and 16: L2 flushed (a 512 MiB memset), then the first X MiB of
+// the weights prefetched (X = 0: none), the stream synchronised and 200 us slept (the lines
+// land), then the GEMM alone between two events. profile: one repetition each inside
+// cudaProfilerStart/Stop, for ncu --profile-from-start off --cache-control none.
+void probe(kernels::CudaDevice& device, bool profile) {
+  const engine::ModelConfig& c = device.model().config();
+  const kernels::DeviceModel::Layer& L = device.model().layer(0);
+  const cudaStream_t st = device.stream();
+  struct Shape {
+    const char* name;
+    const kernels::bf16* w;
+    int32_t n, k;
+  };
+  const int32_t H = c.hidden_size, I = c.intermediate_size;
+  const Shape shapes[] = {{"qkv", L.qkv, L.qkv_cols, H},
+                          {"o_proj", L.o, H, c.num_q_heads * L.head_dim},
+                          {"gate_up", L.gate_up, 2 * I, H},
+                          {"down", L.down, H, I}};
+  constexpr int kRowsMax = 16;
+  constexpr size_t kFlushBytes = size_t{512} << 20;
+  void *x = nullptr, *y = nullptr, *flush = nullptr;
+  check_cuda(cudaMalloc(&x, size_t{kRowsMax} * I * 2), "cudaMalloc(probe x)");
+  check_cuda(cudaMalloc(&y, size_t{kRowsMax} * 2 * I * 2), "cudaMalloc(probe y)");
+  check_cuda(cudaMalloc(&flush, kFlushBytes), "cudaMalloc(probe flush)");
+  check_cuda(cudaMemsetAsync(x, 0x3c, size_t{kRowsMax} * I * 2, st), "cudaMemset(probe x)");
+  cudaEvent_t e0, e1;
+  check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
+  std::printf("\n== L2 prefetch probe: layer 0 GEMMs, cold L2 vs the first X MiB prefetched ==\n");
+  if (profile) check_cuda(cudaProfilerStart(), "cudaProfilerStart");
+  for (const Shape& sh : shapes) {
+    const int64_t w_bytes = int64_t{sh.n} * sh.k * 2;
+    for (const int m : {1, kRowsMax}) {
+      std::string line;
+      double cold = 0;
+      for (const int mb : {0, 8, 16, 32, 48}) {
+        const int64_t bytes = std::min<int64_t>(int64_t{mb} << 20, w_bytes);
+        std::vector<double> us;
+        for (int r = 0; r < (profile ? 1 : 9); ++r) {
+          check_cuda(cudaMemsetAsync(flush, r & 0xff, kFlushBytes, st), "cudaMemset(flush)");
+          if (bytes > 0) {
+            if (auto s = kernels::l2_prefetch(sh.w, bytes, st); !s.ok())
+              die("%s", s.error().message.c_str());
+          }
+          check_cuda(cudaStreamSynchronize(st), "sync(probe)");
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          check_cuda(cudaEventRecord(e0, st), "cudaEventRecord");
+          if (auto s = device.blas().gemm(static_cast<const kernels::bf16*>(x), sh.w,
+                                          static_cast<kernels::bf16*>(y), m, sh.n, sh.k);
+              !s.ok()) {
+            die("probe gemm: %s", s.error().message.c_str());
+          }
+          check_cuda(cudaEventRecord(e1, st), "cudaEventRecord");
+          check_cuda(cudaEventSynchronize(e1), "cudaEventSynchronize");
+          float ms = 0;
+          check_cuda(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+          us.push_back(ms * 1e3);
+        }
+        const double med = median(us);
+        if (mb == 0) cold = med;
+        char part[96];
+        if (mb == 0) {
+          std::snprintf(part, sizeof part, "  cold %.1f us", med);
+        } else {
+          std::snprintf(part, sizeof part, "  %d MiB %.1f (%+.1f)", mb, med, med - cold);
+        }
+        line += part;
+      }
+      std::printf("probe %-7s m=%-2d (%.1f MB):%s\n", sh.name, m, w_bytes / 1e6, line.c_str());
+    }
+  }
+  if (profile) check_cuda(cudaProfilerStop(), "cudaProfilerStop");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(flush);
+}
+
+}  // namespace l2_prefetch_ab
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -1163,11 +1305,18 @@ int main(int argc, char** argv) {
     made.value().reset();
     return cudnn_prefill::report(config);
   }
+  if (argc == 2 && std::string(argv[1]) == "--prefetch-probe") {  // under ncu (untuned GEMMs)
+    l2_prefetch_ab::probe(device, true);
+    return 0;
+  }
+  // --decode-prefetch: section 2 with the L2 prefetch A/B per batch, after the probe.
+  const bool prefetch_ab = argc == 2 && std::string(argv[1]) == "--decode-prefetch";
   // --decode: sections 2 and 3 only (the decode tables with the host path; issue 13 item 3).
-  const bool decode_only = invariant_decode || (argc == 2 && std::string(argv[1]) == "--decode");
+  const bool decode_only =
+      invariant_decode || prefetch_ab || (argc == 2 && std::string(argv[1]) == "--decode");
   if (argc != 1 && !decode_only) {
     die("usage: engine_throughput_bench [--records FILE | --batch-invariant | --decode | "
-        "--decode-batch-invariant | --cudnn-prefill]");
+        "--decode-batch-invariant | --decode-prefetch | --prefetch-probe | --cudnn-prefill]");
   }
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
@@ -1182,7 +1331,11 @@ int main(int argc, char** argv) {
 
   // Pools hold every decode request's whole context in both families (no preemption). Each
   // batch size runs 25 steps with the decode graphs and 25 without.
-  const int max_tokens = 320;
+  // The prefetch A/B runs every arm at every batch: 4 x 7 arms of 25 steps, plus 4 observed.
+  const int max_tokens =
+      prefetch_ab
+          ? 4 * static_cast<int>(l2_prefetch_ab::arms().size()) * l2_prefetch_ab::kStepsPerArm + 96
+          : 320;
   const int pages_per_request = (kDecodePrompt + max_tokens + kPageSize - 1) / kPageSize + 1;
   engine::EngineConfig ec;
   ec.page_size = kPageSize;
@@ -1212,6 +1365,7 @@ int main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
         gs.graph_bytes / 1048576.0);
   }
+  if (prefetch_ab) l2_prefetch_ab::probe(device, false);  // tuned GEMMs, before the pools
   auto created = engine::Engine::create(config, ec, device);
   if (!created) die("engine: %s", created.error().message.c_str());
   engine::Engine& e = *created.value();
@@ -1304,6 +1458,10 @@ int main(int argc, char** argv) {
     for (const int batch : {128, 64, 16, 1}) {
       for (int i = batch; i < live; ++i) controls[i].abort();
       live = batch;
+      if (prefetch_ab) {
+        l2_prefetch_ab::decode_batch(e, device, cost, batch, table, timer);
+        continue;
+      }
       const double med = time_decode(e, cost, batch, "decode b=" + std::to_string(batch), table);
       device.set_decode_graph_mode(kernels::DecodeGraphMode::kOff);
       const double eager = time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
@@ -1325,7 +1483,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- 3. long-context decode: kLongBatch x kLongPrompt ---------------------------------
-  {
+  if (!prefetch_ab) {
     std::vector<engine::RequestControl> controls;
     for (int i = 0; i < kLongBatch; ++i)
       controls.push_back(submit(e, rng, kLongPrompt, kLongTokens));

@@ -216,6 +216,12 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   d->cudnn_enabled_ = cudnn.value();
   d->options_.cudnn_local_prefill = cudnn.value();
   d->forward_->set_cudnn_local_prefill(cudnn.value());  // before any reserve: its row slack
+  auto prefetch = l2_prefetch_from_env(options.l2_prefetch, std::getenv("TWINSTEP_L2_PREFETCH"));
+  if (!prefetch) return unexpected(from_kernel(prefetch.error()));
+  d->options_.l2_prefetch = prefetch.value();
+  if (auto s = d->forward_->set_l2_prefetch(prefetch.value()); !s.ok()) {
+    return unexpected(from_kernel(s.error()));
+  }
   if (options.time_steps) {
     for (cudaEvent_t& e : d->step_events_) {
       if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
@@ -414,6 +420,24 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
   graph_max_logits_ = gc.max_logits;
   graph_max_context_ = gc.max_context;
   graph_max_step_rows_ = gc.max_step_rows;
+  return engine::Ok{};
+}
+
+engine::Status<engine::DeviceError> CudaDevice::set_l2_prefetch(const L2PrefetchConfig& config) {
+  if (auto s = forward_->set_l2_prefetch(config); !s.ok())
+    return unexpected(from_kernel(s.error()));
+  options_.l2_prefetch = config;
+  if (graphs_ == nullptr || !bound_) return engine::Ok{};
+  std::array<KvPoolView, engine::kFamilyCount> real{};
+  for (Family f : engine::kFamilies) real[static_cast<int>(f)] = pool_view(f);
+  auto captured = graphs_->capture(real, model_->config().sliding_window,
+                                   [this](const StepViews& v) { return launch_decode_bucket(v); });
+  if (!captured.ok()) {
+    drop_graphs();
+    return device_error(DeviceErrorCode::kCuda,
+                        "decode graphs with the new L2 prefetch: " + captured.error().message);
+  }
+  graphs_generation_ = forward_->generation();
   return engine::Ok{};
 }
 

@@ -100,6 +100,10 @@ struct CudaDeviceOptions {
   int32_t cudnn_min_q_len = kCudnnDefaultMinQLen;
   CudnnPrefillKeys cudnn_keys = kCudnnServingKeys;
   int32_t cudnn_pad_kv_len = 0;  // seq_len_kv of the padding entries (CudnnPrefillLimits)
+  // L2 prefetch of each next GEMM's leading weights in small steps (kernels/l2_prefetch.h,
+  // ModelForward::set_l2_prefetch); off by default. TWINSTEP_L2_PREFETCH overrides it in
+  // create() (l2_prefetch_from_env: "0" off, "MB[,ROWS[,beside]]" on).
+  L2PrefetchConfig l2_prefetch{};
 };
 inline constexpr int32_t kCudnnDefaultMaxSeqs = 256;
 
@@ -178,6 +182,9 @@ class CudaDevice final : public engine::Device {
   engine::Status<engine::DeviceError> enable_decode_graphs(const DecodeGraphConfig& config);
   // The graphs stay whatever the mode; kOff steps count as eager decode steps.
   void set_decode_graph_mode(DecodeGraphMode mode) { graph_mode_ = mode; }
+  // Benchmarks (A/B in one process): a new L2 prefetch config for the forward; bound graphs
+  // are re-captured with it (instantiated anew where the update refuses the new topology).
+  engine::Status<engine::DeviceError> set_l2_prefetch(const L2PrefetchConfig& config);
   DecodeGraphStats decode_graph_stats() const;
   engine::DeviceStats stats() const override;
   // cudaMemGetInfo's free bytes on this device now.

@@ -416,6 +416,17 @@ PrefillTilesView ModelForward::row_tiles(Family family, int32_t rows) const {
                           model_.config().num_q_heads / model_.config().family(family).kv_heads};
 }
 
+namespace {
+// The L2 prefetch of the GEMM after the one about to be launched (before_gemm) or just
+// launched: it forks at whichever of the two points its config names (l2_prefetch.h).
+KernelStatus prefetch_next(L2Prefetcher* prefetch, bool before_gemm, const void* next,
+                           int64_t next_bytes) {
+  if (prefetch == nullptr || !prefetch->active() || next == nullptr || next_bytes == 0) return Ok{};
+  if (prefetch->config().beside_previous != before_gemm) return Ok{};
+  return prefetch->fetch(next, next_bytes);
+}
+}  // namespace
+
 KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L, Blas& blas,
                           const ModelForward::Buffers& b, int32_t rows, cudaStream_t stream,
                           const FusedNext* fused) {
@@ -425,8 +436,12 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t n = int64_t{rows} * H;
   // x = x + post_attention_layernorm(o_proj(attn))
+  L2Prefetcher* const pf = fused != nullptr ? fused->prefetch : nullptr;
+  const int64_t gate_up_bytes = int64_t{2} * I * H * 2;
   mark(ForwardPhase::kOGemm, stream);
+  if (auto s = prefetch_next(pf, true, L.gate_up, gate_up_bytes); !s.ok()) return s;
   if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, c.num_q_heads * L.head_dim); !s.ok()) return s;
+  if (auto s = prefetch_next(pf, false, L.gate_up, gate_up_bytes); !s.ok()) return s;
   mark(ForwardPhase::kNorms, stream);
   // h = pre_feedforward_layernorm(x)
   if (fused != nullptr) {
@@ -441,12 +456,23 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
     if (auto s = rms_norm(b.x, L.pre_ff_norm, b.h, rows, H, eps, stream); !s.ok()) return s;
   }
   // x = x + post_feedforward_layernorm(down(gelu_tanh(gate(h)) * up(h)))
+  const int64_t down_bytes = int64_t{H} * I * 2;
   mark(ForwardPhase::kGateUpGemm, stream);
+  if (auto s = prefetch_next(pf, true, L.down, down_bytes); !s.ok()) return s;
   if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
+  if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;
   mark(ForwardPhase::kGeluMul, stream);
   if (auto s = gelu_tanh_mul(b.gu, b.gu + I, 2 * I, b.act, rows, I, stream); !s.ok()) return s;
   mark(ForwardPhase::kDownGemm, stream);
+  if (fused != nullptr) {
+    if (auto s = prefetch_next(pf, true, fused->next_weights, fused->next_weight_bytes); !s.ok())
+      return s;
+  }
   if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) return s;
+  if (fused != nullptr) {
+    if (auto s = prefetch_next(pf, false, fused->next_weights, fused->next_weight_bytes); !s.ok())
+      return s;
+  }
   mark(ForwardPhase::kNorms, stream);
   // x = x * layer_scalar (and, fused, the next layer's h = input_layernorm(x))
   if (fused != nullptr) {
@@ -498,6 +524,12 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   mark(ForwardPhase::kEmbed, stream);
   TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
                       embed_scale_bf16(c.hidden_size), stream));
+  // Small steps: each next GEMM's leading weights into L2 from a side stream, joined below.
+  prefetch_.begin(R, stream);
+  const auto qkv_bytes = [&](const DeviceModel::Layer& L) {
+    return int64_t{L.qkv_cols} * c.hidden_size * 2;
+  };
+  if (c.num_layers > 0) TS_TRY(prefetch_.fetch(model_.layer(0).qkv, qkv_bytes(model_.layer(0))));
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const DeviceModel::Layer& L = model_.layer(l);
     const int f = static_cast<int>(L.family);
@@ -508,8 +540,11 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
       mark(ForwardPhase::kNorms, stream);
       TS_TRY(rms_norm(b.x, L.input_norm, b.h, R, c.hidden_size, eps, stream));
     }
+    const int64_t o_bytes = int64_t{c.hidden_size} * q_out * 2;
     mark(ForwardPhase::kQkvGemm, stream);
+    TS_TRY(prefetch_next(&prefetch_, true, L.o, o_bytes));
     TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
+    TS_TRY(prefetch_next(&prefetch_, false, L.o, o_bytes));
     mark(ForwardPhase::kRopeKvWrite, stream);
     TS_TRY(qk_norm_rope(b.qkv, L.qkv_cols, L.q_norm, step.rows.positions, R, c.num_q_heads,
                         L.head_dim, eps, rope, stream));
@@ -540,10 +575,19 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
           step.paging[f], own_tiles ? row_tiles(L.family, R) : step.prefill_tiles[f], window, 1.0f,
           stream, prefill_variant(L.head_dim), key_chunks(R, window)));
     }
-    const FusedNext next{l + 1 < c.num_layers ? model_.layer(l + 1).input_norm : nullptr};
+    const bool last = l + 1 == c.num_layers;
+    FusedNext next{last ? nullptr : model_.layer(l + 1).input_norm, &prefetch_};
+    if (!last) {
+      next.next_weights = model_.layer(l + 1).qkv;
+      next.next_weight_bytes = qkv_bytes(model_.layer(l + 1));
+    } else if (step.num_logits > 0) {  // the LM head (tied embedding)
+      next.next_weights = model_.embed();
+      next.next_weight_bytes = int64_t{c.vocab_size} * c.hidden_size * 2;
+    }
     TS_TRY(finish_layer(model_, L, blas_, b, R, stream, &next));
   }
   TS_TRY(lm_head(model_, blas_, b, step.logit_rows, step.num_logits, R, stream));
+  TS_TRY(prefetch_.end());
   mark(ForwardPhase::kEnd, stream);
   return static_cast<const float*>(b.logits);
 }

@@ -14,6 +14,7 @@
 #include "engine/config.h"
 #include "kernels/attention_prefill_cudnn.h"
 #include "kernels/attention_prefill_tc.h"
+#include "kernels/l2_prefetch.h"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels {
@@ -169,6 +170,11 @@ class ModelForward {
     std::string last_refusal;
   };
   const CudnnCounters& cudnn_counters() const { return cudnn_counters_; }
+  // L2 prefetch of each next GEMM's leading weights on a side stream (kernels/l2_prefetch.h)
+  // in steps of at most config.max_rows rows. Changes no value. Not during a capture; graphs
+  // captured before keep what they were captured with.
+  KernelStatus set_l2_prefetch(const L2PrefetchConfig& config) { return prefetch_.set(config); }
+  const L2PrefetchConfig& l2_prefetch() const { return prefetch_.config(); }
 
  private:
   const DeviceModel& model_;
@@ -202,6 +208,7 @@ class ModelForward {
   int32_t cudnn_row_slack_ = 0;  // set_cudnn_row_slack
   CudnnCounters cudnn_counters_;
   CudnnPrefill* prepare_cudnn(const StepViews& step);
+  L2Prefetcher prefetch_;
 };
 
 // Benchmarks only (gates/engine_throughput_bench.cc): an observer of the forward's phase
@@ -237,6 +244,11 @@ ForwardPhaseObserver* forward_phase_observer();
 // (kernels/fused_norms.h); it then also produces the next layer's normed input.
 struct FusedNext {
   const bf16* next_input_norm = nullptr;  // the next layer's input_layernorm; nullptr: last layer
+  // The step's L2 prefetcher (null: none) and the GEMM weights after this layer's down_proj
+  // (the next layer's q|k|v, or the LM head's), which it prefetches.
+  L2Prefetcher* prefetch = nullptr;
+  const void* next_weights = nullptr;
+  int64_t next_weight_bytes = 0;
 };
 
 // Shared by the paged forward and the oracle: the layer's MLP half and the residual updates
