@@ -101,8 +101,10 @@ struct CudaDeviceOptions {
   CudnnPrefillKeys cudnn_keys = kCudnnServingKeys;
   int32_t cudnn_pad_kv_len = 0;  // seq_len_kv of the padding entries (CudnnPrefillLimits)
   // L2 prefetch of each next GEMM's leading weights in small steps (kernels/l2_prefetch.h,
-  // ModelForward::set_l2_prefetch); off by default. TWINSTEP_L2_PREFETCH overrides it in
-  // create() (l2_prefetch_from_env: "0" off, "MB[,ROWS[,beside]]" on).
+  // ModelForward::set_l2_prefetch); off by default: on the H200 every arm measured made the
+  // 12B decode step slower (b=16: 10.03 ms off, 10.11-10.90 on; perf/NOTES.md).
+  // TWINSTEP_L2_PREFETCH overrides it in create() (l2_prefetch_from_env: "0" off,
+  // "MB[,ROWS[,beside]]" on).
   L2PrefetchConfig l2_prefetch{};
 };
 inline constexpr int32_t kCudnnDefaultMaxSeqs = 256;

@@ -8,6 +8,11 @@
 //
 // Fork and join are events, so the same calls work eagerly and under stream capture (the
 // side branch becomes a parallel branch of the decode graph, joined at the step's end).
+//
+// Measured on the H200 (perf/NOTES.md, "Small-batch decode: L2 prefetch of the next weights"):
+// slower at every batch measured (1, 16, 64, 128) and every size (16, 32, 48 MiB a GEMM, forked
+// after or beside the previous GEMM), so nothing turns it on by default; it stays as the A/B
+// tool (engine_throughput_bench --decode-prefetch, TWINSTEP_L2_PREFETCH).
 #pragma once
 
 #include <cuda_runtime.h>

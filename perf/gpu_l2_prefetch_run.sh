@@ -4,8 +4,8 @@
 # gpu-gates variables) and carried stripped as build/h-prefetch/carry/bins.tgz (bin/...); the
 # model gates find their build dir (hf_refs, twinstep-generate) at the path compiled into them.
 # In order: the bench's A/B (--decode-prefetch: the probe, then every arm at b=128, 64, 16, 1),
-# DecodeGraphGates and ModelGates with TWINSTEP_L2_PREFETCH on for every bucket, and ncu of the
-# probe (L2 hit rate of each GEMM, cold vs prefetched). Logs under $OUT.
+# DecodeGraphGates with TWINSTEP_L2_PREFETCH on for every bucket, ncu of the probe (L2 hit rate
+# of each GEMM, cold vs prefetched), then ModelGates (filtered, prefetch on) in the time left. Logs under $OUT.
 set -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -20,6 +20,7 @@ if [ ! -e /work/main/gates/hf/make_refs.py ]; then
 fi
 carry=$PWD/build/h-prefetch/carry
 tar -xzf "$carry/bins.tgz" -C "$carry"
+mkdir -p "$build"
 rm -rf "$build/bin" && ln -sfn "$carry/bin" "$build/bin"
 bin=$build/bin
 ls "$bin" | tr '\n' ' '; echo
@@ -29,20 +30,20 @@ summary() {  # summary LOG: the gate lines and verdicts of a gtest log
 }
 timeout ${BENCH_S:-70} "$bin/engine_throughput_bench" --decode-prefetch > "$OUT/bench.log" 2>&1
 t "engine_throughput_bench --decode-prefetch rc $?"
-grep -E "^device|copy bandwidth|captured|^probe|l2 prefetch A/B|^  median|eager decode step|gemm|GEMM|forward|^\| " \
-  "$OUT/bench.log" | cut -c1-330 | head -120
+grep -E "^device|copy bandwidth|captured|^probe|l2 prefetch A/B|eager decode step|gate_up|down|qkv|step wall" \
+  "$OUT/bench.log" | cut -c1-330 | head -90
 export TWINSTEP_L2_PREFETCH=32,128  # every bucket of the graph gates, every small step
 timeout ${GRAPH_S:-22} "$bin/decode_graph_gates" > "$OUT/decode_graph_gates.log" 2>&1
 t "decode_graph_gates (TWINSTEP_L2_PREFETCH=$TWINSTEP_L2_PREFETCH) rc $?"
 LINES_MAX=20 summary "$OUT/decode_graph_gates.log"
-timeout ${MODEL_S:-30} "$bin/model_gates" \
-  --gtest_filter='ModelGates.PagedMatchesOracleForward:ModelGates.GreedyMatchesHfGenerate:DirectDeviceGate.*' \
-  > "$OUT/model_gates.log" 2>&1
-t "model_gates (filtered, TWINSTEP_L2_PREFETCH=$TWINSTEP_L2_PREFETCH) rc $?"
-LINES_MAX=30 summary "$OUT/model_gates.log"
-unset TWINSTEP_L2_PREFETCH
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-timeout ${NCU_S:-22} "$ncu" --profile-from-start off --cache-control none --clock-control none \
+left() {  # left CAP: seconds left of BUDGET_S, at most CAP, at least 1
+  local l=$((${BUDGET_S:-146} - ($(date +%s) - start)))
+  [ "$l" -gt "$1" ] && l=$1
+  [ "$l" -lt 1 ] && l=1
+  echo "$l"
+}
+env -u TWINSTEP_L2_PREFETCH timeout "$(left 30)" "$ncu" --profile-from-start off --cache-control none --clock-control none \
   --metrics gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum --csv \
   "$bin/engine_throughput_bench" --prefetch-probe > "$OUT/ncu_probe.csv" 2> "$OUT/ncu_probe.err"
 t "ncu probe rc $?"
@@ -58,3 +59,8 @@ for (i, name), m in sorted(by.items()):
           "dram read", m.get("dram__bytes_read.sum"))
 PY
 tail -3 "$OUT/ncu_probe.err"
+timeout "$(left 60)" "$bin/model_gates" \
+  --gtest_filter='ModelGates.PagedMatchesOracleForward:ModelGates.GreedyMatchesHfGenerate:DirectDeviceGate.*' \
+  > "$OUT/model_gates.log" 2>&1
+t "model_gates (filtered, TWINSTEP_L2_PREFETCH=$TWINSTEP_L2_PREFETCH) rc $?"
+LINES_MAX=30 summary "$OUT/model_gates.log"
