@@ -183,6 +183,7 @@ class Harness {
     int32_t refs = 0;
     uint64_t hash = 0;
     uint64_t available = 0;  // the content it offers an admission (held or cached), else 0
+    int32_t owners = 0;      // its holders when last checked
   };
   void init_incremental();
   void begin_incremental();   // after the outputs: the live table, the list edits, a failed step
