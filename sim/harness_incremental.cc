@@ -324,10 +324,9 @@ void Harness::check_changed_request(LiveRequest& live, const Fingerprint& now) {
   const bool all = live.fresh || live.list_edits > 4 || now.page_keys < seen.page_keys ||
                    now.first_page[0] < seen.first_page[0] || now.first_page[1] < seen.first_page[1];
   live.rechecked_all = all;
-  for (const Family f : engine::kFamilies) {
-    const int32_t from = all ? 0 : std::min(seen.frontier / p, full);  // per family below
-    check_published_range(live, f, from, full);
-  }
+  const int32_t from = all ? 0 : std::min(seen.frontier / p, full);
+  if (from >= full) return;  // no page became full (most decode steps)
+  for (const Family f : engine::kFamilies) check_published_range(live, f, from, full);
 }
 
 // The queues against their copies from the last step: the ids between the common prefix and
