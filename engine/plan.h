@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "engine/ids.h"
@@ -57,17 +58,48 @@ struct PlanSeq {
 };
 
 // Per-family paging for the step.
+//
+// Each seq owns a region [seq_page_begin[s], seq_page_begin[s + 1]) of page_indices and lists
+// its pages, in logical order starting at its first held page, in the first seq_page_count[s]
+// entries of it: page_indices[seq_page_begin[s] + i] for i in [0, seq_page_count[s]). The rest
+// of the region is slack: entries no seq lists, of any value, which a device never reads (a
+// device that wants a dense table compacts it: dense_page_table below). Slack lets the
+// scheduler grow a seq's list in place from one step to the next; without it every seq after
+// the first one that gains a page would move. seq_page_begin runs from 0 to
+// page_indices.size(), non-decreasing, and seq_page_count[s] <= the region's size.
 struct FamilyPlan {
   Family family = Family::kGlobal;
   PoolTag pool;
-  // Pool-local page indices, for each seq in logical order starting at its first held page.
-  std::vector<uint32_t> page_indices;   // [sum of seq page counts]
-  std::vector<int32_t> seq_page_begin;  // [seqs + 1] offsets into page_indices
+  // Pool-local page indices: each seq's listed pages, then its slack.
+  std::vector<uint32_t> page_indices;   // [sum of seq region sizes]
+  std::vector<int32_t> seq_page_begin;  // [seqs + 1] region offsets into page_indices
+  std::vector<int32_t> seq_page_count;  // [seqs] pages listed, <= the region's size
   // Logical page number (position / page_size) of each seq's first listed page. 0 for the
   // global family; for the local family, pages wholly behind the window have been released.
   std::vector<int32_t> seq_first_page;  // [seqs]
   // Where each row's K/V is written: page_index * page_size + position % page_size.
   std::vector<int64_t> row_slot;  // [rows]
+
+  // Pages listed by all seqs (slack not counted).
+  int64_t pages_listed() const {
+    int64_t n = 0;
+    for (const int32_t c : seq_page_count) n += c;
+    return n;
+  }
+  // Writes the listed pages without the slack, seq after seq, to `pages` (pages_listed()
+  // entries) and their offsets to `begin` (seq_page_count.size() + 1 entries): the dense
+  // table, for a device that reads a seq's count as begin[s + 1] - begin[s]. The plan must
+  // have passed the device's plan check (regions inside page_indices).
+  void dense_page_table(uint32_t* pages, int32_t* begin) const {
+    int32_t at = 0;
+    for (size_t s = 0; s < seq_page_count.size(); ++s) {
+      begin[s] = at;
+      const int32_t n = seq_page_count[s];
+      if (n > 0) std::memcpy(pages + at, page_indices.data() + seq_page_begin[s], size_t(n) * 4);
+      at += n;
+    }
+    begin[seq_page_count.size()] = at;
+  }
 };
 
 struct StepPlan {

@@ -304,52 +304,132 @@ void Scheduler::build_rows(const std::vector<Scheduled>& scheduled) {
   }
 }
 
+namespace {
+
+// Slack a seq's region gets when the table is laid out afresh: a decode seq gains a page every
+// page_size steps, so at 32k context (2048 pages) it grows in place for ~4k steps.
+int32_t table_slack(int32_t count) { return 8 + count / 8; }
+
+}  // namespace
+
+// Sets fp->seq_page_begin[0, seqs) for the counts in fp->seq_page_count and returns the
+// table's size. In place: a kept seq starts where its old region did (table_begin_old_) and
+// must fit in it (the last old region is open to the end); a new one takes the room up to the
+// next kept region. Otherwise every seq gets a fresh region with slack.
+int64_t Scheduler::place_regions(FamilyPlan* fp, int64_t old_total, int64_t listed) {
+  const std::vector<int32_t>& old_begin = table_begin_old_;
+  const std::vector<int32_t>& old_seq = table_old_seq_;
+  const int32_t old_seqs = old_begin.empty() ? 0 : static_cast<int32_t>(old_begin.size()) - 1;
+  const size_t n = fp->seq_page_count.size();
+  bool in_place = n > 0 && old_total > 0;
+  int64_t cursor = 0;
+  if (in_place) {
+    std::vector<int64_t>& limit = table_limit_;
+    limit.resize(n);
+    int64_t next = INT64_MAX;
+    for (size_t si = n; si-- > 0;) {
+      limit[si] = next;
+      if (old_seq[si] >= 0) next = old_begin[old_seq[si]];
+    }
+    for (size_t si = 0; si < n && in_place; ++si) {
+      const int32_t count = fp->seq_page_count[si];
+      const int32_t j = old_seq[si];
+      if (j >= 0) {
+        const int64_t begin = old_begin[j];
+        const int64_t end = j + 1 < old_seqs ? old_begin[j + 1] : INT64_MAX;
+        in_place = begin >= cursor && count <= end - begin && (si > 0 || begin == 0);
+        fp->seq_page_begin.push_back(static_cast<int32_t>(begin));
+        cursor = begin + count;
+      } else {
+        const int64_t room = limit[si] - cursor;
+        in_place = count <= room;
+        fp->seq_page_begin.push_back(static_cast<int32_t>(cursor));
+        cursor += std::min<int64_t>(int64_t{count} + table_slack(count), room);
+      }
+    }
+    cursor = std::max(cursor, old_total);
+    // A table that is mostly slack (regions of finished seqs) is compacted.
+    in_place = in_place && cursor <= 2 * listed + 16 * static_cast<int64_t>(n) + 4096;
+  }
+  if (!in_place) {
+    fp->seq_page_begin.clear();
+    cursor = 0;
+    for (size_t si = 0; si < n; ++si) {
+      const int32_t count = fp->seq_page_count[si];
+      fp->seq_page_begin.push_back(static_cast<int32_t>(cursor));
+      cursor += count + table_slack(count);
+    }
+  }
+  return cursor;
+}
+
 // A seq lists, in logical order, the pages it holds, then a hit's, then this step's
-// reservation. Of the pages the old plan listed as held for the same request, those it still
-// holds are the same entries (appends and front drops change only the ends; any other edit
-// bumps KvState::rewrites), so they are moved into place, and only the rest is written from
-// the request: at batch 256 x 32k a decode step lists ~524k global pages, of which a few
-// change. A seq is kept only when the old plan listed it after the previously kept one, so
+// reservation, at the start of its region of page_indices (FamilyPlan). Of the pages the old
+// plan listed as held for the same request, those it still holds are the same entries (appends
+// and front drops change only the ends; any other edit bumps KvState::rewrites), so they are
+// kept, and only the rest is written from the request: at batch 256 x 32k a decode step lists
+// ~524k global pages, of which a few change. A seq is kept (its region, and its entries if
+// it still holds them) only when the old plan listed it after the previously kept one, so
 // kept segments keep their order.
+// Where the old regions allow it, every kept seq keeps its region (its list grows into the
+// region's slack, a front drop moves only its own entries) and a new seq goes into the room
+// between kept ones or at the end: nothing else moves. Otherwise (a kept seq outgrew its
+// region, a new seq finds no room, the first region moved, or the table is mostly slack) the
+// table is laid out afresh with slack for every seq, moving the kept runs.
 void Scheduler::build_tables(const std::vector<Scheduled>& scheduled, Family f, uint64_t old_step) {
   const int fi = static_cast<int>(f);
   FamilyPlan& fp = plan_.family(f);
   std::vector<int32_t>& old_begin = table_begin_old_;
   std::vector<TableKeep>& keep = table_keep_;
+  std::vector<int32_t>& old_seq = table_old_seq_;
   old_begin.swap(fp.seq_page_begin);
   const int32_t old_seqs = old_begin.empty() ? 0 : static_cast<int32_t>(old_begin.size()) - 1;
+  const int64_t old_total = static_cast<int64_t>(fp.page_indices.size());
+  const size_t n = scheduled.size();
   fp.seq_page_begin.clear();
+  fp.seq_page_count.clear();
   keep.clear();
-  int32_t total = 0;
+  old_seq.clear();
+  int64_t listed = 0;
   int32_t last_kept = -1;
+  // Each seq's count, and the run of its entries the old table holds: `from` there, `to`
+  // (for now) from the seq's first entry.
   for (const Scheduled& s : scheduled) {
     const KvState& kv = s.state->kv_of(f);
     const int32_t held = static_cast<int32_t>(kv.pages.size());
     const int32_t count =
         held + static_cast<int32_t>(s.hit_pages[fi].size() + s.reserved[fi].size());
     const PlanListing& l = kv.listed;
-    TableKeep k{.to = total};
-    if (s.hit_tokens == 0 && l.step == old_step && l.rewrites == kv.rewrites && l.seq > last_kept &&
-        l.seq < old_seqs) {
-      const int32_t old_first = fp.seq_first_page[l.seq];
-      const int32_t lo = std::max(old_first, kv.first_page.get());
-      const int32_t hi = std::min(old_first + l.held, kv.first_page + held);
-      if (hi > lo) {
-        k = TableKeep{old_begin[l.seq] + (lo - old_first), total + (lo - kv.first_page), hi - lo};
-        last_kept = l.seq;
+    TableKeep k;
+    int32_t j = -1;  // its seq in the old plan, whose region it may keep
+    if (l.step == old_step && l.seq > last_kept && l.seq < old_seqs) {
+      j = l.seq;
+      last_kept = l.seq;
+      if (s.hit_tokens == 0 && l.rewrites == kv.rewrites) {
+        const int32_t old_first = fp.seq_first_page[l.seq];
+        const int32_t lo = std::max(old_first, kv.first_page.get());
+        const int32_t hi = std::min(old_first + l.held, kv.first_page + held);
+        if (hi > lo) {
+          k = TableKeep{old_begin[l.seq] + (lo - old_first), lo - kv.first_page, hi - lo};
+        }
       }
     }
     keep.push_back(k);
-    fp.seq_page_begin.push_back(total);
-    total += count;
+    old_seq.push_back(j);
+    fp.seq_page_count.push_back(count);
+    listed += count;
   }
+  const int64_t cursor = place_regions(&fp, old_total, listed);
+  TS_CHECK(cursor < INT32_MAX) << family_name(f) << " page table of " << cursor << " entries";
+  const auto total = static_cast<int32_t>(cursor);
   fp.seq_page_begin.push_back(total);
-  if (static_cast<size_t>(total) > fp.page_indices.size()) fp.page_indices.resize(total);
+  for (size_t si = 0; si < n; ++si) keep[si].to += fp.seq_page_begin[si];
+  if (static_cast<int64_t>(total) > old_total) fp.page_indices.resize(total);
   move_kept(fp.page_indices.data());
   fp.page_indices.resize(total);
   fp.seq_first_page.clear();
   uint32_t* pages = fp.page_indices.data();
-  for (size_t si = 0; si < scheduled.size(); ++si) {
+  for (size_t si = 0; si < n; ++si) {
     const Scheduled& s = scheduled[si];
     KvState& kv = s.state->kv_of(f);
     fp.seq_first_page.push_back(s.hit_tokens > 0 ? s.hit_first_page[fi] : kv.first_page.get());
@@ -373,7 +453,8 @@ void Scheduler::build_tables(const std::vector<Scheduled>& scheduled, Family f, 
 // Moves every kept run of table_keep_ from its old place to its new one. Runs keep their
 // order and the old and new layouts each hold them disjoint, so the left-moving ones moved
 // in order, then the right-moving ones in reverse, never overwrite a run still to be moved.
-// Adjacent runs that move alike are one move.
+// Adjacent runs that move alike are one move. (In place, a run moves only inside its own
+// region, after a front drop, or not at all.)
 void Scheduler::move_kept(uint32_t* pages) {
   const std::vector<TableKeep>& keep = table_keep_;
   std::vector<TableKeep>& right = table_right_runs_;
@@ -408,7 +489,7 @@ void Scheduler::build_slots(const std::vector<Scheduled>& scheduled, Family f) {
   for (size_t si = 0; si < scheduled.size(); ++si) {
     const Scheduled& s = scheduled[si];
     const int32_t begin = fp.seq_page_begin[si];
-    const int32_t listed = fp.seq_page_begin[si + 1] - begin;
+    const int32_t listed = fp.seq_page_count[si];
     const int32_t first_page = fp.seq_first_page[si];
     for (int32_t i = 0; i < s.rows; ++i) {
       const int32_t pos = s.kv_len_before + i;

@@ -151,6 +151,7 @@ class Scheduler {
   void build_rows(const std::vector<Scheduled>& scheduled);
   void build_tables(const std::vector<Scheduled>& scheduled, Family f, uint64_t old_step);
   void build_slots(const std::vector<Scheduled>& scheduled, Family f);
+  int64_t place_regions(FamilyPlan* fp, int64_t old_total, int64_t listed);
   void move_kept(uint32_t* pages);
   void rollback(std::vector<Scheduled>& scheduled, const DeviceError& error, StepOutputs* out);
   void commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result, StepOutputs* out);
@@ -193,6 +194,8 @@ class Scheduler {
   };
   std::vector<TableKeep> table_keep_;        // scratch: per new seq
   std::vector<TableKeep> table_right_runs_;  // scratch: runs that move right
+  std::vector<int32_t> table_old_seq_;       // scratch: per new seq, its kept old seq or -1
+  std::vector<int64_t> table_limit_;         // scratch: per new seq, the next kept region
 };
 
 }  // namespace twinstep::engine

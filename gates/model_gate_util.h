@@ -229,6 +229,7 @@ inline engine::StepPlan prefill_plan(const engine::ModelConfig& config,
       const uint32_t base = next[static_cast<int>(f)];
       for (int32_t i = 0; i < pages; ++i) fp.page_indices.push_back(base + i);
       fp.seq_page_begin.push_back(static_cast<int32_t>(fp.page_indices.size()));
+      fp.seq_page_count.push_back(pages);
       fp.seq_first_page.push_back(0);
       for (int32_t pos = 0; pos < seq.row_count; ++pos) {
         fp.row_slot.push_back(int64_t{base + pos / p.page_size} * p.page_size + pos % p.page_size);

@@ -594,11 +594,14 @@ std::optional<DeviceError> CudaDevice::validate(const engine::StepPlan& plan) co
 
 namespace {
 
-// One array of the packed plan image; every array starts 16-byte aligned.
+// One array of the packed plan image; every array starts 16-byte aligned. A part with a
+// `table` is that family's page table without its slack (FamilyPlan::dense_page_table): its
+// pages, and their offsets in the next part (which has no src).
 struct StagePart {
   const void* src;
   int64_t bytes;
   int64_t offset = 0;
+  const engine::FamilyPlan* table = nullptr;
 };
 // Indices into the parts of plan_parts: the per-row arrays, then 4 per family, then the
 // prefill tiles per family.
@@ -617,8 +620,8 @@ std::vector<StagePart> plan_parts(const engine::StepPlan& plan,
                                   {logit_rows.data(), int64_t{plan.num_logits} * 4}};
   for (Family f : engine::kFamilies) {
     const engine::FamilyPlan& fp = plan.family(f);
-    parts.push_back({fp.page_indices.data(), static_cast<int64_t>(fp.page_indices.size()) * 4});
-    parts.push_back({fp.seq_page_begin.data(), static_cast<int64_t>(fp.seq_page_begin.size()) * 4});
+    parts.push_back({nullptr, fp.pages_listed() * 4, 0, &fp});
+    parts.push_back({nullptr, static_cast<int64_t>(fp.seq_page_begin.size()) * 4});
     parts.push_back({fp.seq_first_page.data(), static_cast<int64_t>(fp.seq_first_page.size()) * 4});
     parts.push_back({fp.row_slot.data(), static_cast<int64_t>(fp.row_slot.size()) * 8});
   }
@@ -688,8 +691,14 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan,
   const int64_t total = parts.back().offset + align16(parts.back().bytes);
   if (auto reserved = reserve_stage(total); !reserved.ok()) return unexpected(reserved.error());
   auto* host = static_cast<uint8_t*>(host_stage_);
-  for (const StagePart& p : parts) {
-    if (p.bytes > 0) std::memcpy(host + p.offset, p.src, p.bytes);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const StagePart& p = parts[i];
+    if (p.table != nullptr) {
+      p.table->dense_page_table(reinterpret_cast<uint32_t*>(host + p.offset),
+                                reinterpret_cast<int32_t*>(host + parts[i + 1].offset));
+    } else if (p.src != nullptr && p.bytes > 0) {
+      std::memcpy(host + p.offset, p.src, p.bytes);
+    }
   }
   if (cudaError_t err =
           cudaMemcpyAsync(device_stage_, host_stage_, total, cudaMemcpyHostToDevice, stream_);
@@ -713,7 +722,7 @@ Result<StepViews, DeviceError> CudaDevice::upload(const engine::StepPlan& plan,
                              reinterpret_cast<const int32_t*>(at(base + 1)),
                              reinterpret_cast<const int32_t*>(at(base + 2)),
                              reinterpret_cast<const int64_t*>(at(base + 3)),
-                             static_cast<int32_t>(plan.family(f).page_indices.size()),
+                             static_cast<int32_t>(parts[base].bytes / 4),
                              S};
     v.pools[i] = pool_view(f);
     v.prefill_tiles[i] = PrefillTilesView{reinterpret_cast<const PrefillTile*>(at(kPartTiles0 + i)),

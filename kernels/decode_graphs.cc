@@ -103,7 +103,7 @@ DecodeStage::~DecodeStage() {
 bool DecodeStage::fits(const engine::StepPlan& plan, int32_t bucket) const {
   const int32_t pad = bucket - plan.num_rows();
   for (Family f : engine::kFamilies) {
-    const int64_t listed = static_cast<int64_t>(plan.family(f).page_indices.size());
+    const int64_t listed = plan.family(f).pages_listed();
     if (listed + pad > page_capacity_[static_cast<int>(f)]) return false;
   }
   return true;
@@ -137,15 +137,14 @@ KernelStatus DecodeStage::load(const engine::StepPlan& plan, int32_t bucket, cud
   for (Family f : engine::kFamilies) {
     const int i = static_cast<int>(f);
     const engine::FamilyPlan& fp = plan.family(f);
-    const int32_t listed = static_cast<int32_t>(fp.page_indices.size());
+    const int32_t listed = static_cast<int32_t>(fp.pages_listed());
     int32_t* begin = i32(page_begin_[i]);
     int32_t* first = i32(first_page_[i]);
     auto* slot = reinterpret_cast<int64_t*>(h + row_slot_[i]);
     auto* pages = reinterpret_cast<uint32_t*>(h + pages_[i]);
-    std::memcpy(begin, fp.seq_page_begin.data(), (R + 1) * 4);
     std::memcpy(first, fp.seq_first_page.data(), R * 4);
     std::memcpy(slot, fp.row_slot.data(), int64_t{R} * 8);
-    if (listed > 0) std::memcpy(pages, fp.page_indices.data(), int64_t{listed} * 4);
+    fp.dense_page_table(pages, begin);  // without the slack: begin[s + 1] - begin[s] listed
     for (int32_t s = R; s < bucket; ++s) {
       const int32_t k = s - R;
       pages[listed + k] = 1;  // read only: the row at position 0 reads its slot 0

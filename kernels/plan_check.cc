@@ -117,6 +117,9 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
                name << " seq_page_begin (" << fam.seq_page_begin.size()
                     << ") must have seqs+1 = " << seqs + 1 << " entries and seq_first_page ("
                     << fam.seq_first_page.size() << ") seqs = " << seqs);
+  PLAN_REQUIRE(fam.seq_page_count.size() == seqs,
+               name << " seq_page_count (" << fam.seq_page_count.size()
+                    << ") must have seqs = " << seqs << " entries");
   PLAN_REQUIRE(fam.row_slot.size() == plan.tokens.size(),
                name << " row_slot has " << fam.row_slot.size() << " entries, expected one per "
                     << "row (" << plan.tokens.size() << ")");
@@ -132,12 +135,22 @@ Status<DeviceError> check_family(const StepPlan& plan, const FamilyPlan& fam,
 
   for (size_t s = 0; s < seqs; ++s) {
     const engine::PlanSeq& seq = plan.seqs[s];
+    // The seq's region [begin, next): its listed pages first, then slack nothing reads. With
+    // seq_page_begin[0] == 0 and [seqs] == page_indices.size(), non-decreasing begins keep
+    // every region inside page_indices.
     const int32_t begin = fam.seq_page_begin[s];
-    const int32_t count = fam.seq_page_begin[s + 1] - begin;
+    const int32_t next = fam.seq_page_begin[s + 1];
+    const int32_t count = fam.seq_page_count[s];
     const int32_t first = fam.seq_first_page[s];
+    PLAN_REQUIRE(next >= begin, name << " seq " << s << " region [" << begin << ", " << next
+                                     << ") of page_indices runs backwards; expected "
+                                     << "seq_page_begin non-decreasing");
     PLAN_REQUIRE(count >= 0 && first >= 0,
                  name << " seq " << s << " lists " << count << " pages from logical page " << first
                       << "; expected a non-negative count and first page");
+    PLAN_REQUIRE(count <= next - begin, name << " seq " << s << " lists " << count
+                                             << " pages in a region of " << next - begin
+                                             << " entries [" << begin << ", " << next << ")");
     const int32_t p_first = seq.kv_len_before;
     const int32_t p_last = seq.kv_len_before + seq.row_count - 1;
     const bool windowed = layout.family == engine::Family::kLocal && plan.sliding_window > 0;

@@ -13,7 +13,9 @@ namespace twinstep::kernels {
 // Checks, and on the first violation returns kBadPlan with a message naming the row/seq/page,
 // the offending value and what was expected:
 //   - array sizes: positions/row_seq/row_slot per row, seq_page_begin [seqs+1] monotone from 0
-//     to page_indices.size(), seq_first_page [seqs]; plan.page_size equals both layouts';
+//     to page_indices.size(), seq_page_count and seq_first_page [seqs], each seq's count
+//     within its region (0 <= count <= begin[s+1] - begin[s]; the rest is slack, not read);
+//     plan.page_size equals both layouts';
 //   - every token in [0, vocab_size);
 //   - each seq's rows are contiguous [row_begin, row_begin + row_count), row_seq points back to
 //     the seq, positions run kv_len_before, kv_len_before + 1, ...;

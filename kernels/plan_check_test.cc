@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace twinstep::kernels {
 namespace {
@@ -52,6 +53,7 @@ StepPlan valid_plan() {
   p.global.family = Family::kGlobal;
   p.global.page_indices = {3, 7, 1, 2, 4, 5, 6};
   p.global.seq_page_begin = {0, 3, 7};
+  p.global.seq_page_count = {3, 4};
   p.global.seq_first_page = {0, 0};
   p.global.row_slot = {1 * kPage + 0, 1 * kPage + 1, 1 * kPage + 2, 6 * kPage + 1};
   // Local: seq 0 first row 8 reads from 3 -> logical pages 0..2; seq 1 row 13 reads from 8
@@ -59,6 +61,7 @@ StepPlan valid_plan() {
   p.local.family = Family::kLocal;
   p.local.page_indices = {2, 5, 1, 4, 3};
   p.local.seq_page_begin = {0, 3, 5};
+  p.local.seq_page_count = {3, 2};
   p.local.seq_first_page = {0, 2};
   p.local.row_slot = {1 * kPage + 0, 1 * kPage + 1, 1 * kPage + 2, 3 * kPage + 1};
   return p;
@@ -78,6 +81,35 @@ TEST(PlanCheck, AcceptsAPageSharedForReading) {
   StepPlan p = valid_plan();
   p.global.page_indices[3] = 3;
   EXPECT_EQ(check_error(p), "");
+}
+
+// The same plan with slack after each seq's list (global) and before the last region's end
+// (local): the slack holds values no list may (the padding page, a page past the pool, a page
+// another seq writes) and is never read.
+StepPlan plan_with_slack() {
+  StepPlan p = valid_plan();
+  p.global.page_indices = {3, 7, 1, 0, 9, 2, 4, 5, 6, 1};
+  p.global.seq_page_begin = {0, 5, 10};
+  p.local.page_indices = {2, 5, 1, 4, 3, 6, 3};
+  p.local.seq_page_begin = {0, 3, 7};
+  return p;
+}
+
+TEST(PlanCheck, AcceptsSlackAndNeverReadsIt) { EXPECT_EQ(check_error(plan_with_slack()), ""); }
+
+// dense_page_table drops the slack: the lists of the slack plan are the valid plan's table.
+TEST(PlanCheck, DenseTableOfASlackPlanIsTheTableWithoutSlack) {
+  const StepPlan slack = plan_with_slack();
+  const StepPlan dense = valid_plan();
+  for (const Family f : engine::kFamilies) {
+    const engine::FamilyPlan& fp = slack.family(f);
+    EXPECT_EQ(fp.pages_listed(), static_cast<int64_t>(dense.family(f).page_indices.size()));
+    std::vector<uint32_t> pages(static_cast<size_t>(fp.pages_listed()), 0xffffffffu);
+    std::vector<int32_t> begin(fp.seq_page_count.size() + 1, -1);
+    fp.dense_page_table(pages.data(), begin.data());
+    EXPECT_EQ(pages, dense.family(f).page_indices) << engine::family_name(f);
+    EXPECT_EQ(begin, dense.family(f).seq_page_begin) << engine::family_name(f);
+  }
 }
 
 struct Corruption {
@@ -116,6 +148,19 @@ TEST(PlanCheck, RejectsEachCorruptionNamingIt) {
       {"short row_slot", [](StepPlan& p) { p.local.row_slot.pop_back(); }, "row_slot has 3"},
       {"bad seq_page_begin", [](StepPlan& p) { p.global.seq_page_begin[2] = 9; },
        "seq_page_begin must run"},
+      {"no seq_page_count", [](StepPlan& p) { p.local.seq_page_count.pop_back(); },
+       "local seq_page_count (1) must have seqs = 2"},
+      {"negative count", [](StepPlan& p) { p.global.seq_page_count[0] = -1; },
+       "global seq 0 lists -1 pages"},
+      {"count past its region", [](StepPlan& p) { p.global.seq_page_count[0] = 4; },
+       "global seq 0 lists 4 pages in a region of 3 entries [0, 3)"},
+      {"regions running backwards",
+       [](StepPlan& p) {
+         p.local.seq_page_begin = {0, 6, 5};
+       },
+       "local seq 1 region [6, 5) of page_indices runs backwards"},
+      {"too few pages listed for the rows", [](StepPlan& p) { p.global.seq_page_count[1] = 3; },
+       "global seq 1 lists logical pages [0, 3)"},
       {"duplicate logits index", [](StepPlan& p) { p.seqs[1].logits_index = 0; }, "logits_index 0"},
       {"page size mismatch", [](StepPlan& p) { p.page_size = 8; }, "page_size"},
   };

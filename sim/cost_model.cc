@@ -101,8 +101,7 @@ Result<StepShape, std::string> StepShape::from_json(const nlohmann::json& json) 
 StepShape step_shape(const engine::StepPlan& plan) {
   StepShape shape;
   shape.sliding_window = plan.sliding_window;
-  shape.page_entries = static_cast<int64_t>(plan.global.page_indices.size()) +
-                       static_cast<int64_t>(plan.local.page_indices.size());
+  shape.page_entries = plan.global.pages_listed() + plan.local.pages_listed();
   shape.seqs.reserve(plan.seqs.size());
   for (const engine::PlanSeq& s : plan.seqs) {
     shape.seqs.push_back(SeqShape{s.kv_len_before, s.row_count, s.logits_index >= 0});

@@ -90,9 +90,12 @@ void Harness::check_plan_reads(const engine::StepPlan& plan) {
     const std::vector<uint64_t>& content = rec->content;
     for (const Family f : engine::kFamilies) {
       const engine::FamilyPlan& fp = plan.family(f);
-      if (fp.seq_page_begin.size() != plan.seqs.size() + 1) break;  // the device refuses it
+      if (fp.seq_page_begin.size() != plan.seqs.size() + 1 ||
+          fp.seq_page_count.size() != plan.seqs.size()) {
+        break;  // the device refuses it
+      }
       const int32_t first = fp.seq_first_page[s];
-      const int32_t listed = fp.seq_page_begin[s + 1] - fp.seq_page_begin[s];
+      const int32_t listed = fp.seq_page_count[s];
       // Logical pages wholly written before the seq's first row: k + 1 <= limit / p.
       const int64_t limit = std::min<int64_t>(seq.kv_len_before, content.size());
       const int32_t end_k = static_cast<int32_t>(std::min<int64_t>(first + listed, limit / p));

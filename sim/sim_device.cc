@@ -174,11 +174,13 @@ std::optional<DeviceError> SimDevice::validate(const engine::StepPlan& plan) con
                  std::to_string(pool.layout.tag.value));
     }
     if (static_cast<int32_t>(fp.row_slot.size()) != rows ||
-        fp.seq_page_begin.size() != plan.seqs.size() + 1) {
+        fp.seq_page_begin.size() != plan.seqs.size() + 1 ||
+        fp.seq_page_count.size() != plan.seqs.size()) {
       return bad(std::string(engine::family_name(f)) + " plan arrays have the wrong length");
     }
-    // Each seq's table: a first logical page >= 0 and a range of page_indices (the reads index
-    // both; a corrupted scheduler must get an error, not a read outside them).
+    // Each seq's table: a first logical page >= 0 and a region of page_indices whose first
+    // seq_page_count entries it lists (the reads index both; a corrupted scheduler must get an
+    // error, not a read outside them).
     if (fp.seq_first_page.size() != plan.seqs.size()) {
       return bad(std::string(engine::family_name(f)) + " plan has " +
                  std::to_string(fp.seq_first_page.size()) + " first pages for " +
@@ -186,31 +188,39 @@ std::optional<DeviceError> SimDevice::validate(const engine::StepPlan& plan) con
     }
     for (size_t s = 0; s < plan.seqs.size(); ++s) {
       const int32_t begin = fp.seq_page_begin[s], end = fp.seq_page_begin[s + 1];
+      const int32_t count = fp.seq_page_count[s];
       if (fp.seq_first_page[s] < 0 || begin < 0 || end < begin ||
-          end > static_cast<int32_t>(fp.page_indices.size())) {
+          end > static_cast<int32_t>(fp.page_indices.size()) || count < 0 || count > end - begin) {
         return bad(std::string(engine::family_name(f)) + " seq " + std::to_string(s) +
                    " lists pages [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
                    std::to_string(fp.page_indices.size()) + " from logical page " +
-                   std::to_string(fp.seq_first_page[s]) +
-                   " (expected a first page >= 0 and a range inside the table)");
+                   std::to_string(fp.seq_first_page[s]) + ", " + std::to_string(count) +
+                   " of them listed (expected a first page >= 0, a range inside the table and "
+                   "at most its size listed)");
       }
     }
-    // Every listed page in [1, pages_total): page - 1 < pages_total - 1 unsigned, or'd over the
-    // table (one vectorised pass; the search for the first bad one only when there is one).
+    // Every listed page in [1, pages_total): page - 1 < pages_total - 1 unsigned, or'd over
+    // each seq's list (one vectorised pass; the search for the first bad one only when there
+    // is one). A region's slack is not listed, not read, not checked.
     const uint32_t usable = static_cast<uint32_t>(pool.layout.pages_total) - 1;
-    const uint32_t* pages = fp.page_indices.data();
-    const size_t n = fp.page_indices.size();
     uint32_t outside = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {  // a fixed trip count: vectorised at -O2 too
-      for (size_t k = 0; k < 8; ++k) outside |= (pages[i + k] - 1u) >= usable ? 1u : 0u;
+    for (size_t s = 0; s < plan.seqs.size(); ++s) {
+      const uint32_t* pages = fp.page_indices.data() + fp.seq_page_begin[s];
+      const size_t n = static_cast<size_t>(fp.seq_page_count[s]);
+      size_t i = 0;
+      for (; i + 8 <= n; i += 8) {  // a fixed trip count: vectorised at -O2 too
+        for (size_t k = 0; k < 8; ++k) outside |= (pages[i + k] - 1u) >= usable ? 1u : 0u;
+      }
+      for (; i < n; ++i) outside |= (pages[i] - 1u) >= usable ? 1u : 0u;
     }
-    for (; i < n; ++i) outside |= (pages[i] - 1u) >= usable ? 1u : 0u;
     if (outside != 0) {
-      for (const uint32_t page : fp.page_indices) {
-        if (page - 1u < usable) continue;
-        return bad(std::string(engine::family_name(f)) + " page " + std::to_string(page) +
-                   " outside [1, " + std::to_string(pool.layout.pages_total) + ")");
+      for (size_t s = 0; s < plan.seqs.size(); ++s) {
+        for (int32_t i = 0; i < fp.seq_page_count[s]; ++i) {
+          const uint32_t page = fp.page_indices[fp.seq_page_begin[s] + i];
+          if (page - 1u < usable) continue;
+          return bad(std::string(engine::family_name(f)) + " page " + std::to_string(page) +
+                     " outside [1, " + std::to_string(pool.layout.pages_total) + ")");
+        }
       }
     }
     // Slots in [page_size, records): past the padding page, inside the pool (none when the
@@ -245,7 +255,7 @@ uint64_t SimDevice::read_range(const engine::StepPlan& plan, Family f, int32_t s
   const HostPool& pool = pools_[static_cast<int>(f)];
   const int32_t p = plan.page_size;
   const int32_t begin = fp.seq_page_begin[seq];
-  const int32_t listed = fp.seq_page_begin[seq + 1] - begin;
+  const int32_t listed = fp.seq_page_count[seq];
   uint64_t h = 0;
   for (int32_t j = from; j <= to;) {
     const int32_t logical = j / p - fp.seq_first_page[seq];
@@ -334,7 +344,7 @@ uint64_t SimDevice::read_family(const engine::StepPlan& plan, Family f, int32_t 
   HostPool& pool = pools_[static_cast<int>(f)];
   const int32_t p = plan.page_size;
   const int32_t first = fp.seq_first_page[seq];
-  const int32_t listed = fp.seq_page_begin[seq + 1] - fp.seq_page_begin[seq];
+  const int32_t listed = fp.seq_page_count[seq];
   const int32_t run_lo = std::max((from + p - 1) / p, first);
   const int32_t run_hi = std::min((to + 1) / p, first + listed);
   if (run_lo >= run_hi) return read_range(plan, f, seq, from, to, reads);

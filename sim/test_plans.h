@@ -47,6 +47,7 @@ inline engine::StepPlan hand_plan(const std::vector<HandSeq>& seqs, int32_t page
     for (engine::FamilyPlan* fp : {&plan.global, &plan.local}) {
       fp->page_indices.insert(fp->page_indices.end(), h.pages.begin(), h.pages.end());
       fp->seq_page_begin.push_back(static_cast<int32_t>(fp->page_indices.size()));
+      fp->seq_page_count.push_back(static_cast<int32_t>(h.pages.size()));
       fp->seq_first_page.push_back(0);
     }
     plan.seqs.push_back(seq);
