@@ -86,6 +86,8 @@ struct Engine::Inbox {
   std::mutex mutex;
   uint64_t next_id = 1;
   std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>> arrivals;
+  // Aborts asked for through the controls: shared with them (a control may outlive the engine).
+  std::shared_ptr<std::atomic<uint64_t>> aborts = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 Engine::Engine() = default;
@@ -111,6 +113,7 @@ Result<std::unique_ptr<Engine>, EngineError> Engine::create(const ModelConfig& m
   std::unique_ptr<Engine> engine(new Engine());
   engine->inbox_ = std::make_unique<Inbox>();
   engine->scheduler_ = std::make_unique<Scheduler>(model, config, device);
+  engine->scheduler_->set_abort_count(engine->inbox_->aborts.get());
   const Scheduler& s = *engine->scheduler_;
   auto bound = device.bind(s.pool(Family::kGlobal).layout(), s.pool(Family::kLocal).layout());
   if (!bound) {
@@ -129,7 +132,7 @@ RequestControl Engine::submit(Request request) {
   std::lock_guard lock(inbox_->mutex);
   const RequestId id{inbox_->next_id++};
   inbox_->arrivals.emplace_back(id, std::move(request), flag);
-  return RequestControl(id, std::move(flag));
+  return RequestControl(id, std::move(flag), inbox_->aborts);
 }
 
 std::optional<Terminal> Engine::validate(const Request& request) const {

@@ -57,17 +57,23 @@ const char* request_phase_name(RequestPhase phase);
 class RequestControl {
  public:
   RequestControl() = default;
-  RequestControl(RequestId id, std::shared_ptr<std::atomic<bool>> flag)
-      : id_(id), flag_(std::move(flag)) {}
+  // `aborts`: the engine's count of aborts asked for, bumped once per request after its flag is
+  // set, so the scheduler looks for flags only when it moved (Scheduler::retire_aborted).
+  RequestControl(RequestId id, std::shared_ptr<std::atomic<bool>> flag,
+                 std::shared_ptr<std::atomic<uint64_t>> aborts = nullptr)
+      : id_(id), flag_(std::move(flag)), aborts_(std::move(aborts)) {}
   RequestId id() const { return id_; }
   void abort() const {
-    if (flag_) flag_->store(true, std::memory_order_release);
+    if (flag_ && !flag_->exchange(true, std::memory_order_acq_rel) && aborts_) {
+      aborts_->fetch_add(1, std::memory_order_release);
+    }
   }
   bool abort_requested() const { return flag_ && flag_->load(std::memory_order_acquire); }
 
  private:
   RequestId id_;
   std::shared_ptr<std::atomic<bool>> flag_;
+  std::shared_ptr<std::atomic<uint64_t>> aborts_;
 };
 
 // One flat update per touched request per step.

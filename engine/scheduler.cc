@@ -151,9 +151,19 @@ void Scheduler::finish(RequestState& r, Terminal terminal, RequestUpdate* update
 }
 
 void Scheduler::retire_aborted(StepOutputs* out, bool after_commit) {
+  // Every flag is set before the count moves (RequestControl::abort), so with the count where
+  // the last complete pass left it no live request's flag was set since: the pass is skipped. A
+  // flag set while its request was still in the inbox is seen by enqueue().
+  const uint64_t count =
+      abort_count_ != nullptr ? abort_count_->load(std::memory_order_acquire) : 0;
+  if (abort_count_ != nullptr && count == aborts_retired_) return;
+  bool complete = true;
   for (auto& [id, r] : requests_) {
     if (r.phase == RequestPhase::kDone || !r.abort_flag->load(std::memory_order_acquire)) continue;
-    if (TS_MUTANT(kTokenAfterAbort) && !after_commit && r.phase == RequestPhase::kDecode) continue;
+    if (TS_MUTANT(kTokenAfterAbort) && !after_commit && r.phase == RequestPhase::kDecode) {
+      complete = false;
+      continue;
+    }
     counters_.aborts_by_phase[static_cast<int>(r.phase.get())] += 1;
     counters_.shared_page_aborts += holds_shared_page(r) ? 1 : 0;
     if (TS_MUTANT(kRefDroppedTwice)) {
@@ -172,6 +182,7 @@ void Scheduler::retire_aborted(StepOutputs* out, bool after_commit) {
     finish(r, Terminal{TerminalKind::kAborted, RejectReason::kNone, "aborted"}, &update);
     emit(out, std::move(update));
   }
+  if (complete) aborts_retired_ = count;
 }
 
 // The logical page after the last one the request holds (or, admitted with a hit, will hold).

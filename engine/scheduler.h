@@ -73,6 +73,9 @@ class Scheduler {
                StepOutputs* out);
   StepOutputs step(
       std::vector<std::tuple<RequestId, Request, std::shared_ptr<std::atomic<bool>>>> arrivals);
+  // The engine's count of aborts asked for (RequestControl::abort bumps it after setting a
+  // flag): a step looks for set flags only when it moved. Unset, every step looks.
+  void set_abort_count(const std::atomic<uint64_t>* count) { abort_count_ = count; }
   std::optional<Terminal> validate(const Request& request) const;
   std::vector<std::string> check_invariants() const;
   Metrics metrics() const;
@@ -178,6 +181,8 @@ class Scheduler {
   Ledger ledger_;
   Counters counters_;
   uint64_t step_index_ = 0;
+  const std::atomic<uint64_t>* abort_count_ = nullptr;
+  uint64_t aborts_retired_ = 0;  // the count at the last complete retire_aborted pass
   uint64_t admitted_counter_ = 0;
   // The plan of the last step that ran the device, rebuilt in place (its capacity stays, so a
   // warm step allocates nothing for it); build_tables reuses its page tables.
