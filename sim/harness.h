@@ -153,6 +153,9 @@ class Harness {
   void snapshot_cache();
   void check_hit(const engine::RequestUpdate& update, const RequestRecord& rec);
   void check_pool_references(const int32_t (&expected_references)[engine::kFamilyCount]);
+  void check_pool_totals(const std::string& name, const engine::PagePool& pool,
+                         const int32_t (&by_state)[5], int64_t references,
+                         int64_t expected_references);
   // Incremental whole-state checks (harness_incremental.cc): every step, over what changed.
   // What the last step left of one live request (its fields the checks read, O(1) each).
   struct Fingerprint {

@@ -487,27 +487,7 @@ void Harness::check_counters() {
     const int fi = static_cast<int>(f);
     const engine::PagePool& pool = s.pool(f);
     const std::string name = std::string(family_name(f)) + " pool";
-    if (references_[fi] != expected_references_[fi]) {
-      violate("page-account", name + " counts " + std::to_string(references_[fi]) +
-                                  " references, the reference model " +
-                                  std::to_string(expected_references_[fi]));
-    }
-    const int32_t free = by_state_[fi][static_cast<int>(State::kFree)];
-    const int32_t reserved = by_state_[fi][static_cast<int>(State::kReserved)];
-    const int32_t held = by_state_[fi][static_cast<int>(State::kHeld)];
-    const int32_t cached = by_state_[fi][static_cast<int>(State::kCached)];
-    if (free != pool.free_count() || reserved != pool.reserved_count() ||
-        held != pool.held_count() || cached != pool.cached_count() ||
-        (!config_.prefix_cache && cached != 0)) {
-      violate("page-conservation", name + " page states say free " + std::to_string(free) +
-                                       " reserved " + std::to_string(reserved) + " held " +
-                                       std::to_string(held) + " cached " + std::to_string(cached) +
-                                       "; the pool counts " + std::to_string(pool.free_count()) +
-                                       " / " + std::to_string(pool.reserved_count()) + " / " +
-                                       std::to_string(pool.held_count()) + " / " +
-                                       std::to_string(pool.cached_count()) + " of " +
-                                       std::to_string(pool.capacity()));
-    }
+    check_pool_totals(name, pool, by_state_[fi], references_[fi], expected_references_[fi]);
     const std::string pool_name = name + ": ";
     if (pool.free_count() + pool.reserved_count() + pool.held_count() + pool.cached_count() !=
         pool.capacity()) {

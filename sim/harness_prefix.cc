@@ -255,6 +255,33 @@ void Harness::check_hit(const engine::RequestUpdate& update, const RequestRecord
   }
 }
 
+// One pool's totals, shared by the whole-state scan and the incremental check (each counts
+// `by_state` and `references` its own way): the references against the reference model's, and
+// the page states against the pool's own counters.
+void Harness::check_pool_totals(const std::string& name, const engine::PagePool& pool,
+                                const int32_t (&by_state)[5], int64_t references,
+                                int64_t expected_references) {
+  if (references != expected_references) {
+    violate("page-account", name + " counts " + std::to_string(references) +
+                                " references, the reference model " +
+                                std::to_string(expected_references));
+  }
+  const int32_t free = by_state[static_cast<int>(State::kFree)];
+  const int32_t reserved = by_state[static_cast<int>(State::kReserved)];
+  const int32_t held = by_state[static_cast<int>(State::kHeld)];
+  const int32_t cached = by_state[static_cast<int>(State::kCached)];
+  if (free != pool.free_count() || reserved != pool.reserved_count() || held != pool.held_count() ||
+      cached != pool.cached_count() || (!config_.prefix_cache && cached != 0)) {
+    violate("page-conservation",
+            name + " page states say free " + std::to_string(free) + " reserved " +
+                std::to_string(reserved) + " held " + std::to_string(held) + " cached " +
+                std::to_string(cached) + "; the pool counts " + std::to_string(pool.free_count()) +
+                " / " + std::to_string(pool.reserved_count()) + " / " +
+                std::to_string(pool.held_count()) + " / " + std::to_string(pool.cached_count()) +
+                " of " + std::to_string(pool.capacity()));
+  }
+}
+
 // Per pool, from the requests' page lists and the page states alone: each page's reference
 // count equals its holders, the references sum to what the reference model says the requests
 // hold (shared pages once per holder), and free + reserved + held + cached pages make up the
@@ -286,27 +313,7 @@ void Harness::check_pool_references(const int32_t (&expected_references)[engine:
                                 std::to_string(holders[i]) + " requests hold it");
       }
     }
-    if (references != expected_references[static_cast<int>(f)]) {
-      violate("page-account", name + " counts " + std::to_string(references) +
-                                  " references, the reference model " +
-                                  std::to_string(expected_references[static_cast<int>(f)]));
-    }
-    const int32_t free = by_state[static_cast<int>(State::kFree)];
-    const int32_t reserved = by_state[static_cast<int>(State::kReserved)];
-    const int32_t held = by_state[static_cast<int>(State::kHeld)];
-    const int32_t cached = by_state[static_cast<int>(State::kCached)];
-    if (free != pool.free_count() || reserved != pool.reserved_count() ||
-        held != pool.held_count() || cached != pool.cached_count() ||
-        (!config_.prefix_cache && cached != 0)) {
-      violate("page-conservation", name + " page states say free " + std::to_string(free) +
-                                       " reserved " + std::to_string(reserved) + " held " +
-                                       std::to_string(held) + " cached " + std::to_string(cached) +
-                                       "; the pool counts " + std::to_string(pool.free_count()) +
-                                       " / " + std::to_string(pool.reserved_count()) + " / " +
-                                       std::to_string(pool.held_count()) + " / " +
-                                       std::to_string(pool.cached_count()) + " of " +
-                                       std::to_string(pool.capacity()));
-    }
+    check_pool_totals(name, pool, by_state, references, expected_references[static_cast<int>(f)]);
   }
 }
 
