@@ -2,8 +2,10 @@
 // the per-request KV state and the scheduler; a Device executes the plans it builds.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,12 +78,58 @@ class RequestControl {
   std::shared_ptr<std::atomic<uint64_t>> aborts_;
 };
 
+// The tokens an update brings. A step samples at most one token per request, so up to
+// kInline live in the update itself: a decode step allocates nothing per request for them
+// (issue 13 item 3). More spill to the heap. Read as a contiguous range of int32_t (begin/end
+// are pointers, so a std::span<const int32_t> takes it).
+class TokenList {
+ public:
+  using value_type = int32_t;
+  using const_iterator = const int32_t*;
+  using iterator = const int32_t*;
+  static constexpr int32_t kInline = 4;
+
+  TokenList() = default;
+  TokenList(std::initializer_list<int32_t> tokens) {
+    for (const int32_t t : tokens) push_back(t);
+  }
+  void push_back(int32_t token) {
+    if (size_ < kInline) {
+      inline_[size_++] = token;
+      return;
+    }
+    if (size_ == kInline) heap_.assign(inline_, inline_ + kInline);
+    heap_.push_back(token);
+    size_ += 1;
+  }
+  void clear() {
+    size_ = 0;
+    heap_.clear();
+  }
+  size_t size() const { return static_cast<size_t>(size_); }
+  bool empty() const { return size_ == 0; }
+  const int32_t* data() const { return size_ <= kInline ? inline_ : heap_.data(); }
+  const int32_t* begin() const { return data(); }
+  const int32_t* end() const { return data() + size_; }
+  const int32_t& operator[](size_t i) const { return data()[i]; }
+  const int32_t& front() const { return data()[0]; }
+  const int32_t& back() const { return data()[size_ - 1]; }
+  friend bool operator==(const TokenList& a, const TokenList& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  int32_t size_ = 0;
+  int32_t inline_[kInline] = {};
+  std::vector<int32_t> heap_;  // all the tokens once there are more than kInline
+};
+
 // One flat update per touched request per step.
 struct RequestUpdate {
   RequestId id;
   int32_t scheduled_tokens = 0;  // rows this request had in the step (0 if not scheduled)
   int32_t kv_len = 0;            // frontier after the step
-  std::vector<int32_t> new_tokens;
+  TokenList new_tokens;
   // [new_tokens.size()] when the request asked for logprobs (sampling.top_logprobs >= 0):
   // what the device reported for each new token. Else empty.
   std::vector<RowLogprobs> logprobs;

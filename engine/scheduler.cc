@@ -226,12 +226,41 @@ bool Scheduler::reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* 
   return true;
 }
 
-void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_capacity) {
+// The entry of scheduled_ after this step's last one, reset; schedule() counts it once its
+// request is in. Entries live across steps, so their vectors keep their capacity.
+Scheduler::Scheduled& Scheduler::scheduled_slot() {
+  if (scheduled_count_ == scheduled_.size()) scheduled_.emplace_back();
+  Scheduled& s = scheduled_[scheduled_count_];
+  s.reset();
+  return s;
+}
+
+// requests_.at(running_[i]), remembered by place across steps (a map lookup per running request
+// per step otherwise). A remembered pair serves only while its id is the one at that place, and
+// erase_finished() forgets them all before it erases, so none outlives its request.
+RequestState& Scheduler::running_state(size_t i) {
+  const RequestId id = running_[i];
+  if (i < running_cache_.size() && running_cache_[i].second != nullptr &&
+      running_cache_[i].first == id) {
+    return *running_cache_[i].second;
+  }
+  RequestState& r = requests_.at(id);
+  if (i >= running_cache_.size()) running_cache_.resize(i + 1);
+  running_cache_[i] = {id, &r};
+  return r;
+}
+
+void Scheduler::schedule(bool* stalled_on_capacity) {
   int32_t budget = config_.max_step_tokens;
-  for (const RequestId id : running_) {
+  const bool decode_uncharged = TS_MUTANT(kDecodeRowsUncharged);
+  for (size_t i = 0; i < running_.size(); ++i) {
     if (budget == 0) break;
-    RequestState& r = requests_.at(id);
-    Scheduled s{.id = id, .state = &r, .kv_len_before = r.frontier, .phase_before = r.phase};
+    RequestState& r = running_state(i);
+    Scheduled& s = scheduled_slot();
+    s.id = r.id;
+    s.state = &r;
+    s.kv_len_before = r.frontier;
+    s.phase_before = r.phase;
     const int32_t rows = rows_that_fit(r, s, std::min(r.pending(), budget));
     if (rows == 0) {
       *stalled_on_capacity = true;
@@ -243,19 +272,20 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
       *stalled_on_capacity |= capacity_refusal;
       continue;
     }
-    if (!(TS_MUTANT(kDecodeRowsUncharged) && r.phase == RequestPhase::kDecode)) budget -= rows;
-    scheduled->push_back(std::move(s));
+    if (!(decode_uncharged && r.phase == RequestPhase::kDecode)) budget -= rows;
+    scheduled_count_ += 1;
   }
   // FCFS admission; nothing is admitted while a running request starves for pages.
   const int32_t running_max = config_.max_running + (TS_MUTANT(kOverMaxRunning) ? 1 : 0);
   while (!*stalled_on_capacity && budget > 0 && !waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < running_max) {
     RequestState& r = requests_.at(waiting_.front());
-    Scheduled s{.id = r.id,
-                .state = &r,
-                .kv_len_before = r.frontier,
-                .newly_admitted = true,
-                .phase_before = r.phase};
+    Scheduled& s = scheduled_slot();
+    s.id = r.id;
+    s.state = &r;
+    s.kv_len_before = r.frontier;
+    s.newly_admitted = true;
+    s.phase_before = r.phase;
     if (config_.prefix_cache) take_hit(r, &s);
     const int32_t pending = static_cast<int32_t>(r.tokens.size()) - s.kv_len_before;
     const int32_t rows = rows_that_fit(r, s, std::min(pending, budget));
@@ -271,11 +301,11 @@ void Scheduler::schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_cap
     r.phase = RequestPhase::kPrefill;
     r.admitted_seq = ++admitted_counter_;
     budget -= rows;
-    scheduled->push_back(std::move(s));
+    scheduled_count_ += 1;
   }
 }
 
-void Scheduler::build_plan(const std::vector<Scheduled>& scheduled) {
+void Scheduler::build_plan(std::span<const Scheduled> scheduled) {
   const uint64_t old_step = plan_.seqs.empty() ? UINT64_MAX : plan_.step_index;
   plan_.step_index = step_index_;
   plan_.page_size = config_.page_size;
@@ -290,7 +320,7 @@ void Scheduler::build_plan(const std::vector<Scheduled>& scheduled) {
   }
 }
 
-void Scheduler::build_rows(const std::vector<Scheduled>& scheduled) {
+void Scheduler::build_rows(std::span<const Scheduled> scheduled) {
   plan_.tokens.clear();
   plan_.positions.clear();
   plan_.row_seq.clear();
@@ -374,6 +404,75 @@ int64_t Scheduler::place_regions(FamilyPlan* fp, int64_t old_total, int64_t list
   return cursor;
 }
 
+// The common decode step: the plan lists the same requests in the same order as the old plan
+// and every list still fits its region. Then every region stays, a seq's kept entries move
+// only by its own front drop, and only the entries added since are written: the table
+// build_tables' general path builds in that case (the same regions, entries and size), without
+// its scratch arrays. False, with nothing changed, when the step is not that case.
+bool Scheduler::build_tables_in_place(std::span<const Scheduled> scheduled, Family f,
+                                      uint64_t old_step) {
+  const int fi = static_cast<int>(f);
+  FamilyPlan& fp = plan_.family(f);
+  std::vector<int32_t>& begin = fp.seq_page_begin;  // the old plan's regions, kept
+  const size_t n = scheduled.size();
+  if (n == 0 || begin.size() != n + 1 || begin[0] != 0 || fp.seq_first_page.size() != n) {
+    return false;
+  }
+  const int64_t old_total = static_cast<int64_t>(fp.page_indices.size());
+  int64_t listed = 0;
+  int64_t cursor = 0;
+  for (size_t si = 0; si < n; ++si) {
+    const Scheduled& s = scheduled[si];
+    const KvState& kv = s.state->kv_of(f);
+    if (kv.listed.step != old_step || kv.listed.seq != static_cast<int32_t>(si)) return false;
+    const int64_t count =
+        static_cast<int64_t>(kv.pages.size() + s.hit_pages[fi].size() + s.reserved[fi].size());
+    const int64_t end = si + 1 < n ? begin[si + 1] : INT64_MAX;
+    if (count > end - begin[si]) return false;
+    listed += count;
+    cursor = begin[si] + count;
+  }
+  cursor = std::max(cursor, old_total);
+  if (cursor > 2 * listed + 16 * static_cast<int64_t>(n) + 4096) return false;  // compacted
+  TS_CHECK(cursor < INT32_MAX) << family_name(f) << " page table of " << cursor << " entries";
+  begin[n] = static_cast<int32_t>(cursor);
+  if (cursor > old_total) fp.page_indices.resize(static_cast<size_t>(cursor));
+  fp.seq_page_count.resize(n);
+  uint32_t* pages = fp.page_indices.data();
+  for (size_t si = 0; si < n; ++si) {
+    const Scheduled& s = scheduled[si];
+    KvState& kv = s.state->kv_of(f);
+    const int32_t b = begin[si];
+    const int32_t held = static_cast<int32_t>(kv.pages.size());
+    const int32_t first = kv.first_page;
+    int32_t kept_lo = 0, kept_hi = 0;  // held entries [kept_lo, kept_hi) already in the table
+    if (s.hit_tokens == 0 && kv.listed.rewrites == kv.rewrites) {
+      const int32_t old_first = fp.seq_first_page[si];
+      const int32_t lo = std::max(old_first, first);
+      const int32_t hi = std::min(old_first + kv.listed.held, first + held);
+      if (hi > lo) {
+        kept_lo = lo - first;
+        kept_hi = hi - first;
+        if (old_first != first) {
+          std::memmove(pages + b + kept_lo, pages + b + (lo - old_first), size_t(hi - lo) * 4);
+        }
+      }
+    }
+    for (int32_t i = 0; i < kept_lo; ++i) pages[b + i] = kv.pages[i].index;
+    for (int32_t i = kept_hi; i < held; ++i) pages[b + i] = kv.pages[i].index;
+    uint32_t* out = pages + b + held;
+    for (const PageId page : s.hit_pages[fi]) *out++ = page.index;
+    for (const PageId page : s.reserved[fi]) *out++ = page.index;
+    fp.seq_page_count[si] = static_cast<int32_t>(out - (pages + b));
+    fp.seq_first_page[si] = s.hit_tokens > 0 ? s.hit_first_page[fi] : first;
+    kv.listed = PlanListing{.step = step_index_,
+                            .seq = static_cast<int32_t>(si),
+                            .rewrites = kv.rewrites,
+                            .held = held};
+  }
+  return true;
+}
+
 // A seq lists, in logical order, the pages it holds, then a hit's, then this step's
 // reservation, at the start of its region of page_indices (FamilyPlan). Of the pages the old
 // plan listed as held for the same request, those it still holds are the same entries (appends
@@ -387,7 +486,8 @@ int64_t Scheduler::place_regions(FamilyPlan* fp, int64_t old_total, int64_t list
 // between kept ones or at the end: nothing else moves. Otherwise (a kept seq outgrew its
 // region, a new seq finds no room, the first region moved, or the table is mostly slack) the
 // table is laid out afresh with slack for every seq, moving the kept runs.
-void Scheduler::build_tables(const std::vector<Scheduled>& scheduled, Family f, uint64_t old_step) {
+void Scheduler::build_tables(std::span<const Scheduled> scheduled, Family f, uint64_t old_step) {
+  if (build_tables_in_place(scheduled, f, old_step)) return;
   const int fi = static_cast<int>(f);
   FamilyPlan& fp = plan_.family(f);
   std::vector<int32_t>& old_begin = table_begin_old_;
@@ -493,7 +593,7 @@ void Scheduler::move_kept(uint32_t* pages) {
 }
 
 // Where each row's K/V goes: the listed page of its position.
-void Scheduler::build_slots(const std::vector<Scheduled>& scheduled, Family f) {
+void Scheduler::build_slots(std::span<const Scheduled> scheduled, Family f) {
   const int32_t p = config_.page_size;
   FamilyPlan& fp = plan_.family(f);
   fp.row_slot.clear();
@@ -518,7 +618,7 @@ void Scheduler::build_slots(const std::vector<Scheduled>& scheduled, Family f) {
   }
 }
 
-void Scheduler::rollback(std::vector<Scheduled>& scheduled, const DeviceError& error,
+void Scheduler::rollback(std::span<Scheduled> scheduled, const DeviceError& error,
                          StepOutputs* out) {
   // Reverse order restores each free list to exactly its pre-step order.
   for (auto it = scheduled.rbegin(); it != scheduled.rend(); ++it) {
@@ -572,7 +672,7 @@ void Scheduler::release_window_pages(RequestState& r) {
   }
 }
 
-void Scheduler::commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result,
+void Scheduler::commit(std::span<Scheduled> scheduled, const DeviceOutput& result,
                        StepOutputs* out) {
   for (Scheduled& s : scheduled) {
     RequestState& r = *s.state;
@@ -661,6 +761,7 @@ void Scheduler::preempt_youngest(StepOutputs* out) {
 }
 
 void Scheduler::erase_finished() {
+  if (!finished_this_step_.empty()) running_cache_.clear();  // before any pointer dangles
   for (const RequestId id : finished_this_step_) requests_.erase(id);
   finished_this_step_.clear();
 }
@@ -682,11 +783,11 @@ StepOutputs Scheduler::step(
   for (auto& [id, request, flag] : arrivals) enqueue(id, std::move(request), std::move(flag), &out);
   retire_aborted(&out, false);
 
-  std::vector<Scheduled>& scheduled = scheduled_;  // reused: no allocation for it once warm
-  scheduled.clear();
+  scheduled_count_ = 0;  // scheduled_'s entries are reused: no allocation for them once warm
   out.updates.reserve(running_.size() + arrivals.size() + 1);
   bool stalled = false;
-  schedule(&scheduled, &stalled);
+  schedule(&stalled);
+  const std::span<Scheduled> scheduled(scheduled_.data(), scheduled_count_);
   int32_t logits = 0;
   for (Scheduled& s : scheduled) {
     const RequestState& r = *s.state;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -132,12 +133,29 @@ class Scheduler {
     int32_t hit_first_page[kFamilyCount] = {0, 0};
     std::vector<PageId> hit_pages[kFamilyCount];
     std::vector<uint64_t> hit_ticks[kFamilyCount];
+    // Back to a fresh entry's values, keeping the vectors' capacity.
+    void reset() {
+      id = RequestId{};
+      state = nullptr;
+      rows = kv_len_before = hit_tokens = 0;
+      newly_admitted = produces_logits = false;
+      phase_before = RequestPhase::kWaiting;
+      logits_index = -1;
+      for (int f = 0; f < kFamilyCount; ++f) {
+        reserved[f].clear();
+        hit_first_page[f] = 0;
+        hit_pages[f].clear();
+        hit_ticks[f].clear();
+      }
+    }
   };
   PagePool& pool_mut(Family f) { return *pools_[static_cast<int>(f)]; }
 
   // Retires every aborted request; `after_commit` is the kTokenAfterAbort mutant's late pass.
   void retire_aborted(StepOutputs* out, bool after_commit);
-  void schedule(std::vector<Scheduled>* scheduled, bool* stalled_on_capacity);
+  Scheduled& scheduled_slot();
+  RequestState& running_state(size_t i);
+  void schedule(bool* stalled_on_capacity);
   int32_t rows_that_fit(const RequestState& r, const Scheduled& s, int32_t wanted) const;
   int32_t end_page(const RequestState& r, const Scheduled& s, Family f) const;
   bool reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal);
@@ -150,14 +168,15 @@ class Scheduler {
   void check_published(const RequestState& r,
                        const std::function<void(const std::string&)>& fail) const;
   // Fills plan_ for `scheduled`, reusing the page tables of the plan it held (scheduler.cc).
-  void build_plan(const std::vector<Scheduled>& scheduled);
-  void build_rows(const std::vector<Scheduled>& scheduled);
-  void build_tables(const std::vector<Scheduled>& scheduled, Family f, uint64_t old_step);
-  void build_slots(const std::vector<Scheduled>& scheduled, Family f);
+  void build_plan(std::span<const Scheduled> scheduled);
+  void build_rows(std::span<const Scheduled> scheduled);
+  void build_tables(std::span<const Scheduled> scheduled, Family f, uint64_t old_step);
+  bool build_tables_in_place(std::span<const Scheduled> scheduled, Family f, uint64_t old_step);
+  void build_slots(std::span<const Scheduled> scheduled, Family f);
   int64_t place_regions(FamilyPlan* fp, int64_t old_total, int64_t listed);
   void move_kept(uint32_t* pages);
-  void rollback(std::vector<Scheduled>& scheduled, const DeviceError& error, StepOutputs* out);
-  void commit(std::vector<Scheduled>& scheduled, const DeviceOutput& result, StepOutputs* out);
+  void rollback(std::span<Scheduled> scheduled, const DeviceError& error, StepOutputs* out);
+  void commit(std::span<Scheduled> scheduled, const DeviceOutput& result, StepOutputs* out);
   void release_window_pages(RequestState& r);
   void release_all(RequestState& r);
   bool holds_shared_page(const RequestState& r) const;
@@ -188,7 +207,12 @@ class Scheduler {
   // warm step allocates nothing for it); build_tables reuses its page tables.
   StepPlan plan_;
   StepTimes step_times_;
-  std::vector<Scheduled> scheduled_;      // this step's share of each scheduled request
+  // This step's share of each scheduled request: the first scheduled_count_ entries (the rest
+  // are kept for their vectors' capacity).
+  std::vector<Scheduled> scheduled_;
+  size_t scheduled_count_ = 0;
+  // running_state()'s memo: (running_[i], its state) as last looked up at place i.
+  std::vector<std::pair<RequestId, RequestState*>> running_cache_;
   std::vector<int32_t> table_begin_old_;  // scratch: the old plan's seq_page_begin
   // A run of a seq's table entries kept from the old plan: `count` entries at `from` there
   // go to `to` in the new one.

@@ -95,6 +95,11 @@ void Scheduler::publish_full_pages(RequestState& r) {
   if (!config_.prefix_cache) return;
   const int32_t p = config_.page_size;
   const int32_t full = TS_MUTANT(kPartialPageShared) ? ceil_div(r.frontier, p) : r.frontier / p;
+  // Most steps fill no page: every key is there and both loops below would be empty.
+  if (std::min(r.published_end[0], r.published_end[1]) >= full &&
+      static_cast<int32_t>(r.page_keys.size()) >= full) {
+    return;
+  }
   extend_keys(r, full);
   for (const Family f : kFamilies) {
     const int fi = static_cast<int>(f);
