@@ -7,6 +7,8 @@
 //     computes itself on the host: fp64 sums of the same bf16 operands, on sampled rows and
 //     columns, within the fp32-accumulation bound (plus bf16 output rounding).
 //   - Both run inside a CUDA graph capture and replay to the eager bits.
+//   - The enumerated search's plans (split-K forced, too) on the 12B's weights: fp64, two runs
+//     bitwise equal, one graph of all of them replayed to the eager bits.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -299,6 +301,133 @@ TEST_F(GemmLtGates, TunedAndPinnedMatchTheFp64Reference) {
       std::printf("%-17s m=%5d worst |err|/bound: tuned %.4f, invariant %.4f\n", wt.what, m,
                   r_tuned, r_inv);
     }
+  }
+}
+
+// The enumerated search (BlasSearch::kEnumerated) on the 12B's weights at m = 1, 16 and 8192
+// (the LM head at 1 and 16), forced onto cuBLASLt, and the same search restricted to split-K 4
+// and to split-K 16 at m = 1 and 16 (partial sums in the fixed workspace, then a reduction):
+// each chosen plan against the fp64 reference, run twice (same bits: no order that varies
+// between runs), and all of one Blas's plans captured in one graph and replayed to the eager
+// bits (the workspace is the fixed one: nothing allocates under capture).
+TEST_F(GemmLtGates, EnumeratedAndSplitPlansMatchFp64AndReplay) {
+  constexpr int32_t kRows[] = {1, 16, 8192};
+  constexpr int32_t kForcedSplits[] = {0, 4, 16};  // 0: the free enumerated search
+  constexpr int kTwelveB = 7;                      // kWeights[0..6]
+  int64_t x_max = 0, w_max = 0, y_max = 0;
+  for (int i = 0; i < kTwelveB; ++i) {
+    const Weight& wt = kWeights[i];
+    x_max = std::max<int64_t>(x_max, int64_t{8192} * wt.k);
+    w_max = std::max<int64_t>(w_max, int64_t{wt.n} * wt.k);
+    y_max =
+        std::max<int64_t>(y_max, int64_t{wt.fp32_out ? 16 : 8192} * wt.n * (wt.fp32_out ? 4 : 2));
+  }
+  DeviceBuffer<bf16> x(x_max);
+  std::vector<DeviceBuffer<bf16>> w;
+  DeviceBuffer<uint8_t> y(y_max), y2(y_max);
+  for (int i = 0; i < kTwelveB; ++i) {
+    w.emplace_back(int64_t{kWeights[i].n} * kWeights[i].k);
+    fill(w.back().get(), int64_t{kWeights[i].n} * kWeights[i].k, 700 + i, 0.02f, stream_);
+  }
+  fill(x.get(), x_max, 699, 1.0f, stream_);
+  CUDA_OK(cudaStreamSynchronize(stream_));
+  for (const int32_t splits : kForcedSplits) {
+    SCOPED_TRACE("force_splits " + std::to_string(splits));
+    cudaStream_t capture = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
+    auto blas = kernels::Blas::create(capture);
+    ASSERT_TRUE(blas.ok()) << blas.error().message;
+    struct Case {
+      int weight;
+      int32_t m;
+    };
+    std::vector<Case> cases;
+    std::vector<kernels::GemmShape> shapes;
+    for (int i = 0; i < kTwelveB; ++i) {
+      for (int32_t m : kRows) {
+        if ((kWeights[i].fp32_out || splits > 0) && m > 16) continue;
+        cases.push_back({i, m});
+        shapes.push_back({m, kWeights[i].n, kWeights[i].k, kWeights[i].fp32_out});
+      }
+    }
+    kernels::BlasTuneOptions options;
+    options.search = kernels::BlasSearch::kEnumerated;
+    options.keep_default_when_faster = false;  // check the cuBLASLt path itself
+    options.force_splits = splits;
+    options.budget_ms = 120000;
+    options.wide_budget_ms = 120000;
+    options.wide_max_us = 1e9;  // the LM head and m = 8192 are searched wide here too
+    auto report = blas.value().tune(shapes, options);
+    ASSERT_TRUE(report.ok()) << report.error().message;
+    ASSERT_EQ(report.value().gemms.size(), shapes.size());
+    std::printf("enumerated search, force_splits %d: %zu shapes in %.0f ms\n", splits,
+                shapes.size(), report.value().wall_ms);
+    std::vector<std::vector<uint8_t>> eager;
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const Weight& wt = kWeights[cases[c].weight];
+      const int32_t m = cases[c].m;
+      const kernels::GemmTuneResult& g = report.value().gemms[c];
+      SCOPED_TRACE(std::string(wt.what) + " m=" + std::to_string(m));
+      // A split's fp32 partial sums (m x n x splits) must fit the fixed workspace: where they
+      // cannot (the LM head at m = 16), no split plan may be chosen and the default runs.
+      const bool fits =
+          splits == 0 || int64_t{m} * wt.n * 4 * splits <= kernels::kBlasWorkspaceBytes;
+      EXPECT_TRUE(g.wide) << "searched as kHeuristic";
+      if (fits) {
+        EXPECT_TRUE(g.uses_lt && g.candidates > 0) << "no enumerated plan ran";
+        if (splits > 0) EXPECT_EQ(g.splits, splits) << g.config;
+      } else {
+        EXPECT_FALSE(g.uses_lt) << "a split plan whose partial sums exceed the workspace: "
+                                << g.config << ", " << g.workspace << " B";
+      }
+      EXPECT_LE(g.workspace, static_cast<size_t>(kernels::kBlasWorkspaceBytes));
+      const Sampled ref = reference(x.get(), w[cases[c].weight].get(), m, wt);
+      CUDA_OK(cudaMemset(y.get(), 0x7f, y.size()));
+      CUDA_OK(cudaMemset(y2.get(), 0x7f, y2.size()));
+      KERNEL_OK(gemm(blas.value(), x.get(), w[cases[c].weight].get(), y.get(), m, wt));
+      KERNEL_OK(gemm(blas.value(), x.get(), w[cases[c].weight].get(), y2.get(), m, wt));
+      CUDA_OK(cudaStreamSynchronize(capture));
+      const double r = worst_ratio(y.get(), ref, wt);
+      EXPECT_LE(r, 1.0) << "plan outside the fp32 accumulation bound: " << g.config;
+      const size_t bytes = static_cast<size_t>(m) * wt.n * (wt.fp32_out ? 4 : 2);
+      std::vector<uint8_t> a(bytes), b(bytes);
+      CUDA_OK(cudaMemcpy(a.data(), y.get(), bytes, cudaMemcpyDeviceToHost));
+      CUDA_OK(cudaMemcpy(b.data(), y2.get(), bytes, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), bytes), 0) << "two runs differ: " << g.config;
+      eager.push_back(std::move(a));
+      std::printf("%-17s m=%5d %s: %.2f us (default %.2f), worst |err|/bound %.4f, %s, %zu B%s\n",
+                  wt.what, m, splits > 0 ? "forced split" : "enumerated", g.best_lt_us,
+                  g.default_us, r, g.config.c_str(), g.workspace,
+                  g.uses_lt ? "" : " (no plan: the default path ran)");
+    }
+    // Every case of this Blas in one graph, each into its own output, replayed.
+    std::vector<DeviceBuffer<uint8_t>> outs;
+    for (const std::vector<uint8_t>& e : eager) outs.emplace_back(e.size());
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
+    kernels::KernelStatus captured = Ok{};
+    for (size_t c = 0; c < cases.size() && captured.ok(); ++c) {
+      captured = gemm(blas.value(), x.get(), w[cases[c].weight].get(), outs[c].get(), cases[c].m,
+                      kWeights[cases[c].weight]);
+    }
+    CUDA_OK(cudaStreamEndCapture(capture, &graph));
+    KERNEL_OK(captured);
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (DeviceBuffer<uint8_t>& o : outs) CUDA_OK(cudaMemset(o.get(), 0x7f, o.size()));
+    CUDA_OK(cudaGraphLaunch(exec, capture));
+    CUDA_OK(cudaStreamSynchronize(capture));
+    int differ = 0;
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const std::vector<uint8_t> got = outs[c].download();
+      differ += std::memcmp(got.data(), eager[c].data(), got.size()) != 0 ? 1 : 0;
+    }
+    EXPECT_EQ(differ, 0) << "graph replay differs from the eager run";
+    std::printf("force_splits %d: %zu plans replayed in one graph, %d differ from eager\n", splits,
+                cases.size(), differ);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(capture);
   }
 }
 

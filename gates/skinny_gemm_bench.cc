@@ -1,10 +1,13 @@
 // gates/skinny_gemm_bench.cc: the 12B's GEMMs on every path of the engine's Blas in one process:
-// cuBLAS's default, cuBLASLt tuned per shape, batch-invariant pins (two reference choices) and
-// the skinny kernel (m <= 16). First the tuning report (its wall time, per shape the default's
-// and the best candidate's time); then the decode GEMMs at every decode bucket of max_running
-// 128 as us per GEMM and weight bytes per second against the device copy bandwidth measured in
-// the same process; one decode step's GEMMs summed over the 48 layers and the LM head; then
-// what each path sustains on one 8192-row prefill step's 192 GEMMs.
+// cuBLAS's default, cuBLASLt tuned per shape by the heuristic-only search and by the enumerated
+// search (kernels/blas_lt.h, BlasSearch: the A/B of issue 13's wider search), the batch-invariant
+// pins (reference m = 64) and the skinny kernel (m <= 16). First the two tuning reports (wall
+// time, per shape the default's and the best candidate's time, the enumerated search's counts
+// and chosen configuration); then the decode GEMMs at every decode bucket of max_running 128 as
+// us per GEMM and weight bytes per second against the device copy bandwidth measured in the
+// same process; one decode step's GEMMs summed over the 48 layers and the LM head; each weight
+// at 8192 rows against the bf16 peak measured in the same process; then what each path
+// sustains on one 8192-row prefill step's 192 GEMMs.
 // Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_runtime.h>
 
@@ -49,12 +52,14 @@ constexpr Gemm kGemms[] = {
 constexpr int32_t kPrefillRows = 8192;
 constexpr int32_t kMaxRunning = 128;
 
-// The GEMM paths compared in one process: cuBLAS's default heuristic (the engine today),
-// cuBLASLt tuned per shape (kernels/blas_lt.h; a shape keeps the default unless a candidate
-// beat it by 2%), batch-invariant pins chosen at m = 8192 and at m = 64 (the default,
-// kInvariantReferenceRows), and the skinny kernel at m <= 16.
-enum Path { kDefault, kTuned, kInv8192, kInv64, kSkinny, kPaths };
-constexpr const char* kPathNames[kPaths] = {"default", "tuned", "inv@8192", "inv@64", "skinny"};
+// The GEMM paths compared in one process: cuBLAS's default heuristic, cuBLASLt tuned per shape
+// (kernels/blas_lt.h; a shape keeps the default unless a candidate beat it by 2%) with the
+// heuristic-only search ("tuned", the session-4 tuner) and with the enumerated search ("wide"),
+// batch-invariant pins chosen at m = 64 (kInvariantReferenceRows; the m = 8192 pins, 2.4-2.7x
+// at decode in session 4, are no longer timed here: gemm_lt_gates still checks them), and the
+// skinny kernel at m <= 16.
+enum Path { kDefault, kTuned, kWide, kInv64, kSkinny, kPaths };
+constexpr const char* kPathNames[kPaths] = {"default", "tuned", "wide", "inv@64", "skinny"};
 
 kernels::KernelStatus run_gemm(Path path, std::vector<kernels::Blas>& blas, const bf16* x,
                                const bf16* w, void* y, int32_t m, const Gemm& g,
@@ -112,34 +117,96 @@ void prefill_gemms(kernels::Blas& blas, const char* label, cudaStream_t stream) 
 }
 
 // Tunes blas over every shape this bench runs (the engine's: 8192-row prefill and every
-// decode bucket of max_running 128, all 12B weights, the LM head at the buckets).
-void tune(kernels::Blas& blas, const std::vector<int32_t>& buckets) {
+// decode bucket of max_running 128, all 12B weights, the LM head at the buckets), the same
+// 111 shapes CudaDevice::enable_decode_graphs tunes for max_running 128.
+void tune(kernels::Blas& blas, const std::vector<int32_t>& buckets, kernels::BlasSearch search) {
   std::vector<kernels::GemmShape> shapes;
   for (const Gemm& g : kGemms) {
     for (int32_t m : buckets) shapes.push_back({m, g.n, g.k, g.fp32_out});
     if (!g.fp32_out) shapes.push_back({kPrefillRows, g.n, g.k, false});
   }
   kernels::BlasTuneOptions options;
+  options.search = search;
   auto report = blas.tune(shapes, options);
   BENCH_OK(report);
-  int lt = 0;
-  for (const kernels::GemmTuneResult& r : report.value().gemms) lt += r.uses_lt ? 1 : 0;
+  int lt = 0, wide = 0;
+  for (const kernels::GemmTuneResult& r : report.value().gemms) {
+    lt += r.uses_lt ? 1 : 0;
+    wide += r.wide ? 1 : 0;
+  }
   std::printf(
-      "tuning: %zu shapes, %d candidates max each, %.0f ms wall, %lld MiB scratch, %d "
-      "shapes skipped (budget), %d run cuBLASLt, the rest cuBLAS's default\n",
-      shapes.size(), options.candidates, report.value().wall_ms,
-      static_cast<long long>(report.value().scratch_bytes >> 20), report.value().skipped, lt);
-  std::printf("| %-13s | %5s | %10s | %10s | %5s | %4s | %s |\n", "gemm", "m", "default us",
-              "best Lt us", "gain", "rank", "used");
+      "tuning (%s search): %zu shapes, %.0f ms wall, %lld MiB scratch, %d shapes skipped "
+      "(budget), %d searched wide, %d run cuBLASLt, the rest cuBLAS's default\n",
+      kernels::to_string(search).c_str(), shapes.size(), report.value().wall_ms,
+      static_cast<long long>(report.value().scratch_bytes >> 20), report.value().skipped, wide, lt);
+  std::printf("| %-13s | %5s | %10s | %10s | %5s | %4s | %s | %8s | %5s | %8s | %s |\n", "gemm",
+              "m", "default us", "best Lt us", "gain", "rank", "used", "ms", "checks", "screened",
+              "configuration (workspace)");
   for (const kernels::GemmTuneResult& r : report.value().gemms) {
     const char* what = "?";
     for (const Gemm& g : kGemms) {
       if (g.n == r.shape.n && g.k == r.shape.k) what = g.what;
     }
-    std::printf("| %-13s | %5d | %10.2f | %10.2f | %5.3f | %4d | %s |\n", what, r.shape.m,
-                r.default_us, r.best_lt_us, r.default_us / r.best_lt_us, r.best_rank,
-                r.uses_lt ? "Lt" : "default");
+    std::printf(
+        "| %-13s | %5d | %10.2f | %10.2f | %5.3f | %4d | %s | %8.1f | %5d | %8d | %s (%zu B) |\n",
+        what, r.shape.m, r.default_us, r.best_lt_us, r.default_us / r.best_lt_us, r.best_rank,
+        r.uses_lt ? "Lt" : "default", r.search_ms, r.checked, r.screened, r.config.c_str(),
+        r.workspace);
   }
+}
+
+// Each weight at 8192 rows on each path (median of 5 launches, weights reused: compute-bound),
+// as TFLOP/s and a fraction of `peak` (the default path's 8192^3 GEMM in this process).
+void prefill_per_weight(std::vector<kernels::Blas>& blas, double peak, cudaStream_t stream) {
+  constexpr int32_t M = kPrefillRows;
+  int64_t w_elems = 0, x_elems = 0, y_elems = 0;
+  for (const Gemm& g : kGemms) {
+    if (g.fp32_out) continue;
+    w_elems = std::max<int64_t>(w_elems, int64_t{g.n} * g.k);
+    x_elems = std::max<int64_t>(x_elems, int64_t{M} * g.k);
+    y_elems = std::max<int64_t>(y_elems, int64_t{M} * g.n);
+  }
+  bf16 *x = nullptr, *w = nullptr, *y = nullptr;
+  BENCH_CUDA(cudaMalloc(&x, x_elems * 2));
+  BENCH_CUDA(cudaMalloc(&w, w_elems * 2));
+  BENCH_CUDA(cudaMalloc(&y, y_elems * 2));
+  fill_random(x, x_elems, 1, 1.0f, stream);
+  fill_random(w, w_elems, 2, 0.02f, stream);
+  std::printf("\n8192-row GEMMs per weight: ms, TFLOP/s (%% of the %.0f TFLOP/s peak)\n",
+              peak / 1e12);
+  std::printf("| %-13s |", "gemm");
+  for (int p = 0; p < kSkinny; ++p) std::printf(" %8s ms TFLOP/s |", kPathNames[p]);
+  std::printf("\n");
+  for (const Gemm& g : kGemms) {
+    if (g.fp32_out) continue;
+    std::printf("| %-13s |", g.what);
+    for (int p = 0; p < kSkinny; ++p) {
+      const double ms =
+          gates::median_ms(stream, 2, 5, [&] { BENCH_OK(blas[p].gemm(x, w, y, M, g.n, g.k)); });
+      const double tf = 2.0 * M * g.n * g.k / (ms * 1e-3);
+      std::printf(" %11.3f %4.0f (%3.0f%%) |", ms, tf / 1e12, 100.0 * tf / peak);
+    }
+    std::printf("\n");
+  }
+  BENCH_CUDA(cudaFree(x));
+  BENCH_CUDA(cudaFree(w));
+  BENCH_CUDA(cudaFree(y));
+}
+
+// The bf16 peak this process reaches: an 8192^3 GEMM on random operands, default path.
+double bf16_peak(kernels::Blas& blas, cudaStream_t stream) {
+  constexpr int32_t N = 8192;
+  bf16 *a = nullptr, *b = nullptr, *c = nullptr;
+  BENCH_CUDA(cudaMalloc(&a, int64_t{N} * N * 2));
+  BENCH_CUDA(cudaMalloc(&b, int64_t{N} * N * 2));
+  BENCH_CUDA(cudaMalloc(&c, int64_t{N} * N * 2));
+  fill_random(a, int64_t{N} * N, 1, 1.0f, stream);
+  fill_random(b, int64_t{N} * N, 2, 0.02f, stream);
+  const double ms = gates::median_ms(stream, 3, 9, [&] { BENCH_OK(blas.gemm(a, b, c, N, N, N)); });
+  BENCH_CUDA(cudaFree(a));
+  BENCH_CUDA(cudaFree(b));
+  BENCH_CUDA(cudaFree(c));
+  return 2.0 * N * N * N / (ms * 1e-3);
 }
 
 }  // namespace
@@ -157,9 +224,7 @@ int main() {
     }
     blas.push_back(std::move(made.value()));
   }
-  blas[kInv8192].set_batch_invariant(true);
   blas[kInv64].set_batch_invariant(true);
-  blas[kInv8192].lt().set_invariant_reference_rows(8192);
   blas[kInv64].lt().set_invariant_reference_rows(64);
   // Copy bandwidth: 1 GiB device to device, read + write.
   const size_t copy_bytes = size_t{1} << 30;
@@ -173,17 +238,20 @@ int main() {
   const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
   BENCH_CUDA(cudaFree(a));
   BENCH_CUDA(cudaFree(b));
-  std::printf("copy bandwidth (D2D 1 GiB, read+write): %.0f GB/s\n\n", copy_gbs);
+  const double peak = bf16_peak(blas[kDefault], stream);
+  std::printf(
+      "copy bandwidth (D2D 1 GiB, read+write): %.0f GB/s; bf16 peak (8192^3 GEMM, random "
+      "operands, default path): %.0f TFLOP/s\n\n",
+      copy_gbs, peak / 1e12);
 
   const std::vector<int32_t> buckets = kernels::default_decode_buckets(kMaxRunning);
-  tune(blas[kTuned], buckets);
-  std::printf("\ninvariant pins (reference m=8192 | m=64):\n");
+  tune(blas[kTuned], buckets, kernels::BlasSearch::kHeuristic);
+  std::printf("\n");
+  tune(blas[kWide], buckets, kernels::BlasSearch::kEnumerated);
+  std::printf("\ninvariant pins (reference m=64):\n");
   for (const Gemm& g : kGemms) {
-    const kernels::GemmShape s{1, g.n, g.k, g.fp32_out};
-    auto p8k = blas[kInv8192].lt().describe_pin(s);
-    auto p64 = blas[kInv64].lt().describe_pin(s);
-    std::printf("  %-13s %s | %s\n", g.what,
-                p8k.ok() ? p8k.value().c_str() : p8k.error().message.c_str(),
+    auto p64 = blas[kInv64].lt().describe_pin(kernels::GemmShape{1, g.n, g.k, g.fp32_out});
+    std::printf("  %-13s %s\n", g.what,
                 p64.ok() ? p64.value().c_str() : p64.error().message.c_str());
   }
 
@@ -212,7 +280,7 @@ int main() {
       std::printf("| %-13s | %3d |", g.what, m);
       for (int p = 0; p < kPaths; ++p) {
         const bool pinned =
-            (p != kInv8192 && p != kInv64) ||
+            p != kInv64 ||
             blas[p].lt().describe_pin(kernels::GemmShape{m, g.n, g.k, g.fp32_out}).ok();
         if ((p == kSkinny && !kernels::skinny_gemm_supported(m, g.n, g.k)) || !pinned) {
           std::printf(" %11s %5s |", "-", "-");
@@ -238,18 +306,19 @@ int main() {
       "ms:\n| %3s |",
       "m");
   for (int p = 0; p < kPaths; ++p) std::printf(" %8s |", kPathNames[p]);
-  std::printf(" tuned/default | inv@8192/default |\n");
+  std::printf(" tuned/default | wide/default | wide/tuned |\n");
   for (size_t r = 0; r < buckets.size(); ++r) {
     std::printf("| %3d |", buckets[r]);
     for (int p = 0; p < kPaths; ++p) std::printf(" %8.3f |", step_ms[p][r]);
-    std::printf(" %13.3f | %16.3f |\n", step_ms[kTuned][r] / step_ms[kDefault][r],
-                step_ms[kInv8192][r] / step_ms[kDefault][r]);
+    std::printf(" %13.3f | %12.3f | %10.3f |\n", step_ms[kTuned][r] / step_ms[kDefault][r],
+                step_ms[kWide][r] / step_ms[kDefault][r], step_ms[kWide][r] / step_ms[kTuned][r]);
   }
+  prefill_per_weight(blas, peak, stream);
   std::printf("\n");
   for (int p = 0; p < kSkinny; ++p) {
     bool pinned = true;
     for (const Gemm& g : kGemms) {
-      if ((p == kInv8192 || p == kInv64) && !g.fp32_out) {
+      if (p == kInv64 && !g.fp32_out) {
         pinned = pinned && blas[p].lt().describe_pin(kernels::GemmShape{1, g.n, g.k, false}).ok();
       }
     }

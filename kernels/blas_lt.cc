@@ -119,6 +119,8 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
          std::to_string(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)) + " cluster " +
          std::to_string(algo_config<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) +
          " splitk " + std::to_string(algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) +
+         " reduction " +
+         std::to_string(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) +
          " swizzle " +
          std::to_string(algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) +
          " custom " +
@@ -371,8 +373,278 @@ struct BlasLt::Scratch {
 namespace {
 // At least this much weight memory is cycled through while timing: > 4x the H200's L2.
 constexpr int64_t kColdWeightBytes = int64_t{256} << 20;
-constexpr int32_t kMaxCandidates = 32;
+constexpr int32_t kMaxCandidates = 64;
+// Split-K numbers the enumerated search tries (m <= split_rows): a 3840-wide output at a 64- or
+// 128-wide tile is 30-60 CTAs on 132 SMs, so at decode most SMs idle unless k is split.
+constexpr int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16, 24, 32};
+// Cluster shapes tried as variants (beyond the seed's own): the small ones Hopper's kernels use.
+constexpr uint16_t kClusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                  CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1,
+                                  CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                  CUBLASLT_CLUSTER_SHAPE_1x4x1};
+// Custom options tried per seed (an id may accept more; these are the ones worth host time).
+constexpr int32_t kCustomMax = 7;
+// Host time the base enumeration's AlgoCheck calls may take per shape.
+constexpr double kChecksMs = 80;
+
+template <class T>
+bool set_config(cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, T v) {
+  return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, &v, sizeof(v)) == CUBLAS_STATUS_SUCCESS;
+}
+
+template <class T>
+T cap(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  T v{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &v, sizeof(v), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return T{};
+  }
+  return v;
+}
+
+// An array capability (tile ids, stages ids); empty when the id has none or it cannot be read.
+std::vector<uint32_t> cap_list(const cublasLtMatmulAlgo_t& algo,
+                               cublasLtMatmulAlgoCapAttributes_t attr) {
+  size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS ||
+      bytes == 0) {
+    return {};
+  }
+  std::vector<uint32_t> out(bytes / sizeof(uint32_t));
+  size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, out.data(), out.size() * sizeof(uint32_t),
+                                        &written) != CUBLAS_STATUS_SUCCESS) {
+    return {};
+  }
+  out.resize(written / sizeof(uint32_t));
+  return out;
+}
+
+// Everything that makes two configurations different kernels or launches.
+using ConfigKey = std::tuple<int32_t, uint32_t, uint32_t, int32_t, uint32_t, uint32_t, uint32_t,
+                             uint16_t, uint16_t>;
+ConfigKey config_key(const cublasLtMatmulAlgo_t& a) {
+  return {algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_ID),
+          algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+          algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+          algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+          algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+          algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+          algo_config<uint32_t>(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+          algo_config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+          algo_config<uint16_t>(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)};
+}
+
+int32_t splits_of(const cublasLtMatmulAlgo_t& a) {
+  return std::max(1, algo_config<int32_t>(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM));
+}
+
+// How well a launch of `waves` (AlgoCheck's waves count: 1 fills every SM once) uses the SMs:
+// the fraction of SMs busy below one wave, the last wave's fill above it.
+double sm_fill(float waves) {
+  if (!(waves > 0)) return 0;
+  if (waves < 1) return waves;
+  return waves / std::ceil(waves);
+}
+
+double since_ms(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 }  // namespace
+
+std::string to_string(BlasSearch search) {
+  return search == BlasSearch::kHeuristic ? "heuristic" : "enumerated";
+}
+
+Result<BlasSearch, KernelError> blas_search_from_env(const char* value) {
+  if (value == nullptr || *value == '\0') return kDefaultBlasSearch;
+  const std::string v(value);
+  if (v == "heuristic") return BlasSearch::kHeuristic;
+  if (v == "enumerated") return BlasSearch::kEnumerated;
+  return unexpected(KernelError{
+      KernelErrorCode::kBadArgument,
+      "TWINSTEP_GEMM_SEARCH=\"" + v + "\": expected \"heuristic\" or \"enumerated\" (or unset)"});
+}
+
+int64_t BlasLt::check(const LtPlan& p, const cublasLtMatmulAlgo_t& algo, float* waves) const {
+  // The plan runs only on 16-byte aligned pointers (tuned()); an algo asking for more is out.
+  for (auto attr :
+       {CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES}) {
+    if (cap<uint32_t>(algo, attr) > kAlignBytes) return -1;
+  }
+  cublasLtMatmulHeuristicResult_t r{};
+  auto* op = const_cast<cublasLtMatmulDescOpaque_t*>(&p.op);
+  auto* a = const_cast<cublasLtMatrixLayoutOpaque_t*>(&p.a);
+  auto* b = const_cast<cublasLtMatrixLayoutOpaque_t*>(&p.b);
+  auto* d = const_cast<cublasLtMatrixLayoutOpaque_t*>(&p.d);
+  if (cublasLtMatmulAlgoCheck(handle_, op, a, b, d, d, &algo, &r) != CUBLAS_STATUS_SUCCESS) {
+    return -1;
+  }
+  if (r.workspaceSize > static_cast<size_t>(workspace_bytes_)) return -1;
+  if (waves != nullptr) *waves = r.wavesCount;
+  return static_cast<int64_t>(r.workspaceSize);
+}
+
+std::vector<int32_t> BlasLt::algo_ids(bool fp32_out) {
+  if (auto it = algo_ids_.find(fp32_out); it != algo_ids_.end()) return it->second;
+  const cudaDataType_t out = fp32_out ? CUDA_R_32F : CUDA_R_16BF;
+  int ids[512] = {};
+  int returned = 0;
+  std::vector<int32_t> list;
+  if (cublasLtMatmulAlgoGetIds(handle_, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
+                               out, out, 512, ids, &returned) == CUBLAS_STATUS_SUCCESS) {
+    list.assign(ids, ids + returned);
+  }
+  algo_ids_[fp32_out] = list;
+  return list;
+}
+
+// Base configurations of every algorithm id for this shape: each (tile, stages) it lists, with
+// split-K 1 and the id's other defaults, that passes AlgoCheck; the `enumerate_max` that fill
+// the SMs best (sm_fill), in enumeration order among equals.
+Result<std::vector<BlasLt::Candidate>, KernelError> BlasLt::enumerate_bases(
+    const LtPlan& plan, const GemmShape& shape, const BlasTuneOptions& options, int32_t* checked) {
+  const auto key = std::make_tuple(shape.n, shape.k, shape.fp32_out);
+  std::vector<cublasLtMatmulAlgo_t> configs;
+  const auto cached = enumerated_.find(key);
+  if (cached != enumerated_.end()) {
+    configs = cached->second;
+  } else {
+    const cudaDataType_t out = out_type(shape);
+    const std::vector<int32_t> ids = algo_ids(shape.fp32_out);
+    // Each id gets an equal share of the checks and of their host time, so the ids listed last
+    // (Hopper's among them) are enumerated too; each tile keeps its first kStagesPerTile stages
+    // ids that pass (the seeds' other stages are variants later).
+    const int32_t per_id =
+        std::max<int32_t>(16, options.checks_max / std::max<int32_t>(1, ids.size()));
+    const double per_id_ms = kChecksMs / std::max<size_t>(1, ids.size());
+    constexpr int kStagesPerTile = 2;
+    for (int32_t id : ids) {
+      cublasLtMatmulAlgo_t base;
+      if (cublasLtMatmulAlgoInit(handle_, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
+                                 out, out, id, &base) != CUBLAS_STATUS_SUCCESS) {
+        continue;
+      }
+      std::vector<uint32_t> tiles = cap_list(base, CUBLASLT_ALGO_CAP_TILE_IDS);
+      std::vector<uint32_t> stages = cap_list(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
+      if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+      if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+      const auto t_id = std::chrono::steady_clock::now();
+      int32_t id_checks = 0;
+      for (uint32_t tile : tiles) {
+        int kept = 0;
+        for (uint32_t st : stages) {
+          if (kept >= kStagesPerTile || id_checks >= per_id || since_ms(t_id) > per_id_ms) break;
+          cublasLtMatmulAlgo_t a = base;
+          if (!set_config(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, tile) ||
+              !set_config(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, st)) {
+            continue;
+          }
+          ++*checked;
+          ++id_checks;
+          if (check(plan, a, nullptr) >= 0) {
+            configs.push_back(a);
+            ++kept;
+          }
+        }
+      }
+    }
+    enumerated_[key] = configs;
+  }
+  std::vector<std::pair<double, Candidate>> scored;
+  for (const cublasLtMatmulAlgo_t& a : configs) {
+    float waves = 0;
+    if (cached != enumerated_.end()) ++*checked;  // re-checked at this m
+    const int64_t ws = check(plan, a, &waves);
+    if (ws < 0) continue;
+    Candidate c;
+    c.algo = a;
+    c.workspace = static_cast<size_t>(ws);
+    c.rank = -2;
+    scored.push_back({sm_fill(waves), c});
+  }
+  std::stable_sort(scored.begin(), scored.end(),
+                   [](const auto& l, const auto& r) { return l.first > r.first; });
+  std::vector<Candidate> out;
+  for (const auto& [fill, c] : scored) {
+    if (static_cast<int32_t>(out.size()) >= options.enumerate_max) break;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// Variants of one seed that pass AlgoCheck: split-K (m <= split_rows) with each deterministic
+// reduction scheme it supports (partial sums of the compute type in the workspace, then a
+// separate reduction: the same order every run; CUBLASLT_REDUCTION_SCHEME_INPLACE adds into the
+// output in an order the hardware picks, and OUTPUT_TYPE keeps bf16 partial sums, so both are
+// left out except OUTPUT_TYPE for fp32 outputs); then its other stages ids, CTA swizzle, cluster
+// shapes and custom options (`split`: the split-K variants only, else only the others). With
+// force_splits only that split-K number.
+std::vector<BlasLt::Candidate> BlasLt::variants(const LtPlan& plan, const GemmShape& shape,
+                                                const BlasTuneOptions& options,
+                                                const Candidate& seed, bool split,
+                                                int32_t* checked) {
+  std::vector<Candidate> out;
+  auto add = [&](const cublasLtMatmulAlgo_t& a) {
+    ++*checked;
+    const int64_t ws = check(plan, a, nullptr);
+    if (ws < 0) return;
+    Candidate c;
+    c.algo = a;
+    c.workspace = static_cast<size_t>(ws);
+    c.rank = -3;
+    out.push_back(c);
+  };
+  const cublasLtMatmulAlgo_t& s = seed.algo;
+  const bool split_ok = cap<int32_t>(s, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) != 0;
+  const uint32_t schemes = cap<uint32_t>(s, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+  if (split && split_ok && (shape.m <= options.split_rows || options.force_splits > 0)) {
+    std::vector<uint32_t> allowed = {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE};
+    if (shape.fp32_out) allowed.push_back(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
+    std::vector<int32_t> splits(std::begin(kSplits), std::end(kSplits));
+    if (options.force_splits > 0) splits = {options.force_splits};
+    for (int32_t n : splits) {
+      if (n > shape.k / 16) continue;  // fewer than 16 k per split: nothing left to stream
+      for (uint32_t scheme : allowed) {
+        if ((schemes & scheme) == 0) continue;
+        cublasLtMatmulAlgo_t a = s;
+        if (set_config(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, n) &&
+            set_config(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, scheme)) {
+          add(a);
+        }
+      }
+    }
+  }
+  if (split || options.force_splits > 0) return out;
+  const uint32_t stage_now = algo_config<uint32_t>(s, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+  for (uint32_t st : cap_list(s, CUBLASLT_ALGO_CAP_STAGES_IDS)) {
+    cublasLtMatmulAlgo_t a = s;
+    if (st != stage_now && set_config(&a, CUBLASLT_ALGO_CONFIG_STAGES_ID, st)) add(a);
+  }
+  if (cap<uint32_t>(s, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT) != 0) {
+    cublasLtMatmulAlgo_t a = s;
+    const uint32_t swz = algo_config<uint32_t>(s, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) == 0 ? 1 : 0;
+    if (set_config(&a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz)) add(a);
+  }
+  const uint16_t cluster_now = algo_config<uint16_t>(s, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID);
+  for (uint16_t cl : kClusters) {
+    cublasLtMatmulAlgo_t a = s;
+    if (cl != cluster_now && set_config(&a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cl)) add(a);
+  }
+  const int32_t custom_max =
+      std::min(kCustomMax, cap<int32_t>(s, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX));
+  const uint32_t custom_now = algo_config<uint32_t>(s, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+  for (int32_t c = 0; c <= custom_max; ++c) {
+    cublasLtMatmulAlgo_t a = s;
+    if (static_cast<uint32_t>(c) != custom_now &&
+        set_config(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, static_cast<uint32_t>(c))) {
+      add(a);
+    }
+  }
+  return out;
+}
 
 Result<BlasTuneReport, KernelError> BlasLt::tune(const std::vector<GemmShape>& shapes,
                                                  const BlasTuneOptions& options,
@@ -388,6 +660,11 @@ Result<BlasTuneReport, KernelError> BlasLt::tune(const std::vector<GemmShape>& s
     x_elems = std::max(x_elems, int64_t{s.m} * s.k);
     w_elems = std::max(w_elems, int64_t{s.n} * s.k);
     y_bytes = std::max(y_bytes, int64_t{s.m} * s.n * out_bytes(s));
+  }
+  if (options.force_splits < 0 || options.force_splits > 64) {
+    return unexpected(KernelError{KernelErrorCode::kBadArgument,
+                                  "tune: force_splits must be 0 (any) or 1..64, got " +
+                                      std::to_string(options.force_splits)});
   }
   BlasTuneReport report;
   if (shapes.empty()) return report;
@@ -409,46 +686,29 @@ Result<BlasTuneReport, KernelError> BlasLt::tune(const std::vector<GemmShape>& s
   spec.stddev = 0.02f;
   LT_TRY(fill_random_weights(scratch.w, w_elems, spec, stream));
   for (const GemmShape& s : shapes) {
-    const double spent =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double spent = since_ms(t0);
     if (spent > options.budget_ms) {
       ++report.skipped;
       tuned_.erase(s);
       continue;
     }
-    auto r = tune_one(s, options, run_default, scratch, stream);
+    const bool wide = options.search == BlasSearch::kEnumerated && spent < options.wide_budget_ms &&
+                      int64_t{s.n} * s.k * 2 >= options.wide_min_weight_bytes;
+    auto r = tune_one(s, options, wide, run_default, scratch, stream);
     if (!r) return unexpected(r.error());
     report.gemms.push_back(r.value());
   }
   LT_TRY(cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize(tune)"));
-  report.wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  report.wall_ms = since_ms(t0);
   return report;
 }
 
-Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
-                                                     const BlasTuneOptions& options,
-                                                     const DefaultGemm& run_default, Scratch& s,
-                                                     cudaStream_t stream) {
-  auto plan = std::make_unique<LtPlan>();
-  LT_TRY(init_op(&plan->op));
-  LT_TRY(init_w(&plan->a, shape));
-  LT_TRY(init_x(&plan->b, shape));
-  LT_TRY(init_y(&plan->d, shape));
-  Preference pref;
-  LT_TRY(pref.init(static_cast<uint64_t>(workspace_bytes_), /*no_reduction=*/false));
-  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
-  int returned = 0;
-  LT_TRY(lt_status(cublasLtMatmulAlgoGetHeuristic(
-                       handle_, &plan->op, &plan->a, &plan->b, &plan->d, &plan->d, &pref.pref,
-                       std::clamp(options.candidates, 1, kMaxCandidates), results, &returned),
-                   "cublasLtMatmulAlgoGetHeuristic(" + to_string(shape) + ")"));
-  const int64_t w_one = int64_t{shape.n} * shape.k;
-  const int64_t copies = std::clamp<int64_t>(s.w_elems / w_one, 1, 16);
-  auto w_at = [&](int i) { return s.w + (i % copies) * w_one; };
-  // Microseconds per launch of `reps` launches between two events, after one untimed launch.
-  auto time_us = [&](const std::function<KernelStatus(int)>& launch,
-                     int reps) -> Result<double, KernelError> {
+// Microseconds per launch of `reps` launches between two events, after one untimed launch
+// (which also loads a kernel not run before).
+struct BlasLt::Timer {
+  Scratch& s;
+  cudaStream_t stream;
+  Result<double, KernelError> us(const std::function<KernelStatus(int)>& launch, int reps) const {
     LT_TRY(launch(0));
     LT_TRY(cuda_status(cudaEventRecord(s.start, stream), "cudaEventRecord(tune)"));
     for (int i = 1; i <= reps; ++i) LT_TRY(launch(i));
@@ -457,46 +717,178 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
     float ms = 0;
     LT_TRY(cuda_status(cudaEventElapsedTime(&ms, s.start, s.stop), "cudaEventElapsedTime"));
     return 1000.0 * ms / reps;
-  };
+  }
+};
+
+Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
+                                                     const BlasTuneOptions& options, bool wide,
+                                                     const DefaultGemm& run_default, Scratch& s,
+                                                     cudaStream_t stream) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto plan = std::make_unique<LtPlan>();
+  LT_TRY(init_op(&plan->op));
+  LT_TRY(init_w(&plan->a, shape));
+  LT_TRY(init_x(&plan->b, shape));
+  LT_TRY(init_y(&plan->d, shape));
+  Preference pref;
+  LT_TRY(pref.init(static_cast<uint64_t>(workspace_bytes_), /*no_reduction=*/false));
+  const int64_t w_one = int64_t{shape.n} * shape.k;
+  const int64_t copies = std::clamp<int64_t>(s.w_elems / w_one, 1, 16);
+  auto w_at = [&](int i) { return s.w + (i % copies) * w_one; };
+  const Timer timer{s, stream};
   auto default_launch = [&](int i) { return run_default(s.x, w_at(i), s.y, shape); };
-  auto est = time_us(default_launch, 1);
+  auto est = timer.us(default_launch, 1);
   if (!est) return unexpected(est.error());
   const int reps =
       static_cast<int>(std::clamp(options.batch_us / std::max(est.value(), 1.0), 2.0, 64.0));
-  auto def = time_us(default_launch, reps);
+  auto def = timer.us(default_launch, reps);
   if (!def) return unexpected(def.error());
   GemmTuneResult out;
   out.shape = shape;
   out.default_us = def.value();
+  out.wide = wide && out.default_us <= options.wide_max_us;
+  wide = out.wide;
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
+  int returned = 0;
+  const int asked =
+      std::clamp(wide ? options.wide_heuristic : options.candidates, 1, kMaxCandidates);
+  LT_TRY(lt_status(cublasLtMatmulAlgoGetHeuristic(handle_, &plan->op, &plan->a, &plan->b, &plan->d,
+                                                  &plan->d, &pref.pref, asked, results, &returned),
+                   "cublasLtMatmulAlgoGetHeuristic(" + to_string(shape) + ")"));
+  // A candidate's time per launch over `n` launches; a candidate that does not launch is
+  // skipped (nullopt-like: negative), not fatal.
+  auto time_candidate = [&](const Candidate& c, int n) -> double {
+    plan->algo = c.algo;
+    plan->workspace_bytes = c.workspace;
+    auto t = timer.us([&](int j) { return run(*plan, s.x, w_at(j), s.y, stream); }, n);
+    if (!t) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return t.value();
+  };
+  std::vector<Candidate> finalists;
   for (int i = 0; i < returned; ++i) {
     const cublasLtMatmulHeuristicResult_t& r = results[i];
     if (r.state != CUBLAS_STATUS_SUCCESS ||
         r.workspaceSize > static_cast<size_t>(workspace_bytes_)) {
       continue;
     }
-    plan->algo = r.algo;
-    plan->workspace_bytes = r.workspaceSize;
-    auto t = time_us([&](int j) { return run(*plan, s.x, w_at(j), s.y, stream); }, reps);
-    if (!t) {
-      (void)cudaGetLastError();  // a candidate that does not launch is skipped, not fatal
-      continue;
-    }
+    Candidate c;
+    c.algo = r.algo;
+    c.workspace = r.workspaceSize;
+    c.rank = i;
+    finalists.push_back(c);
+  }
+  if (wide) {
+    auto screened = screen(*plan, shape, options, std::move(finalists), time_candidate, &out);
+    if (!screened) return unexpected(screened.error());
+    finalists = std::move(screened.value());
+  }
+  Candidate best;
+  for (const Candidate& c : finalists) {
+    const double t = time_candidate(c, reps);
+    if (t < 0) continue;
     ++out.candidates;
-    if (out.best_rank < 0 || t.value() < out.best_lt_us) {
-      out.best_lt_us = t.value();
-      out.best_rank = i;
+    if (out.best_rank == -1 || t < out.best_lt_us) {
+      out.best_lt_us = t;
+      out.best_rank = c.rank;
+      best = c;
     }
   }
-  out.uses_lt = out.best_rank >= 0 && (!options.keep_default_when_faster ||
-                                       out.best_lt_us < out.default_us * (1.0 - options.min_gain));
+  out.uses_lt = out.best_rank != -1 && (!options.keep_default_when_faster ||
+                                        out.best_lt_us < out.default_us * (1.0 - options.min_gain));
+  if (out.best_rank != -1) {
+    out.splits = splits_of(best.algo);
+    out.workspace = best.workspace;
+    out.config = describe(best.algo);
+  }
   if (out.uses_lt) {
-    plan->algo = results[out.best_rank].algo;
-    plan->workspace_bytes = results[out.best_rank].workspaceSize;
+    plan->algo = best.algo;
+    plan->workspace_bytes = best.workspace;
     tuned_[shape] = std::move(plan);
   } else {
     tuned_.erase(shape);
   }
+  out.search_ms = since_ms(t0);
   return out;
+}
+
+// The enumerated search's first timings: the heuristic's candidates and the base
+// configurations, then variants of the fastest `variant_seeds`, each timed once over a short
+// batch; returns the `finalists` fastest (deduplicated by configuration) and the heuristic's
+// top two.
+Result<std::vector<BlasLt::Candidate>, KernelError> BlasLt::screen(
+    const LtPlan& plan, const GemmShape& shape, const BlasTuneOptions& options,
+    std::vector<Candidate> heuristic, const std::function<double(const Candidate&, int)>& time,
+    GemmTuneResult* out) {
+  std::set<ConfigKey> seen;
+  std::vector<Candidate> pool;
+  // The default's time sets the screening batch (1..8 launches of about screen_us).
+  const int n =
+      static_cast<int>(std::clamp(options.screen_us / std::max(out->default_us, 1.0), 1.0, 8.0));
+  auto screen_one = [&](Candidate c) {
+    if (!seen.insert(config_key(c.algo)).second) return;
+    if (options.force_splits > 0 && splits_of(c.algo) != options.force_splits) return;
+    c.screen_us = time(c, n);
+    if (c.screen_us < 0) return;
+    ++out->screened;
+    pool.push_back(c);
+  };
+  for (const Candidate& c : heuristic) screen_one(c);
+  std::vector<Candidate> bases;
+  if (shape.m <= options.split_rows) {
+    auto made = enumerate_bases(plan, shape, options, &out->checked);
+    if (!made) return unexpected(made.error());
+    bases = std::move(made.value());
+    for (const Candidate& c : bases) screen_one(c);
+  }
+  auto by_time = [](const Candidate& l, const Candidate& r) { return l.screen_us < r.screen_us; };
+  std::stable_sort(pool.begin(), pool.end(), by_time);
+  // Seeds for the variants: the fastest `variant_seeds` so far and, where k may be split, the
+  // fastest that support split-K too (Hopper's clustered kernels may not). Under force_splits
+  // nothing screened yet splits that way: the heuristic's and the base configurations, in order.
+  const std::vector<Candidate>& order = options.force_splits > 0 ? heuristic : pool;
+  std::vector<Candidate> seeds;
+  std::set<ConfigKey> seeded;
+  auto take = [&](const std::vector<Candidate>& from, bool need_split) {
+    int32_t taken = 0;
+    for (const Candidate& c : from) {
+      if (taken >= options.variant_seeds) break;
+      if (need_split && cap<int32_t>(c.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) continue;
+      if (!seeded.insert(config_key(c.algo)).second) continue;
+      seeds.push_back(c);
+      ++taken;
+    }
+  };
+  take(order, false);
+  if (shape.m <= options.split_rows || options.force_splits > 0) {
+    take(order, true);
+    if (options.force_splits > 0) take(bases, true);
+  }
+  // Split-K variants of every seed first, then the others, so the cap cuts the latter.
+  int32_t tried = 0;
+  for (const bool split : {true, false}) {
+    for (const Candidate& seed : seeds) {
+      for (const Candidate& v : variants(plan, shape, options, seed, split, &out->checked)) {
+        if (tried >= options.variants_max) break;
+        ++tried;
+        screen_one(v);
+      }
+    }
+  }
+  std::stable_sort(pool.begin(), pool.end(), by_time);
+  if (static_cast<int32_t>(pool.size()) > options.finalists) {
+    // The heuristic's top two stay finalists wherever they ranked: one short batch is noisy,
+    // and the full timing should not lose what kHeuristic would have found at the top.
+    std::vector<Candidate> keep;
+    for (size_t i = static_cast<size_t>(options.finalists); i < pool.size(); ++i) {
+      if (pool[i].rank == 0 || pool[i].rank == 1) keep.push_back(pool[i]);
+    }
+    pool.resize(static_cast<size_t>(options.finalists));
+    pool.insert(pool.end(), keep.begin(), keep.end());
+  }
+  return pool;
 }
 
 }  // namespace twinstep::kernels

@@ -56,23 +56,83 @@ std::vector<GemmShape> engine_gemm_shapes(const DeviceModel& model,
                                           const std::vector<int32_t>& step_rows,
                                           const std::vector<int32_t>& logit_rows);
 
+// How tune() finds its cuBLASLt candidates for a shape.
+enum class BlasSearch {
+  // The heuristic's top `candidates`, each timed (the session-4 tuner; kept for the A/B).
+  kHeuristic,
+  // The heuristic's top `wide_heuristic` plus configurations enumerated from the algorithm ids'
+  // capabilities (cublasLtMatmulAlgoGetIds / AlgoInit / CapGetAttribute): for m <= split_rows,
+  // every tile x stages of every id (AlgoCheck'd, the `enumerate_max` that fill the most SMs
+  // kept); then variants of the `variant_seeds` fastest so far: split-K 2..32 with each
+  // deterministic reduction scheme the id supports (partial sums in the fixed workspace), every
+  // stages id, cluster shapes and CTA swizzle, custom options. Every candidate is AlgoCheck'd,
+  // given a cheap first timing (a batch of about `screen_us`), and the `finalists` fastest are
+  // timed as kHeuristic times its candidates.
+  kEnumerated,
+};
+std::string to_string(BlasSearch search);
+// TWINSTEP_GEMM_SEARCH's value: null or empty gives kDefaultBlasSearch, "heuristic" and
+// "enumerated" name a search; anything else is a kBadArgument naming the value.
+Result<BlasSearch, KernelError> blas_search_from_env(const char* value);
+
+// tune()'s search by default (CudaDevice::enable_decode_graphs uses the defaults; the
+// environment variable TWINSTEP_GEMM_SEARCH=heuristic|enumerated overrides it there).
+inline constexpr BlasSearch kDefaultBlasSearch = BlasSearch::kEnumerated;
+
 struct BlasTuneOptions {
-  int32_t candidates = 16;   // heuristic results timed per shape (at most)
+  int32_t candidates = 16;   // heuristic results timed per shape (at most), kHeuristic
   double budget_ms = 20000;  // host wall time; shapes left when it is spent keep the default
   double min_gain = 0.02;    // a candidate must be this fraction faster than the default
   // Gates: take the fastest candidate even where cuBLAS's default is faster, so that the
   // cuBLASLt path itself is what they check.
   bool keep_default_when_faster = true;
   double batch_us = 400;  // each timing is a batch of launches of about this length
+  BlasSearch search = kDefaultBlasSearch;
+  // kEnumerated only. Once the wide search has spent `wide_budget_ms` of host wall time, the
+  // shapes left are searched as kHeuristic (still within budget_ms).
+  int32_t wide_heuristic = 32;  // heuristic results among the first candidates
+  int32_t split_rows = 256;     // m up to which tiles x stages and split-K are enumerated
+  // Enumerated base configurations screened per shape. Few: on the H200 (device call 1 of
+  // session 6) none of 64 per shape was the fastest at any of the 109 shapes searched wide;
+  // every winner was the heuristic's or a variant of one.
+  int32_t enumerate_max = 16;
+  int32_t checks_max = 6000;   // cublasLtMatmulAlgoCheck calls per shape for the base configs
+  int32_t variant_seeds = 4;   // the fastest screened so far whose variants are screened
+  int32_t variants_max = 160;  // variants screened per shape
+  int32_t finalists = 6;       // screened candidates timed as kHeuristic times them
+  double screen_us = 120;      // the cheap first timing's batch (at least 1 launch)
+  double wide_budget_ms = 15000;
+  // Weights smaller than this (they sit in L2; launch overhead dominates) are searched as
+  // kHeuristic: the gates' small models tune in what they took before.
+  int64_t wide_min_weight_bytes = int64_t{8} << 20;
+  // Shapes whose default takes longer than this per launch are searched as kHeuristic: they run
+  // many waves, so tiles and splits matter little, and every screening launch costs the most
+  // there. Measured (H200, session 6 call 1): wide vs heuristic-only on the 8192-row prefill
+  // step's 192 GEMMs 261.0 vs 261.2 ms; the LM head (~460 us) 0-2% at the decode buckets, for
+  // ~5 s of the 15.5 s the wide search of all 111 shapes took.
+  double wide_max_us = 200;
+  // Gates: > 0 keeps only candidates with exactly this split-K number (split-K variants of the
+  // heuristic's and the enumerated configurations), so that the split path itself is checked.
+  int32_t force_splits = 0;
 };
 
 struct GemmTuneResult {
   GemmShape shape;
   double default_us = 0;   // cublasGemmEx (CUBLAS_GEMM_DEFAULT) per launch
   double best_lt_us = 0;   // the fastest cuBLASLt candidate per launch (0: none ran)
-  int32_t candidates = 0;  // candidates timed
-  int32_t best_rank = -1;  // the fastest one's place in the heuristic's order (0 = its top)
-  bool uses_lt = false;    // this shape runs the fastest candidate from now on
+  int32_t candidates = 0;  // candidates timed (kEnumerated: finalists timed)
+  // The fastest one's place in the heuristic's order (0 = its top); -1 where none ran, -2 for
+  // an enumerated configuration, -3 for a variant of one (kEnumerated).
+  int32_t best_rank = -1;
+  bool uses_lt = false;  // this shape runs the fastest candidate from now on
+  // kEnumerated: how the shape was searched (false: as kHeuristic, the wide budget spent).
+  bool wide = false;
+  int32_t checked = 0;   // cublasLtMatmulAlgoCheck calls
+  int32_t screened = 0;  // candidates given the cheap first timing
+  int32_t splits = 1;    // split-K number of the fastest candidate
+  size_t workspace = 0;  // bytes of the fixed workspace it takes
+  std::string config;    // its configuration ("algo 66 tile 22 ... splitk 4 ...")
+  double search_ms = 0;  // host wall time of this shape
 };
 
 struct BlasTuneReport {
@@ -138,10 +198,33 @@ class BlasLt {
   std::string pin_check(const LtPin& p, const GemmShape& shape, const cublasLtMatmulAlgo_t& algo,
                         size_t workspace_max, size_t* workspace);
   struct Scratch;
+  struct Timer;
   Result<GemmTuneResult, KernelError> tune_one(const GemmShape& shape,
-                                               const BlasTuneOptions& options,
+                                               const BlasTuneOptions& options, bool wide,
                                                const DefaultGemm& run_default, Scratch& scratch,
                                                cudaStream_t stream);
+  // kEnumerated: the candidates of one shape beyond the heuristic's (blas_lt.cc).
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace = 0;
+    int32_t rank = -2;  // as GemmTuneResult::best_rank
+    double screen_us = 0;
+  };
+  Result<std::vector<Candidate>, KernelError> enumerate_bases(const LtPlan& plan,
+                                                              const GemmShape& shape,
+                                                              const BlasTuneOptions& options,
+                                                              int32_t* checked);
+  std::vector<Candidate> variants(const LtPlan& plan, const GemmShape& shape,
+                                  const BlasTuneOptions& options, const Candidate& seed, bool split,
+                                  int32_t* checked);
+  Result<std::vector<Candidate>, KernelError> screen(
+      const LtPlan& plan, const GemmShape& shape, const BlasTuneOptions& options,
+      std::vector<Candidate> heuristic, const std::function<double(const Candidate&, int)>& time,
+      GemmTuneResult* out);
+  // AlgoCheck of `algo` on the plan's shape: the workspace it needs when it runs within the
+  // fixed workspace, else -1.
+  int64_t check(const LtPlan& plan, const cublasLtMatmulAlgo_t& algo, float* waves) const;
+  std::vector<int32_t> algo_ids(bool fp32_out);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;  // kBlasWorkspaceBytes, shared with the cuBLAS handle (same stream)
@@ -149,6 +232,11 @@ class BlasLt {
   int32_t invariant_reference_rows_ = kInvariantReferenceRows;
   std::map<GemmShape, std::unique_ptr<LtPlan>> tuned_;  // only shapes that run cuBLASLt
   std::map<std::tuple<int32_t, int32_t, bool>, std::unique_ptr<LtPin>> pins_;  // (n, k, fp32)
+  std::map<bool, std::vector<int32_t>> algo_ids_;  // by fp32 out: cublasLtMatmulAlgoGetIds
+  // (n, k, fp32 out): the base configurations (id x tile x stages) that passed AlgoCheck at the
+  // first m enumerated; later m of the same weight re-check only these (AlgoCheck calls cost
+  // host time on every shape otherwise).
+  std::map<std::tuple<int32_t, int32_t, bool>, std::vector<cublasLtMatmulAlgo_t>> enumerated_;
 };
 
 }  // namespace twinstep::kernels

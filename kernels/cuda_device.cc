@@ -361,7 +361,11 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
     std::vector<int32_t> step_rows = buckets, logit_rows = buckets;
     step_rows.push_back(gc.max_step_rows);
     logit_rows.push_back(gc.max_logits);
-    auto tuned = blas_->tune(engine_gemm_shapes(*model_, step_rows, logit_rows), BlasTuneOptions{});
+    auto search = blas_search_from_env(std::getenv("TWINSTEP_GEMM_SEARCH"));
+    if (!search) return unexpected(from_kernel(search.error()));
+    BlasTuneOptions tune_options;
+    tune_options.search = search.value();
+    auto tuned = blas_->tune(engine_gemm_shapes(*model_, step_rows, logit_rows), tune_options);
     if (!tuned) return unexpected(from_kernel(tuned.error()));
     gemm_tune_ms_ = tuned.value().wall_ms;
   }
