@@ -16,6 +16,7 @@
 #include "engine/device.h"
 #include "engine/fault.h"
 #include "engine/ids.h"
+#include "engine/mutants.h"
 #include "engine/plan.h"
 #include "engine/result.h"
 
@@ -66,7 +67,8 @@ class RequestControl {
       : id_(id), flag_(std::move(flag)), aborts_(std::move(aborts)) {}
   RequestId id() const { return id_; }
   void abort() const {
-    if (flag_ && !flag_->exchange(true, std::memory_order_acq_rel) && aborts_) {
+    if (flag_ && !flag_->exchange(true, std::memory_order_acq_rel) && aborts_ &&
+        !TS_MUTANT(kAbortCountNotBumped)) {
       aborts_->fetch_add(1, std::memory_order_release);
     }
   }

@@ -34,6 +34,14 @@ struct PageListLog {
   std::vector<RequestId> marked;  // a request per write of one of its Marked fields (repeats)
 };
 
+// One edit of a scheduler queue, as RequestQueue (engine/scheduler.h) records it: `request`
+// entered (+1) or left (-1) the running (queue 0) or waiting (queue 1) queue.
+struct QueueEdit {
+  RequestId request;
+  uint8_t queue = 0;
+  int8_t delta = 0;
+};
+
 // What a request's Marked fields write to: its log and id (bound once it has its place).
 struct RequestMarker {
   PageListLog* log = nullptr;

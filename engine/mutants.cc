@@ -33,6 +33,7 @@ constexpr std::string_view kNames[] = {
     "partial_page_shared",
     "cached_on_free_list",
     "local_hit_ignores_window",
+    "abort_count_not_bumped",
 };
 static_assert(std::size(kNames) == static_cast<size_t>(Mutant::kCount));
 

@@ -37,6 +37,8 @@ enum class Mutant : int {
   kPartialPageShared,      // the partly written last page is published too
   kCachedOnFreeList,       // a released published page goes to the free list, still published
   kLocalHitIgnoresWindow,  // a local hit needs every page before it, not just the window's
+  // The abort count (Scheduler::retire_aborted looks for set flags only when it moved):
+  kAbortCountNotBumped,  // RequestControl::abort sets the flag but does not bump the count
   kCount,
 };
 

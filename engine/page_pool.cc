@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #include "engine/check.h"
 #include "engine/mutants.h"
@@ -20,6 +25,24 @@ PoolTag next_pool_tag() {
 // The heap's order: the oldest tick on top.
 bool later(const auto& a, const auto& b) { return a.tick > b.tick; }
 
+// The tables a big batch reads at random (the page array, the key index: tens of MB
+// at 256 x 32k) are backed by huge pages where the kernel offers them (Linux THP in "madvise"
+// mode), so a lookup's cache miss is not also a TLB miss. Advice only: nothing depends on it.
+template <class T>
+void assign_huge(std::vector<T>* v, size_t n, const T& value) {
+  std::vector<T>().swap(*v);
+  v->reserve(n);
+#ifdef __linux__
+  constexpr uintptr_t kPage = 4096;
+  const auto lo = (reinterpret_cast<uintptr_t>(v->data()) + kPage - 1) & ~(kPage - 1);
+  const auto hi = reinterpret_cast<uintptr_t>(v->data() + n) & ~(kPage - 1);
+  if (n * sizeof(T) >= (size_t{4} << 20) && hi > lo) {
+    madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+  }
+#endif
+  v->assign(n, value);
+}
+
 }  // namespace
 
 void FlatIndex::reset(size_t max_entries) {
@@ -29,7 +52,7 @@ void FlatIndex::reset(size_t max_entries) {
     capacity *= 2;
     shift_ -= 1;
   }
-  slots_.assign(capacity, Slot{});
+  assign_huge(&slots_, capacity, Slot{});
   mask_ = capacity - 1;
   size_ = 0;
   zero_present_ = false;
@@ -92,7 +115,7 @@ PagePool::PagePool(Family family, int32_t page_size, int32_t kv_heads, int32_t h
       << " head_dim=" << head_dim << " layers=" << layers;
   layout_ =
       PoolLayout{family, next_pool_tag(), page_size, kv_heads, head_dim, layers, capacity + 1};
-  pages_.assign(static_cast<size_t>(capacity) + 1, Page{});
+  assign_huge(&pages_, static_cast<size_t>(capacity) + 1, Page{});
   pages_[0].state = PageState::kPadding;
   dirty_mark_.assign(pages_.size(), 0);
   free_.reserve(capacity);
@@ -139,6 +162,7 @@ void PagePool::evict_oldest() {
   p.in_order = false;
   cached_ -= 1;
   table_.erase(p.hash);
+  key_moved(p.hash);
   p.published = false;
   p.hash = 0;
   if (p.state == PageState::kHeld) held_ -= 1;  // only reachable under kEvictReferenced
@@ -253,6 +277,7 @@ bool PagePool::publish(PageId page, uint64_t hash) {
   TS_CHECK(p.state == PageState::kHeld && !p.published)
       << "publish of " << page << " in state " << int(p.state) << " published=" << p.published;
   if (!table_.insert(hash, page.index)) return false;
+  key_moved(hash);
   p.published = true;
   p.hash = hash;
   if (TS_MUTANT(kEvictReferenced)) {
@@ -263,6 +288,15 @@ bool PagePool::publish(PageId page, uint64_t hash) {
     push_order(page.index, p.lru_tick);
   }
   return true;
+}
+
+void PagePool::watch(const uint64_t* keys, int32_t count) {
+  TS_CHECK(count >= 0) << "watch of " << count << " keys";
+  std::fill(std::begin(watched_), std::end(watched_), 0);
+  for (int32_t i = 0; i < count; ++i) {
+    const uint32_t bit = watch_bit(keys[i]);
+    watched_[bit >> 6] |= uint64_t{1} << (bit & 63);
+  }
 }
 
 void PagePool::drain_dirty(std::vector<uint32_t>* out) const {

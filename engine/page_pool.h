@@ -123,6 +123,13 @@ class PagePool {
   // already published under it; the caller may then share that one instead.
   bool publish(PageId page, uint64_t hash);
 
+  // Watched keys (Scheduler::take_hit's memo of a waiting request's hit): watch_generation()
+  // moves whenever lookup()'s answer for one of them may have changed, i.e. a watched key was
+  // published or evicted (the only writes of the key table), and sometimes when another key
+  // was (a bit filter: never missed, at times moved for nothing). watch() replaces the set.
+  void watch(const uint64_t* keys, int32_t count);
+  uint64_t watch_generation() const { return watch_generation_; }
+
   // The dirty log: every page index write() touched since the last drain, once each, in the
   // order first touched. The log is the checker's, not the pool's state (hence const).
   void drain_dirty(std::vector<uint32_t>* out) const;
@@ -177,7 +184,17 @@ class PagePool {
   }
   void push_order(uint32_t index, uint64_t tick);
   void compact_order();
-  FlatIndex table_;  // published hash -> index (lookups only)
+  FlatIndex table_;                          // published hash -> index (lookups only)
+  static uint32_t watch_bit(uint64_t key) {  // [0, 64 * kWatchWords)
+    return static_cast<uint32_t>((key * 0x9e3779b97f4a7c15ULL) >> 52);
+  }
+  void key_moved(uint64_t hash) {
+    const uint32_t bit = watch_bit(hash);
+    watch_generation_ += (watched_[bit >> 6] >> (bit & 63)) & 1;
+  }
+  static constexpr int kWatchWords = 64;  // 4096 bits: ~1.5% false moves at 60 watched keys
+  uint64_t watched_[kWatchWords] = {};
+  uint64_t watch_generation_ = 0;
   uint64_t lru_clock_ = 0;
   uint64_t evictions_ = 0;
   int32_t reserved_ = 0;

@@ -101,6 +101,48 @@ TEST(PagePool, UnacquirePutsACachedPageBackInItsPlace) {
   EXPECT_EQ(one[0], pages[0]);
 }
 
+// The watch generation (Scheduler::take_hit's memo): a watched key published or evicted moves
+// it; a key nobody watches, an acquire, a release into the cache and a failed publish do not
+// (the lookup of a watched key answers the same after them).
+TEST(PagePool, WatchGenerationMovesWhenAWatchedKeyIsPublishedOrEvicted) {
+  PagePool pool(Family::kGlobal, 4, 1, 8, 1, 2);
+  const uint64_t watched[] = {0x1111'2222'3333'4444ULL, 0x5555'6666'7777'8888ULL};
+  const uint64_t other = 0x9999'aaaa'bbbb'ccccULL;
+  pool.watch(watched, 2);
+  std::vector<PageId> pages;
+  ASSERT_TRUE(pool.reserve(2, &pages));
+  pool.commit(pages);
+  uint64_t generation = pool.watch_generation();
+  ASSERT_TRUE(pool.publish(pages[0], watched[1]));  // a watched key appears
+  EXPECT_NE(pool.watch_generation(), generation);
+  EXPECT_EQ(pool.lookup(watched[1]), pages[0]);
+  generation = pool.watch_generation();
+  EXPECT_FALSE(pool.publish(pages[1], watched[1]));  // already there: nothing moves
+  pool.release(pages[0]);                            // cached, still published
+  pool.acquire(pages[0]);
+  pool.release(pages[0]);
+  EXPECT_EQ(pool.lookup(watched[1]), pages[0]);
+  // `other` is not watched (the filter may still say it is: then it moves for nothing, which
+  // only costs a lookup; this key does not collide with either watched one).
+  ASSERT_TRUE(pool.publish(pages[1], other));
+  EXPECT_EQ(pool.watch_generation(), generation);
+  pool.release(pages[1]);  // both pages cached now: pages[0] the older
+  std::vector<PageId> fresh;
+  ASSERT_TRUE(pool.reserve(1, &fresh));  // evicts pages[0], the watched key's page
+  EXPECT_EQ(fresh[0], pages[0]);
+  EXPECT_FALSE(pool.lookup(watched[1]).has_value());
+  EXPECT_NE(pool.watch_generation(), generation);
+  // A new watch set: the key it dropped no longer moves the generation.
+  pool.watch(watched, 1);
+  generation = pool.watch_generation();
+  ASSERT_TRUE(pool.reserve(1, &fresh));  // evicts pages[1] (`other`)
+  pool.commit(fresh);
+  ASSERT_TRUE(pool.publish(fresh[0], watched[1]));
+  EXPECT_EQ(pool.watch_generation(), generation);
+  ASSERT_TRUE(pool.publish(fresh[1], watched[0]));
+  EXPECT_NE(pool.watch_generation(), generation);
+}
+
 TEST(KvSpan, PageKeysChainThePrefix) {
   const int32_t a[] = {1, 2, 3, 4};
   const int32_t b[] = {1, 2, 3, 5};

@@ -145,8 +145,8 @@ void Scheduler::finish(RequestState& r, Terminal terminal, RequestUpdate* update
   counters_.terminals[static_cast<int>(terminal.kind)] += 1;
   update->terminal = std::move(terminal);
   r.phase = RequestPhase::kDone;
-  std::erase(running_, r.id);
-  std::erase(waiting_, r.id);
+  running_.erase(r.id);
+  waiting_.erase(r.id);
   finished_this_step_.push_back(r.id);
 }
 
@@ -634,7 +634,7 @@ void Scheduler::rollback(std::span<Scheduled> scheduled, const DeviceError& erro
           << r.id << " frontier moved in a failed step";
     }
     if (it->newly_admitted) {
-      std::erase(running_, it->id);
+      running_.erase(it->id);
       waiting_.push_front(it->id);
       if (!TS_MUTANT(kRollbackKeepsPhase)) r.phase = it->phase_before;
       --admitted_counter_;
@@ -979,12 +979,21 @@ std::vector<std::string> Scheduler::check_invariants() const {
   thread_local std::vector<uint8_t> queued;
   constexpr uint64_t kDenseIds = uint64_t{1} << 26;
   bool dense = true;
+  auto listed_twice = [&](RequestId id, uint8_t bit) {
+    std::ostringstream os;
+    os << id << ": listed twice in " << (bit == 1 ? "running" : "waiting");
+    fail_request(os.str());
+  };
   auto mark = [&](RequestId id, uint8_t bit) {
     if (id.value >= kDenseIds) {
       dense = false;
       return;
     }
     if (id.value >= queued.size()) queued.resize(id.value + 1, 0);
+    if ((queued[id.value] & bit) != 0 && (queued[id.value] & (bit << 2)) == 0) {
+      queued[id.value] |= bit << 2;  // reported once
+      listed_twice(id, bit);
+    }
     queued[id.value] |= bit;
   };
   for (const RequestId id : running_) mark(id, 1);
@@ -996,6 +1005,12 @@ std::vector<std::string> Scheduler::check_invariants() const {
     waiting_sorted.assign(waiting_.begin(), waiting_.end());
     std::sort(running_sorted.begin(), running_sorted.end());
     std::sort(waiting_sorted.begin(), waiting_sorted.end());
+    for (const auto* sorted : {&running_sorted, &waiting_sorted}) {
+      for (auto it = sorted->begin(); (it = std::adjacent_find(it, sorted->end())) != sorted->end();
+           it = std::upper_bound(it, sorted->end(), *it)) {
+        if (it->value >= kDenseIds) listed_twice(*it, sorted == &running_sorted ? 1 : 2);
+      }
+    }
   }
   auto in_queue = [&](RequestId id, uint8_t bit, const std::vector<RequestId>& sorted) {
     if (!dense) return std::binary_search(sorted.begin(), sorted.end(), id);

@@ -65,6 +65,65 @@ class Ledger {
   std::map<RequestId, bool> touched_;   // this step's arrivals and terminals: id -> terminated
 };
 
+// Where the queues record their edits (QueueEdit: engine/kv_state.h).
+struct QueueLog {
+  bool on = false;  // off until a checker asks (Scheduler::record_page_list_edits)
+  std::vector<QueueEdit> edits;
+};
+
+// A scheduler queue (running: a vector, waiting: a deque) read as its container and written
+// only through the calls below, each entry entering or leaving recorded in the log once it is
+// on, so a checker follows every request's membership from the edits alone (an id listed twice
+// counts twice) and no edit escapes it.
+template <class Container>
+class RequestQueue {
+ public:
+  RequestQueue(QueueLog* log, uint8_t queue) : log_(log), queue_(queue) {}
+  RequestQueue(const RequestQueue&) = delete;
+  RequestQueue& operator=(const RequestQueue&) = delete;
+
+  operator const Container&() const { return items_; }  // NOLINT: read as the container
+  const Container& items() const { return items_; }
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  const RequestId& front() const { return items_.front(); }
+  const RequestId& back() const { return items_.back(); }
+  const RequestId& operator[](size_t i) const { return items_[i]; }
+  typename Container::const_iterator begin() const { return items_.begin(); }
+  typename Container::const_iterator end() const { return items_.end(); }
+
+  void push_back(RequestId id) {
+    items_.push_back(id);
+    note(id, +1);
+  }
+  void push_front(RequestId id) {
+    items_.push_front(id);
+    note(id, +1);
+  }
+  void pop_front() {
+    note(items_.front(), -1);
+    items_.pop_front();
+  }
+  void pop_back() {
+    note(items_.back(), -1);
+    items_.pop_back();
+  }
+  // Removes every entry equal to `id` (std::erase); returns how many.
+  size_t erase(RequestId id) {
+    const size_t removed = std::erase(items_, id);
+    for (size_t i = 0; i < removed; ++i) note(id, -1);
+    return removed;
+  }
+
+ private:
+  void note(RequestId id, int8_t delta) {
+    if (log_->on) log_->edits.push_back(QueueEdit{id, queue_, delta});
+  }
+  Container items_;
+  QueueLog* log_;
+  uint8_t queue_;
+};
+
 class Scheduler {
  public:
   Scheduler(const ModelConfig& model, const EngineConfig& config, Device& device);
@@ -79,20 +138,41 @@ class Scheduler {
   void set_abort_count(const std::atomic<uint64_t>* count) { abort_count_ = count; }
   std::optional<Terminal> validate(const Request& request) const;
   std::vector<std::string> check_invariants() const;
+  // Tests (process-wide): every hit take_hit serves from its memo is looked up again from
+  // scratch and must be the same (a TS_CHECK), and the counts below are kept: how often the
+  // memo served, and how often a watched key's publish or eviction made a request that tried
+  // again get a longer or a shorter hit than its memo's.
+  struct HitMemoStats {
+    uint64_t served = 0;
+    uint64_t grew = 0;
+    uint64_t shrank = 0;
+  };
+  static void verify_hit_memo(bool on);
+  static HitMemoStats hit_memo_stats();
   Metrics metrics() const;
 
   const ModelConfig& model() const { return model_; }
   const EngineConfig& config() const { return config_; }
   const PagePool& pool(Family f) const { return *pools_[static_cast<int>(f)]; }
   const std::map<RequestId, RequestState>& requests() const { return requests_; }
-  const std::deque<RequestId>& waiting() const { return waiting_; }
-  const std::vector<RequestId>& running() const { return running_; }
+  using WaitingQueue = RequestQueue<std::deque<RequestId>>;
+  using RunningQueue = RequestQueue<std::vector<RequestId>>;
+  const WaitingQueue& waiting() const { return waiting_; }
+  const RunningQueue& running() const { return running_; }
   const Counters& counters() const { return counters_; }
   // Every edit of every live request's page lists since the last drain (KvState's PageList
   // records them; a request erased holding pages shows as its pages leaving). The log is the
   // checker's, not the scheduler's state (hence const).
   // Off until a checker asks (before the first request arrives); the log grows until drained.
-  void record_page_list_edits() const { page_list_log_on_ = true; }
+  // The queues' edits are recorded from the same call (drain_queue_edits).
+  void record_page_list_edits() const {
+    page_list_log_on_ = true;
+    queue_log_.on = true;
+  }
+  void drain_queue_edits(std::vector<QueueEdit>* out) const {
+    out->insert(out->end(), queue_log_.edits.begin(), queue_log_.edits.end());
+    queue_log_.edits.clear();
+  }
   void drain_page_list_edits(std::vector<PageListEdit>* out) const {
     out->insert(out->end(), page_list_log_.edits.begin(), page_list_log_.edits.end());
     page_list_log_.edits.clear();
@@ -161,7 +241,9 @@ class Scheduler {
   bool reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal);
   // Prefix cache (scheduler_prefix.cc).
   void extend_keys(RequestState& r, int32_t pages) const;
-  int32_t hit_pages(RequestState& r) const;
+  int32_t hit_pages(RequestState& r, int32_t* read,
+                    std::vector<PageId> (&found)[kFamilyCount]) const;
+  void remember_hit(RequestState& r);
   void take_hit(RequestState& r, Scheduled* s);
   void drop_hit(Scheduled& s);
   void publish_full_pages(RequestState& r);
@@ -194,8 +276,9 @@ class Scheduler {
   mutable PageListLog page_list_log_;
   mutable bool page_list_log_on_ = false;
   std::map<RequestId, RequestState> requests_;  // live requests only
-  std::deque<RequestId> waiting_;               // FCFS; preempted requests go to the front
-  std::vector<RequestId> running_;              // admission order
+  mutable QueueLog queue_log_;                  // before the queues that write to it
+  WaitingQueue waiting_{&queue_log_, 1};        // FCFS; preempted requests go to the front
+  RunningQueue running_{&queue_log_, 0};        // admission order
   std::vector<RequestId> finished_this_step_;
   Ledger ledger_;
   Counters counters_;
@@ -203,6 +286,18 @@ class Scheduler {
   const std::atomic<uint64_t>* abort_count_ = nullptr;
   uint64_t aborts_retired_ = 0;  // the count at the last complete retire_aborted pass
   uint64_t admitted_counter_ = 0;
+  // take_hit's memo of the last request it looked up (the head of the queue, which may wait for
+  // many steps): exact while the request, its token count and both pools' watch generations
+  // (which move when one of its keys is published or evicted) are those it was taken at.
+  struct HitMemo {
+    RequestId id;
+    int32_t tokens = -1;
+    uint64_t generation[kFamilyCount] = {0, 0};
+    int32_t pages = 0;  // hit_pages()
+    int32_t first[kFamilyCount] = {0, 0};
+    std::vector<PageId> hit[kFamilyCount];  // the pages the hit acquires, per family
+  };
+  HitMemo hit_memo_;
   // The plan of the last step that ran the device, rebuilt in place (its capacity stays, so a
   // warm step allocates nothing for it); build_tables reuses its page tables.
   StepPlan plan_;

@@ -395,6 +395,9 @@ void Harness::check_page_account() {
   };
   auto mark = [&](engine::RequestId id, uint8_t m) {
     if (id.value >= queue_mark_.size()) queue_mark_.resize(id.value + 1, 0);
+    if (queue_mark_[id.value] == m) {
+      violate("queue-phase", who(id) + " is listed twice in " + (m == 1 ? "running" : "waiting"));
+    }
     queue_mark_[id.value] = m;
   };
   for (const engine::RequestId id : s.running()) mark(id, 1);
@@ -532,6 +535,8 @@ const engine::StepOutputs& Harness::step() {
     engine_->scheduler().drain_page_list_edits(&edits_);
     marks_.clear();
     engine_->scheduler().drain_request_marks(&marks_);
+    queue_edits_.clear();
+    engine_->scheduler().drain_queue_edits(&queue_edits_);
     for (const Family f : engine::kFamilies) {
       dirty_scratch_.clear();
       engine_->scheduler().pool(f).drain_dirty(&dirty_scratch_);

@@ -216,7 +216,7 @@ class Harness {
   std::unique_ptr<engine::Engine> engine_;
   std::map<engine::RequestId, RequestRecord> records_;
   std::vector<RequestRecord*> record_by_id_;  // [id.value] into records_ (nodes never move)
-  std::vector<uint8_t> queue_mark_;           // [id.value] check_queues' scratch, all 0 between
+  std::vector<uint8_t> queue_mark_;           // [id.value] the queue checks' scratch, 0 between
   std::vector<int32_t> holders_;              // check_pool_references' scratch
   std::vector<Violation> violations_;
   engine::StepOutputs last_;
@@ -272,15 +272,20 @@ class Harness {
   std::vector<LiveRequest> live_;
   std::vector<uint32_t> live_slot_;  // [id.value] index in live_ + 1; 0: not live
   std::vector<engine::RequestId> submitted_since_step_;
-  std::vector<engine::PageListEdit> edits_;      // scratch: this step's page-list edits
-  std::vector<uint32_t> dirty_scratch_;          // scratch: a pool's dirty log
-  std::vector<engine::RequestId> to_check_;      // this step's marked live requests
-  std::vector<engine::RequestId> removed_;       // this step's ended requests
-  std::vector<engine::RequestId> marks_;         // scratch: the drained request marks
-  std::vector<engine::RequestId> running_seen_;  // the queues as the last step left them
-  std::vector<engine::RequestId> waiting_seen_;
-  std::vector<uint8_t> queue_bits_;                // [id.value] 1 running, 2 waiting, as seen
-  std::vector<engine::RequestId> queue_touched_;   // scratch: ids whose membership may move
+  std::vector<engine::PageListEdit> edits_;  // scratch: this step's page-list edits
+  std::vector<uint32_t> dirty_scratch_;      // scratch: a pool's dirty log
+  std::vector<engine::RequestId> to_check_;  // this step's marked live requests
+  std::vector<engine::RequestId> removed_;   // this step's ended requests
+  std::vector<engine::RequestId> marks_;     // scratch: the drained request marks
+  // Per request id, how many times each queue lists it, followed from the queues' edit log.
+  struct QueueCount {
+    int32_t running = 0;
+    int32_t waiting = 0;
+    bool operator==(const QueueCount&) const = default;
+  };
+  std::vector<QueueCount> queue_counts_;        // [id.value]
+  std::vector<engine::QueueEdit> queue_edits_;  // scratch: this step's queue edits
+  std::vector<std::pair<engine::RequestId, QueueCount>> queue_touched_;  // scratch: id, before
   std::vector<engine::RequestId> running_before_;  // failed-step check: the queues before
   std::vector<engine::RequestId> waiting_before_;
   bool incremental_ok_ = true;  // false: ids past the dense range; every step runs whole

@@ -329,52 +329,48 @@ void Harness::check_changed_request(LiveRequest& live, const Fingerprint& now) {
   for (const Family f : engine::kFamilies) check_published_range(live, f, from, full);
 }
 
-// The queues against their copies from the last step: the ids between the common prefix and
-// suffix of each are the only ones whose membership can have moved (an id listed twice aside);
-// a request whose membership moved is marked. An id queued but not live is reported when it
-// enters the queue, or when its request ends while it stays queued.
+// The queues' edits since the last step (every entry entering or leaving either queue, from
+// RequestQueue's log): each request's count in each queue follows them, and a request whose
+// membership moved is marked, so the queue checks cost O(edits) a step. An id queued but not
+// live is reported when it enters the queue, or when its request ends while it stays queued.
 void Harness::track_queues() {
-  const engine::Scheduler& s = engine_->scheduler();
+  queue_edits_.clear();
+  engine_->scheduler().drain_queue_edits(&queue_edits_);
   queue_touched_.clear();
-  auto touch = [&](engine::RequestId id) -> uint8_t& {
-    if (id.value >= queue_bits_.size()) {
-      queue_bits_.resize(id.value + 1, 0);
-      queue_mark_.resize(std::max(queue_mark_.size(), queue_bits_.size()), 0);
+  for (const engine::QueueEdit& e : queue_edits_) {
+    const uint64_t id = e.request.value;
+    if (id >= queue_counts_.size()) {
+      queue_counts_.resize(id + 1);
+      queue_mark_.resize(std::max(queue_mark_.size(), queue_counts_.size()), 0);
     }
-    if (!(queue_mark_[id.value] & 4)) {
-      queue_mark_[id.value] = 4 | queue_bits_[id.value];  // bit 4: touched; 1|2: bits before
-      queue_touched_.push_back(id);
+    QueueCount& count = queue_counts_[id];
+    if (!queue_mark_[id]) {
+      queue_mark_[id] = 1;
+      queue_touched_.emplace_back(e.request, count);
     }
-    return queue_bits_[id.value];
-  };
-  auto diff = [&](const auto& now, std::vector<engine::RequestId>& seen, uint8_t bit) {
-    const size_t n = now.size(), o = seen.size();
-    size_t pre = 0, suf = 0;
-    while (pre < n && pre < o && now[pre] == seen[pre]) ++pre;
-    while (suf < n - pre && suf < o - pre && now[n - 1 - suf] == seen[o - 1 - suf]) ++suf;
-    if (pre + suf == n && n == o) return;
-    for (size_t i = pre; i < o - suf; ++i) touch(seen[i]) &= static_cast<uint8_t>(~bit);
-    for (size_t i = pre; i < n - suf; ++i) touch(now[i]) |= bit;
-    seen.assign(now.begin(), now.end());
-  };
-  diff(s.running(), running_seen_, 1);
-  diff(s.waiting(), waiting_seen_, 2);
-  for (const engine::RequestId id : queue_touched_) {
-    const uint8_t before = queue_mark_[id.value] & 3;
+    (e.queue == 0 ? count.running : count.waiting) += e.delta;
+  }
+  for (const auto& [id, before] : queue_touched_) {
     queue_mark_[id.value] = 0;
-    const uint8_t now = queue_bits_[id.value];
+    const QueueCount& now = queue_counts_[id.value];
     if (now == before) continue;
     if (LiveRequest* live = live_of(id)) {
       mark_live(*live);
-    } else if (now != 0) {
+    } else if (now.running != 0 || now.waiting != 0) {
       violate("queue-phase", who(id) + " is queued but not a live request");
     }
   }
 }
 
-// One marked request's queue: exactly one of running or waiting, its phase that queue's.
+// One marked request's queue: listed once, in exactly one of running or waiting, its phase
+// that queue's.
 void Harness::check_queue_of(const LiveRequest& live) {
-  const uint8_t m = live.id.value < queue_bits_.size() ? queue_bits_[live.id.value] : 0;
+  const QueueCount count =
+      live.id.value < queue_counts_.size() ? queue_counts_[live.id.value] : QueueCount{};
+  for (const auto& [n, name] : {std::pair{count.running, "running"}, {count.waiting, "waiting"}}) {
+    if (n > 1) violate("queue-phase", who(live.id) + " is listed twice in " + name);
+  }
+  const uint8_t m = (count.running > 0 ? 1 : 0) | (count.waiting > 0 ? 2 : 0);
   const RequestPhase phase = live.state->phase;
   const bool admitted = phase == RequestPhase::kPrefill || phase == RequestPhase::kDecode;
   if ((m == 1 || m == 2) && admitted != (m == 1)) {
@@ -513,7 +509,7 @@ void Harness::finish_incremental() {
   const engine::Scheduler& s = engine_->scheduler();
   track_queues();
   for (const engine::RequestId id : removed_) {
-    if (id.value < queue_bits_.size() && queue_bits_[id.value] != 0) {
+    if (id.value < queue_counts_.size() && !(queue_counts_[id.value] == QueueCount{})) {
       violate("queue-phase", who(id) + " is queued but not a live request");
     }
   }
@@ -634,14 +630,23 @@ void Harness::check_incremental_state() {
     }
     if (!(fingerprint_of(r) == live->seen)) differ(who(id) + " changed unmarked");
   }
-  std::vector<uint8_t> bits(queue_bits_.size(), 0);
+  std::vector<QueueCount> counts(queue_counts_.size());
+  bool beyond = false;  // an id the edits never showed
   for (const engine::RequestId id : s.running()) {
-    if (id.value < bits.size()) bits[id.value] |= 1;
+    if (id.value < counts.size()) {
+      counts[id.value].running += 1;
+    } else {
+      beyond = true;
+    }
   }
   for (const engine::RequestId id : s.waiting()) {
-    if (id.value < bits.size()) bits[id.value] |= 2;
+    if (id.value < counts.size()) {
+      counts[id.value].waiting += 1;
+    } else {
+      beyond = true;
+    }
   }
-  if (bits != queue_bits_) differ("queue membership");
+  if (beyond || counts != queue_counts_) differ("queue membership");
 }
 
 }  // namespace twinstep::sim

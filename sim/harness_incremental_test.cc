@@ -1,8 +1,8 @@
 // The incremental whole-state checks (harness_incremental.cc) against the full scans: on random
 // campaigns both pass with the same trace; every mutant is caught at the same seed and step by
 // either alone; and hand-made corruptions of a running engine's state, made between two steps
-// (through the pool's and the page lists' own write paths, as a bug in the logic above them
-// would), are each caught in the very next step with the full scans off.
+// (through the pool's, the page lists' and the queues' own write paths, as a bug in the logic
+// above them would), are each caught in the very next step with the full scans off.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -249,6 +249,25 @@ TEST(IncrementalChecks, CatchAWaitingRequestInTheDecodePhase) {
         w.mut(r).phase = engine::RequestPhase::kDecode;
       },
       "queue-phase", "but waiting");
+}
+
+TEST(IncrementalChecks, CatchAnIdListedTwiceInOneQueue) {
+  // Through the queue's own write path (its edit log records the second entry), as a bug in the
+  // scheduler's queue handling would: the last waiting request is queued once more.
+  auto corrupt = [](Warm& w) {
+    auto& waiting = const_cast<engine::Scheduler::WaitingQueue&>(w.s().waiting());
+    waiting.push_back(waiting.back());
+  };
+  expect_caught(corrupt, "queue-phase", "is listed twice in waiting");
+  // The scheduler's own whole-state check says so too.
+  Warm w(true);
+  ASSERT_TRUE(w.ready());
+  corrupt(w);
+  bool reported = false;
+  for (const std::string& v : w.s().check_invariants()) {
+    reported |= v.find("listed twice in waiting") != std::string::npos;
+  }
+  EXPECT_TRUE(reported) << "Scheduler::check_invariants missed the duplicate";
 }
 
 TEST(IncrementalChecks, CatchAGlobalPageDroppedFromTheFront) {
