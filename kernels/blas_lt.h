@@ -77,7 +77,13 @@ Result<BlasSearch, KernelError> blas_search_from_env(const char* value);
 
 // tune()'s search by default (CudaDevice::enable_decode_graphs uses the defaults; the
 // environment variable TWINSTEP_GEMM_SEARCH=heuristic|enumerated overrides it there).
-inline constexpr BlasSearch kDefaultBlasSearch = BlasSearch::kEnumerated;
+// kHeuristic: measured on the H200 (session 6, perf/NOTES.md "cuBLASLt enumerated search"),
+// the enumerated search's plans make one 12B decode step's GEMMs 0.97-1.01x the heuristic's
+// when each GEMM is timed alone (skinny_gemm_bench, one process), but the engine's decode steps
+// with graphs were no faster (same binary, two processes: b=1 8.041 vs 7.983 ms, b=16 9.433 vs
+// 9.446, b=64 14.419 vs 14.382, b=128 21.841 vs 21.730), and the search costs 8.1 s of
+// start-up against 1.6 s.
+inline constexpr BlasSearch kDefaultBlasSearch = BlasSearch::kHeuristic;
 
 struct BlasTuneOptions {
   int32_t candidates = 16;   // heuristic results timed per shape (at most), kHeuristic
