@@ -6,6 +6,7 @@
 #   gates  gemm_lt_gates' tuned-plan gates (the enumerated and forced split-K plans among them)
 #   engine engine_throughput_bench with no option (prefill, decode tables, long context), the
 #          default search (TWINSTEP_GEMM_SEARCH unset unless the caller sets it)
+#   engine_decode_heuristic  engine_throughput_bench --decode with TWINSTEP_GEMM_SEARCH=heuristic
 # PARTS picks which (default "bench gates engine").
 set -o pipefail
 OUT=${OUT:-/tmp/out}
@@ -24,7 +25,7 @@ for p in ${PARTS:-bench gates engine}; do
   case $p in
     bench) part bench "${LIMIT_BENCH:-60}" "$BIN/skinny_gemm_bench" ;;
     gates) part gates "${LIMIT_GATES:-45}" "$BIN/gemm_lt_gates" \
-      --gtest_filter='GemmLtGates.Enumerated*:GemmLtGates.Tuned*' ;;
+      --gtest_filter="${GATES_FILTER:-GemmLtGates.Enumerated*:GemmLtGates.Tuned*}" ;;
     skinny) part skinny "${LIMIT_SKINNY:-30}" "$BIN/skinny_gemm_gates" ;;
     engine)  # sections 1-3 and their summary; stopped once the summary is out (the sections
       # after it build their own devices and are not this script's business)
@@ -37,8 +38,12 @@ for p in ${PARTS:-bench gates engine}; do
       done
       wait $pid
       echo "== engine (engine_throughput_bench, TWINSTEP_GEMM_SEARCH=${TWINSTEP_GEMM_SEARCH:-}): exit $?, $(($(date +%s) - t0)) s" ;;
-    engine_decode) part engine_decode "${LIMIT_ENGINE:-80}" "$BIN/engine_throughput_bench" --decode ;;
+    engine_decode_heuristic)  # the A/B arm: the same binary with the session-4 search
+      TWINSTEP_GEMM_SEARCH=heuristic part engine_decode_heuristic "${LIMIT_ENGINE_DECODE:-60}" \
+        "$BIN/engine_throughput_bench" --decode ;;
   esac
 done
-grep -hE "^tuning|^copy|^\| +[0-9]+ \||wall|decode graphs|ms/step|^\| (prefill|decode)|floor|PASSED|FAILED|OK \]|force_splits" \
-  "$OUT"/*.log | head -120
+for f in "$OUT"/*.log; do
+  echo "---- $f"
+  grep -E "^tuning|^copy|^\| +[0-9]+ \||decode graphs|ms/step|^\| (prefill|decode)|PASSED|FAILED|OK \]|force_splits|Failure|^prefill GEMMs" "$f" | head -60
+done
