@@ -62,12 +62,13 @@ enum class BlasSearch {
   kHeuristic,
   // The heuristic's top `wide_heuristic` plus configurations enumerated from the algorithm ids'
   // capabilities (cublasLtMatmulAlgoGetIds / AlgoInit / CapGetAttribute): for m <= split_rows,
-  // every tile x stages of every id (AlgoCheck'd, the `enumerate_max` that fill the most SMs
-  // kept); then variants of the `variant_seeds` fastest so far: split-K 2..32 with each
-  // deterministic reduction scheme the id supports (partial sums in the fixed workspace), every
-  // stages id, cluster shapes and CTA swizzle, custom options. Every candidate is AlgoCheck'd,
-  // given a cheap first timing (a batch of about `screen_us`), and the `finalists` fastest are
-  // timed as kHeuristic times its candidates.
+  // each tile of every id with its first two stages ids that pass AlgoCheck (the
+  // `enumerate_max` that fill the most SMs kept); then variants of the `variant_seeds` fastest
+  // so far and of the fastest that can split: split-K 2..32 with each deterministic reduction
+  // scheme the id supports (partial sums in the fixed workspace), every stages id, cluster
+  // shapes and CTA swizzle, custom options. Every candidate is AlgoCheck'd, given a cheap first
+  // timing (a batch of about `screen_us`), and the `finalists` fastest and the heuristic's top
+  // two are timed as kHeuristic times its candidates (perf/NOTES.md, session 6).
   kEnumerated,
 };
 std::string to_string(BlasSearch search);
