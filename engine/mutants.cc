@@ -48,12 +48,9 @@ Mutant initial_mutant() {
   return *mutant;
 }
 
-std::atomic<int>& active_slot() {
-  static std::atomic<int> slot{static_cast<int>(initial_mutant())};
-  return slot;
-}
-
 }  // namespace
+
+std::atomic<int> detail::g_active_mutant{static_cast<int>(initial_mutant())};
 
 std::string_view mutant_name(Mutant mutant) { return kNames[static_cast<int>(mutant)]; }
 
@@ -78,9 +75,6 @@ bool mutants_compiled() {
 #endif
 }
 
-void set_active_mutant(Mutant mutant) { active_slot().store(static_cast<int>(mutant)); }
-Mutant active_mutant() {
-  return static_cast<Mutant>(active_slot().load(std::memory_order_relaxed));
-}
+void set_active_mutant(Mutant mutant) { detail::g_active_mutant.store(static_cast<int>(mutant)); }
 
 }  // namespace twinstep::engine

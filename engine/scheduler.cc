@@ -210,7 +210,7 @@ bool Scheduler::reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* 
     bool granted = true;
     if (need > 0 && config_.faults != nullptr && config_.faults->fire(alloc_site(f), r.id)) {
       granted = false;  // forced refusal
-    } else if (!pool_mut(f).reserve(need, &s->reserved[static_cast<int>(f)])) {
+    } else if (need > 0 && !pool_mut(f).reserve(need, &s->reserved[static_cast<int>(f)])) {
       granted = false;
       *capacity_refusal = true;
     }
@@ -321,25 +321,33 @@ void Scheduler::build_plan(std::span<const Scheduled> scheduled) {
 }
 
 void Scheduler::build_rows(std::span<const Scheduled> scheduled) {
-  plan_.tokens.clear();
-  plan_.positions.clear();
-  plan_.row_seq.clear();
-  plan_.seqs.clear();
+  // Sized first, then written through plain pointers (no per-row push_back).
+  size_t rows = 0;
+  for (const Scheduled& s : scheduled) rows += static_cast<size_t>(s.rows);
+  plan_.tokens.resize(rows);
+  plan_.positions.resize(rows);
+  plan_.row_seq.resize(rows);
+  plan_.seqs.resize(scheduled.size());
   plan_.num_logits = 0;
+  int32_t* tokens = plan_.tokens.data();
+  int32_t* positions = plan_.positions.data();
+  int32_t* row_seq = plan_.row_seq.data();
+  int32_t row = 0;
   for (size_t si = 0; si < scheduled.size(); ++si) {
     const Scheduled& s = scheduled[si];
     const RequestState& r = *s.state;
-    plan_.seqs.push_back(PlanSeq{.request = s.id,
-                                 .row_begin = plan_.num_rows(),
-                                 .row_count = s.rows,
-                                 .kv_len_before = s.kv_len_before,
-                                 .logits_index = s.logits_index,
-                                 .output_index = r.generated(),
-                                 .sampling = r.request.sampling});
-    for (int32_t i = 0; i < s.rows; ++i) {
-      plan_.tokens.push_back(r.tokens[s.kv_len_before + i]);
-      plan_.positions.push_back(s.kv_len_before + i);
-      plan_.row_seq.push_back(static_cast<int32_t>(si));
+    plan_.seqs[si] = PlanSeq{.request = s.id,
+                             .row_begin = row,
+                             .row_count = s.rows,
+                             .kv_len_before = s.kv_len_before,
+                             .logits_index = s.logits_index,
+                             .output_index = r.generated(),
+                             .sampling = r.request.sampling};
+    const int32_t* from = r.tokens.data() + s.kv_len_before;
+    for (int32_t i = 0; i < s.rows; ++i, ++row) {
+      tokens[row] = from[i];
+      positions[row] = s.kv_len_before + i;
+      row_seq[row] = static_cast<int32_t>(si);
     }
     plan_.num_logits += s.logits_index >= 0 ? 1 : 0;
   }
@@ -596,7 +604,9 @@ void Scheduler::move_kept(uint32_t* pages) {
 void Scheduler::build_slots(std::span<const Scheduled> scheduled, Family f) {
   const int32_t p = config_.page_size;
   FamilyPlan& fp = plan_.family(f);
-  fp.row_slot.clear();
+  const PagePool& pl = pool(f);
+  fp.row_slot.resize(plan_.tokens.size());
+  int64_t* slot = fp.row_slot.data();
   for (size_t si = 0; si < scheduled.size(); ++si) {
     const Scheduled& s = scheduled[si];
     const int32_t begin = fp.seq_page_begin[si];
@@ -610,10 +620,10 @@ void Scheduler::build_slots(std::span<const Scheduled> scheduled, Family f) {
           << " listed=" << listed;
       const uint32_t page = fp.page_indices[begin + logical];
       // Shared and cached pages are full: a write into one would change other holders' K/V.
-      TS_CHECK(!pool(f).published_hash(PageId{pool(f).tag(), page}))
+      TS_CHECK(!pl.published_hash(PageId{pl.tag(), page}))
           << s.id << " " << family_name(f) << " pos=" << pos << " would write published page "
           << page;
-      fp.row_slot.push_back(int64_t{page} * p + pos % p);
+      *slot++ = int64_t{page} * p + pos % p;
     }
   }
 }
@@ -674,16 +684,18 @@ void Scheduler::release_window_pages(RequestState& r) {
 
 void Scheduler::commit(std::span<Scheduled> scheduled, const DeviceOutput& result,
                        StepOutputs* out) {
+  const bool commit_one_family = TS_MUTANT(kCommitOneFamily);
+  const bool stop_ignored_on_first = TS_MUTANT(kStopIgnoredOnFirst);
   for (Scheduled& s : scheduled) {
     RequestState& r = *s.state;
     for (const Family f : kFamilies) {
       auto& pages = s.reserved[static_cast<int>(f)];
-      if (f == Family::kLocal && TS_MUTANT(kCommitOneFamily)) {
+      if (f == Family::kLocal && commit_one_family) {
         pool_mut(f).unreserve(pages);  // the local pages never reach the request
         pages.clear();
         continue;
       }
-      pool_mut(f).commit(pages);
+      if (!pages.empty()) pool_mut(f).commit(pages);
       KvState& kv = r.kv_of(f);
       if (s.hit_tokens > 0) {  // the request held nothing: the hit's pages come first
         const int fi = static_cast<int>(f);
@@ -703,10 +715,13 @@ void Scheduler::commit(std::span<Scheduled> scheduled, const DeviceOutput& resul
       counters_.prefix_hit_tokens += static_cast<uint64_t>(s.hit_tokens);
     }
     publish_full_pages(r);
-    RequestUpdate update{.id = s.id,
-                         .scheduled_tokens = s.rows,
-                         .kv_len = r.frontier,
-                         .cached_tokens = s.hit_tokens};
+    // Built in place and recorded in the ledger once complete (as emit() would, in the same
+    // order: nothing else is emitted in between).
+    RequestUpdate& update = out->updates.emplace_back();
+    update.id = s.id;
+    update.scheduled_tokens = s.rows;
+    update.kv_len = r.frontier;
+    update.cached_tokens = s.hit_tokens;
     std::optional<Terminal> terminal;
     if (s.produces_logits) {
       const int32_t token = result.sampled.at(s.logits_index);
@@ -721,7 +736,7 @@ void Scheduler::commit(std::span<Scheduled> scheduled, const DeviceOutput& resul
       }
       counters_.tokens_generated += 1;
       const auto& stops = r.request.stop_ids;
-      const bool stop_checked = !(TS_MUTANT(kStopIgnoredOnFirst) && r.generated() == 1);
+      const bool stop_checked = !(stop_ignored_on_first && r.generated() == 1);
       if (stop_checked && std::find(stops.begin(), stops.end(), token) != stops.end()) {
         terminal = Terminal{TerminalKind::kStop, RejectReason::kNone, ""};
       } else if (r.generated() >= r.request.max_tokens) {
@@ -733,7 +748,7 @@ void Scheduler::commit(std::span<Scheduled> scheduled, const DeviceOutput& resul
     if (terminal) {
       release_all(r);
       finish(r, std::move(*terminal), &update);
-      emit(out, std::move(update));
+      ledger_.record(update);
       if (TS_MUTANT(kTokenAfterTerminal)) {
         emit(out, RequestUpdate{.id = s.id, .kv_len = r.frontier, .new_tokens = {0}});
       }
@@ -742,7 +757,7 @@ void Scheduler::commit(std::span<Scheduled> scheduled, const DeviceOutput& resul
     release_window_pages(r);
     r.phase = r.pending() == 1 && r.frontier >= r.prompt_len ? RequestPhase::kDecode
                                                              : RequestPhase::kPrefill;
-    emit(out, std::move(update));
+    ledger_.record(update);
   }
 }
 
