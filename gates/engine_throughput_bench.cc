@@ -1264,6 +1264,25 @@ void probe(kernels::CudaDevice& device, bool profile) {
 
 }  // namespace l2_prefetch_ab
 
+// Section 1's host path of a prefill step (issue 12, session 6): the phases section 2 prints
+// for decode, in microseconds: admit, plan, device check, stage, launch, wait, post, commit,
+// and the step's wall time outside the scheduler.
+void push_prefill_host_phases(engine::Engine& e, double step_ms, std::vector<double> (&ph)[9]) {
+  if (g_device == nullptr) return;
+  const engine::Scheduler::StepTimes& s = e.scheduler().last_step_times();
+  const kernels::CudaDevice::HostPhases& d = g_device->last_host_phases();
+  const double v[9] = {s.admit_us,
+                       s.plan_us,
+                       d.check_us,
+                       d.stage_us,
+                       d.launch_us,
+                       d.wait_us,
+                       d.post_us,
+                       s.commit_us,
+                       step_ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us)};
+  for (int p = 0; p < 9; ++p) ph[p].push_back(v[p]);
+}
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -1387,7 +1406,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
     drain(e);
     for (int i = 0; i < kPrefillRequests; ++i) submit(e, rng, kPrefillPrompt, 1);
-    std::vector<double> ms;
+    std::vector<double> ms, host, host_phases[9];
     Cost total_cost;
     int64_t rows = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -1395,6 +1414,8 @@ int main(int argc, char** argv) {
       Timed t = step(e);
       if (t.out.rows == 0) continue;
       ms.push_back(t.ms);
+      if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
+      push_prefill_host_phases(e, t.ms, host_phases);
       rows += t.out.rows;
       total_cost += cost.step_cost(t.out);
     }
@@ -1412,6 +1433,15 @@ int main(int argc, char** argv) {
     std::printf("  floor: %.1f ms (memory %.1f, compute %.1f); measured/floor %.2f\n",
                 cost.floor_ms(total_cost), cost.memory_ms(total_cost), cost.compute_ms(total_cost),
                 wall / cost.floor_ms(total_cost));
+    if (!host.empty()) {
+      const auto& ph = host_phases;
+      std::printf(
+          "  host path (step wall - GPU time from plan upload to sampled ids): median %.3f ms; "
+          "host phases, median us: admit %.1f, plan %.1f, device: check %.1f, stage %.1f, "
+          "launch %.1f, wait %.1f, post %.1f; commit %.1f, outside the scheduler %.1f\n",
+          median(host), median(ph[0]), median(ph[1]), median(ph[2]), median(ph[3]), median(ph[4]),
+          median(ph[5]), median(ph[6]), median(ph[7]), median(ph[8]));
+    }
     table.push_back({"prefill 16x2048", double(rows) / steps, wall / steps, rows / (wall * 1e-3),
                      cost.memory_ms(total_cost) / steps, cost.compute_ms(total_cost) / steps,
                      cost.floor_ms(total_cost) / steps});
@@ -1482,8 +1512,10 @@ int main(int argc, char** argv) {
     drain(e);
   }
 
+  // TWINSTEP_BENCH_QUICK=1: sections 1 and 2 and the summary only (a short device call).
+  const bool quick = std::getenv("TWINSTEP_BENCH_QUICK") != nullptr;
   // ---- 3. long-context decode: kLongBatch x kLongPrompt ---------------------------------
-  if (!prefetch_ab) {
+  if (!prefetch_ab && !quick) {
     std::vector<engine::RequestControl> controls;
     for (int i = 0; i < kLongBatch; ++i)
       controls.push_back(submit(e, rng, kLongPrompt, kLongTokens));
@@ -1538,7 +1570,7 @@ int main(int argc, char** argv) {
   created.value().reset();
   g_device = nullptr;
   made.value().reset();
-  if (decode_only) return 0;
+  if (decode_only || quick) return 0;
   prefix_ttft::report(config);
   cudnn_prefill::report(config);
   return batch_invariance::report(config);

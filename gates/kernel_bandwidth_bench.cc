@@ -14,6 +14,7 @@
 #include "gates/bench_util.h"
 #include "kernels/fused_norms.h"
 #include "kernels/ops.h"
+#include "kernels/qkv_write_variants.h"
 #include "sim/rng.h"
 
 namespace {
@@ -23,9 +24,12 @@ using twinstep::kernels::bf16;
 constexpr int kWarmup = 3;
 constexpr int kRepeats = 21;
 
+// TWINSTEP_BW_PROFILE=1: each kernel launched twice (one warm-up, one timed), for ncu to
+// profile every kernel of the run once (its timings then mean nothing).
 template <class F>
 double median_ms(cudaStream_t stream, F&& launch) {
-  return twinstep::gates::median_ms(stream, kWarmup, kRepeats, launch);
+  static const bool profile = std::getenv("TWINSTEP_BW_PROFILE") != nullptr;
+  return twinstep::gates::median_ms(stream, profile ? 1 : kWarmup, profile ? 1 : kRepeats, launch);
 }
 
 // Random bf16 in [-1, 1) filled on the host (never zeros: zeros can run faster).
@@ -42,6 +46,86 @@ void report(const char* what, double bytes, double ms, double copy_gbs) {
   const double gbs = bytes / (ms * 1e-3) / 1e9;
   std::printf("%-34s %9.1f MB %9.3f ms %8.0f GB/s %6.1f%% of copy\n", what, bytes / 1e6, ms, gbs,
               copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 100.0);
+}
+
+// q norm + rope and the KV write of one layer at a family's shapes, as the forward runs them
+// (q, k, v in fused rows; one seq over shuffled pages of 16): the two kernels of session 5
+// alone and back to back, then each fused kernel of qkv_write_variants.h.
+// Bytes: q read + written, k (and v unless K==V) read, K and V written, plan arrays.
+void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32_t qh, int32_t kvh,
+                     int32_t hd, bool k_eq_v, twinstep::kernels::Rope rope, double copy_gbs,
+                     cudaStream_t stream) {
+  namespace k = twinstep::kernels;
+  const int32_t page = 16;
+  const int64_t q_out = int64_t{qh} * hd, kv_out = int64_t{kvh} * hd;
+  const int64_t cols = q_out + kv_out * (k_eq_v ? 1 : 2);
+  bf16* qkv = random_device(rng, size_t(R) * cols);
+  bf16* qw = random_device(rng, hd);
+  std::vector<int32_t> positions(R), row_seq(R, 0);
+  std::vector<int64_t> slot(R);
+  const int32_t pages = R / page + 2;
+  std::vector<uint32_t> order(pages - 1);
+  std::iota(order.begin(), order.end(), 1u);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+  const int32_t first = R >= 1024 ? 0 : 2048 - R % page;  // decode-like rows sit further in
+  for (int32_t i = 0; i < R; ++i) {
+    positions[i] = first + i;
+    slot[i] = int64_t{order[(first % page + i) / page]} * page + (first + i) % page;
+  }
+  int32_t *d_pos, *d_seq;
+  int64_t* d_slot;
+  BENCH_CUDA(cudaMalloc(&d_pos, R * sizeof(int32_t)));
+  BENCH_CUDA(cudaMalloc(&d_seq, R * sizeof(int32_t)));
+  BENCH_CUDA(cudaMalloc(&d_slot, R * sizeof(int64_t)));
+  BENCH_CUDA(cudaMemcpy(d_pos, positions.data(), R * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(d_seq, row_seq.data(), R * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(d_slot, slot.data(), R * 8, cudaMemcpyHostToDevice));
+  bf16* pool = random_device(rng, size_t(pages) * 2 * page * kv_out);
+  k::KvPoolView view{pool, 1, pages, page, kvh, hd};
+  k::RowsView rv{d_pos, d_seq, R};
+  k::PagingView pv{nullptr, nullptr, nullptr, d_slot, 0, 1};
+  bf16* kp = qkv + q_out;
+  bf16* vp = k_eq_v ? kp : kp + kv_out;
+  auto q_only = [&] {
+    BENCH_OK(k::qk_norm_rope(qkv, cols, qw, d_pos, R, qh, hd, 1e-6f, rope, stream));
+  };
+  auto kv_only = [&] {
+    BENCH_OK(k::kv_write(kp, cols, vp, cols, qw, 1e-6f, rope, view, 0, rv, pv, stream));
+  };
+  auto fused = [&](k::QkvWriteVariant variant) {
+    BENCH_OK(k::qkv_norm_rope_write_variant(qkv, cols, qw, qh, kp, cols, vp, cols, qw, 1e-6f, rope,
+                                            view, 0, rv, pv, stream, variant));
+  };
+  const double q_bytes = 2.0 * R * q_out * 2 + R * 4.0;
+  const double kv_bytes = (k_eq_v ? 3.0 : 4.0) * R * kv_out * 2 + R * 12.0;
+  char label[96];
+  std::snprintf(label, sizeof(label), "%s qk_norm_rope", name);
+  report(label, q_bytes, median_ms(stream, q_only), copy_gbs);
+  std::snprintf(label, sizeof(label), "%s kv_write", name);
+  report(label, kv_bytes, median_ms(stream, kv_only), copy_gbs);
+  std::snprintf(label, sizeof(label), "%s both (before)", name);
+  report(label, q_bytes + kv_bytes,
+         median_ms(stream,
+                   [&] {
+                     q_only();
+                     kv_only();
+                   }),
+         copy_gbs);
+  const std::pair<k::QkvWriteVariant, const char*> variants[] = {
+      {k::QkvWriteVariant::kPipelined, "fused pipelined"},
+      {k::QkvWriteVariant::kPipelinedHalf, "fused pipelined, half"},
+      {k::QkvWriteVariant::kRowBlock, "fused row block"},
+      {k::QkvWriteVariant::kRowBlockHalf, "fused row block, half"}};
+  for (const auto& [variant, what] : variants) {
+    std::snprintf(label, sizeof(label), "%s %s", name, what);
+    report(label, q_bytes + kv_bytes, median_ms(stream, [&] { fused(variant); }), copy_gbs);
+  }
+  BENCH_CUDA(cudaFree(qkv));
+  BENCH_CUDA(cudaFree(qw));
+  BENCH_CUDA(cudaFree(pool));
+  BENCH_CUDA(cudaFree(d_pos));
+  BENCH_CUDA(cudaFree(d_seq));
+  BENCH_CUDA(cudaFree(d_slot));
 }
 
 }  // namespace
@@ -151,6 +235,17 @@ int main() {
                                                 stream));
     });
     report("residual_norm, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
+    // Session 6: the residual_norm above prefetches the row; session 5's kernel, beside it.
+    ms = median_ms(stream, [&] {
+      BENCH_OK(twinstep::kernels::residual_norm_reference(delta, nw, xr, 1.0f, nw, h, R, H, 1e-6f,
+                                                          stream));
+    });
+    report("residual_norm reference (before)", 4.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
+    ms = median_ms(stream, [&] {
+      BENCH_OK(twinstep::kernels::residual_norm_reference(delta, nw, xr, 0.5f, nullptr, nullptr, R,
+                                                          H, 1e-6f, stream));
+    });
+    report("  reference, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
     const int64_t qkv_cols = int64_t{qh} * hd + 2 * int64_t{kvh} * hd;
     bf16* qkv = random_device(rng, size_t(R) * qkv_cols);
     bf16* qw = random_device(rng, hd);
@@ -190,6 +285,18 @@ int main() {
     });
     report("kv_write 8192, fused qkv stride", 4.0 * size_t(R) * kvh * hd * sizeof(bf16) + R * 12.0,
            ms, copy_gbs);
+  }
+  // Session 6: the fused q norm + rope + KV write at the 12B's two families, prefill (8192
+  // rows) and decode (128 and 1 rows; launch-bound there).
+  {
+    namespace k = twinstep::kernels;
+    const auto local = k::Rope::default_rope(256, 1e4f);
+    const auto global = k::Rope::proportional(512, 1e6f, 0.25);
+    bench_qkv_write(rng, "local 8192", 8192, 16, 8, 256, false, local, copy_gbs, stream);
+    bench_qkv_write(rng, "global 8192", 8192, 16, 1, 512, true, global, copy_gbs, stream);
+    bench_qkv_write(rng, "local 128", 128, 16, 8, 256, false, local, copy_gbs, stream);
+    bench_qkv_write(rng, "global 128", 128, 16, 1, 512, true, global, copy_gbs, stream);
+    bench_qkv_write(rng, "local 1", 1, 16, 8, 256, false, local, copy_gbs, stream);
   }
   BENCH_CUDA(cudaDeviceSynchronize());
   return 0;

@@ -8,6 +8,7 @@
 #include "gates/kernel_gate_util.h"
 #include "kernels/fused_norms.h"
 #include "kernels/norm_rope_reference.h"
+#include "kernels/qkv_write_variants.h"
 
 namespace twinstep::gates {
 namespace {
@@ -371,7 +372,8 @@ TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
   };
   const Case cases[] = {{37, 3840, 0.73f, true, true}, {37, 3840, 1.0f, true, true},
                         {19, 256, 1.7f, true, true},   {11, 640, 1.0f, false, true},
-                        {8, 5376, 0.5f, true, false},  {3, 1024, 2.0f, true, true}};
+                        {8, 5376, 0.5f, true, false},  {3, 1024, 2.0f, true, true},
+                        {5, 12288, 0.9f, true, true},  {9, 3840, 1.0f, false, false}};
   for (const Case& k : cases) {
     SCOPED_TRACE("rows " + std::to_string(k.rows) + " dim " + std::to_string(k.dim));
     sim::Rng rng(41 + k.dim);
@@ -397,6 +399,17 @@ TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
     if (k.trailing_norm) {
       EXPECT_EQ(bitwise_diffs(out_fused.download(), 0, out_seq.download(), 0, n), 0u)
           << "the trailing norm";
+    }
+    // Session 5's kernel (residual_norm_reference; the prefetching one runs rows of <= 256
+    // threads, 12288 goes to the reference in both): the same bits again.
+    DeviceBuffer<bf16> x_ref(x), out_ref(n);
+    KERNEL_OK(kernels::residual_norm_reference(d_delta.get(), pw1, x_ref.get(), k.scalar, pw2,
+                                               k.trailing_norm ? out_ref.get() : nullptr, k.rows,
+                                               k.dim, 1e-6f, stream_));
+    EXPECT_EQ(bitwise_diffs(x_ref.download(), 0, xf, 0, n), 0u) << "x vs the reference kernel";
+    if (k.trailing_norm) {
+      EXPECT_EQ(bitwise_diffs(out_ref.download(), 0, out_fused.download(), 0, n), 0u)
+          << "the trailing norm vs the reference kernel";
     }
   }
 }
@@ -575,6 +588,163 @@ TEST_F(KernelGates, HeadsAWarpMatchTheOneHeadReferenceBitwise) {
     }
   }
   std::printf("[gate] heads a warp vs one head a warp: %zu elements compared, bitwise\n", compared);
+}
+
+// ---- fused q norm + rope + KV write --------------------------------------------------
+
+struct FusedCase {
+  int32_t head_dim, q_heads, kv_heads;
+  bool k_eq_v;
+  Rope rope;
+  double theta;
+  int32_t pairs;
+};
+
+// Every head dim the engine takes, GQA 1 .. 16, K==V and not, both ropes (and none); the 12B's
+// two families among them (hd256 16 q / 8 kv; hd512 16 q / 1 kv, K==V, proportional).
+std::vector<FusedCase> fused_cases() {
+  std::vector<FusedCase> cases;
+  for (int32_t hd : kernels::kHeadDims) {
+    const Rope dflt = Rope::default_rope(hd, 1e4f), prop = Rope::proportional(hd, 1e6f, 0.25);
+    cases.push_back({hd, 16, 8, false, dflt, 1e4, hd / 2});
+    cases.push_back({hd, 16, 1, true, prop, 1e6, hd / 8});
+    cases.push_back({hd, 3, 3, false, prop, 1e6, hd / 8});  // a partial last group
+    cases.push_back({hd, 4, 2, true, dflt, 1e4, hd / 2});
+  }
+  cases.push_back({128, 8, 2, false, Rope::none(), 1e4, 0});
+  // More groups than a row's warps (kQkvWarpsPerRowMax): a warp loops over groups.
+  cases.push_back({256, 64, 8, false, Rope::default_rope(256, 1e4f), 1e4, 128});
+  return cases;
+}
+
+// One case: fused q|k|v rows (padding columns between rows) over shuffled pages with spare
+// pages (holes), the padding page 0, rows at a long position (the angle's slow path), and rows
+// marked kNoKvWrite (a graph bucket's padding rows). Every fused kernel (qkv_write_variants.h)
+// against qk_norm_rope_reference then kv_write: the whole q|k|v buffer and the whole pool
+// bitwise; and the fused result against the fp64 host model.
+void run_fused_case(const FusedCase& fc, cudaStream_t stream, sim::Rng& rng, size_t* compared) {
+  const float eps = 1e-6f;
+  const int32_t hd = fc.head_dim, qh = fc.q_heads, kvh = fc.kv_heads, layers = 2, layer = 1;
+  PagedScenario sc = make_scenario(rng, {{0, 37}, {40, 3}, {5, 1}, {131000, 2}, {70, 1}}, 16, kvh,
+                                   hd, layers, 64, 5);
+  const int32_t rows = sc.rows();
+  const std::vector<int32_t> no_write = {3, rows - 1};
+  for (int32_t r : no_write) sc.row_slot[r] = kernels::kNoKvWrite;
+  const int64_t q_out = int64_t{qh} * hd, kv_out = int64_t{kvh} * hd;
+  const int64_t stride = q_out + kv_out * (fc.k_eq_v ? 1 : 2) + 64;  // 64 untouched columns
+  auto x = random_bf16(rng, size_t(rows) * stride, -2.0f, 2.0f);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int64_t c = stride - 64; c < stride; ++c) x[r * stride + c] = sentinel_bf16();
+  }
+  const auto qw = random_bf16(rng, hd, 0.5f, 1.5f), kw = random_bf16(rng, hd, 0.5f, 1.5f);
+  DeviceBuffer<bf16> d_qw(qw), d_kw(kw), d_ref(x);
+  const std::vector<bf16> sentinel(sc.pool_elems(), sentinel_bf16());
+  DeviceBuffer<bf16> pool_ref(sentinel);
+  DevicePlan plan(sc);
+  const int64_t v_col = fc.k_eq_v ? q_out : q_out + kv_out;
+  KERNEL_OK(kernels::qk_norm_rope_reference(d_ref.get(), stride, d_qw.get(), plan.positions.get(),
+                                            rows, qh, hd, eps, fc.rope, stream));
+  KERNEL_OK(kernels::kv_write(d_ref.get() + q_out, stride, d_ref.get() + v_col, stride, d_kw.get(),
+                              eps, fc.rope, pool_view(sc, pool_ref.get()), layer, plan.rows_view(),
+                              plan.paging_view(), stream));
+  const auto want_x = d_ref.download(), want_pool = pool_ref.download();
+  EXPECT_GT(bitwise_diffs(want_x, 0, x, 0, x.size()), 0u) << "the reference changed nothing";
+  using kernels::QkvWriteVariant;
+  for (QkvWriteVariant variant : {QkvWriteVariant::kPipelined, QkvWriteVariant::kPipelinedHalf,
+                                  QkvWriteVariant::kRowBlock, QkvWriteVariant::kRowBlockHalf}) {
+    SCOPED_TRACE("variant " + std::to_string(static_cast<int>(variant)));
+    DeviceBuffer<bf16> d_x(x), pool(sentinel);
+    KERNEL_OK(kernels::qkv_norm_rope_write_variant(
+        d_x.get(), stride, d_qw.get(), qh, d_x.get() + q_out, stride, d_x.get() + v_col, stride,
+        d_kw.get(), eps, fc.rope, pool_view(sc, pool.get()), layer, plan.rows_view(),
+        plan.paging_view(), stream, variant));
+    const auto got_x = d_x.download(), got_pool = pool.download();
+    EXPECT_EQ(bitwise_diffs(got_x, 0, want_x, 0, x.size()), 0u) << "q|k|v rows differ";
+    EXPECT_EQ(bitwise_diffs(got_pool, 0, want_pool, 0, got_pool.size()), 0u) << "pools differ";
+    *compared += x.size() + got_pool.size();
+    // Page 0 (padding) of every layer and the no-write rows' slots keep the sentinel.
+    for (int32_t l = 0; l < layers; ++l) {
+      EXPECT_EQ(count_not_sentinel(got_pool, l * sc.layer_elems(), 2 * 16 * sc.token_elems()), 0u)
+          << "padding page written, layer " << l;
+    }
+    for (int32_t r : no_write) {
+      const int32_t s = sc.row_seq[r], p = sc.positions[r];
+      for (int kind = 0; kind < 2; ++kind) {
+        EXPECT_EQ(count_not_sentinel(got_pool, sc.elem(layer, s, p, kind, 0), sc.token_elems()), 0u)
+            << "row " << r << " has no slot but wrote one";
+      }
+    }
+    if (variant != kernels::kQkvWriteDefault) continue;
+    // fp64 model: q per head, K and V at their slots.
+    const auto xf = to_float(x), qwf = to_float(qw), kwf = to_float(kw);
+    std::vector<double> ref, head(hd);
+    std::vector<float> got;
+    for (int32_t r = 0; r < rows; ++r) {
+      const bool writes = std::find(no_write.begin(), no_write.end(), r) == no_write.end();
+      for (int32_t h = 0; h < qh + (writes ? 2 * kvh : 0); ++h) {
+        const int kind = h < qh ? 0 : h < qh + kvh ? 1 : 2;  // q, k, v
+        const int32_t kv_h = kind == 1 ? h - qh : h - qh - kvh;
+        const int64_t src =
+            r * stride +
+            (kind == 0 ? h * int64_t{hd} : (kind == 1 ? q_out : v_col) + kv_h * int64_t{hd});
+        ref_rms_norm(&xf[src],
+                     kind == 0   ? qwf.data()
+                     : kind == 1 ? kwf.data()
+                                 : nullptr,
+                     hd, eps, head.data());
+        if (kind != 2 && fc.pairs > 0)
+          ref_rope(head.data(), hd, sc.positions[r], fc.theta, fc.pairs);
+        const int64_t at =
+            kind == 0 ? src : sc.elem(layer, sc.row_seq[r], sc.positions[r], kind - 1, kv_h);
+        const auto& out = kind == 0 ? got_x : got_pool;
+        for (int32_t d = 0; d < hd; ++d) {
+          ref.push_back(head[d]);
+          got.push_back(to_f(out[at + d]));
+        }
+      }
+    }
+    EXPECT_LE(rel_error(got, ref), kBf16Tolerance);
+  }
+}
+
+TEST_F(KernelGates, FusedQkvWriteMatchesTheTwoKernelsBitwise) {
+  sim::Rng rng(31);
+  size_t compared = 0;
+  int cases = 0;
+  for (const FusedCase& fc : fused_cases()) {
+    SCOPED_TRACE("head_dim=" + std::to_string(fc.head_dim) + " q=" + std::to_string(fc.q_heads) +
+                 " kv=" + std::to_string(fc.kv_heads) + (fc.k_eq_v ? " k==v" : "") +
+                 " pairs=" + std::to_string(fc.pairs));
+    ASSERT_NO_FATAL_FAILURE(run_fused_case(fc, stream_, rng, &compared));
+    cases += 1;
+  }
+  std::printf(
+      "[gate] fused q norm + rope + KV write vs qk_norm_rope_reference + kv_write: %d "
+      "cases, %zu elements compared, bitwise\n",
+      cases, compared);
+}
+
+// Bad arguments are refused with the field named, before any launch.
+TEST_F(KernelGates, FusedQkvWriteRefusesBadArguments) {
+  sim::Rng rng(33);
+  const int32_t hd = 64, qh = 2, kvh = 1;
+  PagedScenario sc = make_scenario(rng, {{0, 3}}, 8, kvh, hd, 1, 0, 0);
+  DeviceBuffer<bf16> pool(sc.pool_elems()), qkv(size_t(3) * (qh + 2 * kvh) * hd);
+  DevicePlan plan(sc);
+  const int64_t stride = int64_t{qh + 2 * kvh} * hd;
+  auto call = [&](int32_t q_heads, int64_t q_stride, int32_t layer) {
+    return kernels::qkv_norm_rope_write(qkv.get(), q_stride, nullptr, q_heads, qkv.get() + qh * hd,
+                                        stride, qkv.get() + (qh + kvh) * hd, stride, nullptr, 1e-6f,
+                                        Rope::default_rope(hd, 1e4f), pool_view(sc, pool.get()),
+                                        layer, plan.rows_view(), plan.paging_view(), stream_);
+  };
+  auto message = [](const kernels::KernelStatus& s) {
+    return s.ok() ? std::string("ok") : s.error().message;
+  };
+  EXPECT_NE(message(call(0, stride, 0)).find("q_heads"), std::string::npos);
+  EXPECT_NE(message(call(qh, hd, 0)).find("q_row_stride"), std::string::npos);
+  EXPECT_NE(message(call(qh, stride, 1)).find("layer 1"), std::string::npos);
+  EXPECT_TRUE(call(qh, stride, 0).ok());
 }
 
 }  // namespace

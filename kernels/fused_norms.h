@@ -23,4 +23,10 @@ KernelStatus residual_norm(const bf16* delta, const bf16* delta_weight, bf16* x,
                            const bf16* out_weight, bf16* out, int32_t rows, int32_t dim, float eps,
                            cudaStream_t stream);
 
+// residual_norm as session 5 ran it (x and the weights loaded after the first reduction): the
+// reference the prefetching kernel is gated bitwise against, and the bench's "before" row.
+KernelStatus residual_norm_reference(const bf16* delta, const bf16* delta_weight, bf16* x,
+                                     float scalar, const bf16* out_weight, bf16* out, int32_t rows,
+                                     int32_t dim, float eps, cudaStream_t stream);
+
 }  // namespace twinstep::kernels

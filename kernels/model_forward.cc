@@ -3,6 +3,7 @@
 #include "kernels/model_forward.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <iterator>
 #include <map>
 #include <numeric>
@@ -10,6 +11,7 @@
 
 #include "kernels/attention_decode_split.h"
 #include "kernels/fused_norms.h"
+#include "kernels/qkv_write_variants.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -85,6 +87,38 @@ Placement place(const engine::ModelConfig& c) {
   }
   put("norm.weight", H);
   return p;
+}
+
+// A layer's q norm + rope and KV write from its fused q|k|v rows (row stride qkv_stride).
+// TWINSTEP_QKV_WRITE, read once (the benches' A/B, session 6): "split" runs the two kernels the
+// fused one replaces (qk_norm_rope, kv_write), "rowblock" the row-block fused kernel; unset or
+// anything else: qkv_norm_rope_write. TWINSTEP_QKV_WRITE_SPLIT_ROWS=N: steps of more than N
+// rows run "split" whatever the mode. All give the same bits (KernelGates).
+KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_t q_heads,
+                       const bf16* k_raw, const bf16* v_raw, const bf16* k_norm, float eps,
+                       Rope rope, const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                       const PagingView& paging, cudaStream_t stream) {
+  static const std::string mode = [] {
+    const char* v = std::getenv("TWINSTEP_QKV_WRITE");
+    return std::string(v != nullptr ? v : "");
+  }();
+  static const int64_t split_rows = [] {
+    const char* v = std::getenv("TWINSTEP_QKV_WRITE_SPLIT_ROWS");
+    return v != nullptr ? std::atoll(v) : int64_t{-1};
+  }();
+  if (mode == "split" || (split_rows >= 0 && rows.rows > split_rows)) {
+    if (auto s = qk_norm_rope(qkv, qkv_stride, q_norm, rows.positions, rows.rows, q_heads,
+                              pool.head_dim, eps, rope, stream);
+        !s.ok()) {
+      return s;
+    }
+    return kv_write(k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope, pool, layer, rows,
+                    paging, stream);
+  }
+  return qkv_norm_rope_write_variant(
+      qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope,
+      pool, layer, rows, paging, stream,
+      mode == "rowblock" ? QkvWriteVariant::kRowBlock : kQkvWriteDefault);
 }
 
 }  // namespace
@@ -546,12 +580,12 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
     TS_TRY(prefetch_next(&prefetch_, false, L.o, o_bytes));
     mark(ForwardPhase::kRopeKvWrite, stream);
-    TS_TRY(qk_norm_rope(b.qkv, L.qkv_cols, L.q_norm, step.rows.positions, R, c.num_q_heads,
-                        L.head_dim, eps, rope, stream));
+    // q normed and roped in place, k and v into their page slots: one launch (bitwise
+    // qk_norm_rope then kv_write, which stay as its reference).
     const bf16* k_raw = b.qkv + q_out;
     const bf16* v_raw = L.k_eq_v ? k_raw : k_raw + kv_out;
-    TS_TRY(kv_write(k_raw, L.qkv_cols, v_raw, L.qkv_cols, L.k_norm, eps, rope, step.pools[f],
-                    L.family_index, step.rows, step.paging[f], stream));
+    TS_TRY(qkv_write(b.qkv, L.qkv_cols, L.q_norm, c.num_q_heads, k_raw, v_raw, L.k_norm, eps, rope,
+                     step.pools[f], L.family_index, step.rows, step.paging[f], stream));
     const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
     mark(ForwardPhase::kAttention, stream);
     if (step.decode_only && !batch_invariant_) {

@@ -131,6 +131,20 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
                       const KvPoolView& pool, int32_t layer, const RowsView& rows,
                       const PagingView& paging, cudaStream_t stream);
 
+// qk_norm_rope of q (q_heads heads, weight q_norm_weight, in place at q_row_stride) and the
+// kv_write of k_raw / v_raw, in one launch over each row's fused q|k|v, bitwise equal to
+// qk_norm_rope then kv_write with the same arguments (gated: KernelGates.
+// FusedQkvWriteMatchesTheTwoKernelsBitwise). head_dim is pool.head_dim; q and k share `rope`.
+// A row whose slot is kNoKvWrite gets its q done and writes no K/V; traps as kv_write.
+// q must not overlap k_raw or v_raw; the forward runs this one (qk_norm_rope and kv_write stay
+// as its reference).
+KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
+                                 int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
+                                 const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,
+                                 float eps, Rope rope, const KvPoolView& pool, int32_t layer,
+                                 const RowsView& rows, const PagingView& paging,
+                                 cudaStream_t stream);
+
 // Paged attention of one layer, causal over absolute positions: the row at position p of seq
 // s attends keys [max(0, p - window + 1), p] (window <= 0: keys [0, p]) of its own seq, read
 // through the pages. The current step's keys must already be written (kv_write first).

@@ -9,6 +9,7 @@
 #include "kernels/common.cuh"
 #include "kernels/norm_rope_reference.h"
 #include "kernels/ops.h"
+#include "kernels/qkv_write_variants.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -200,6 +201,300 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) kv_write_kernel(KvWrite
   store_bf16<E>(v_dst, v);
 }
 
+// ---- q norm + rope and the paged KV write in one launch --------------------------------
+// A row's heads (q, then k, then v: "virtual heads") go G to a warp, a row's warps in one
+// block, so the rope angles of the row are computed once into shared memory (HD/2 sincosf a
+// row) instead of by every roped head's lanes (HD/2 per head: 24x the work at the 12B's local
+// 16 q + 8 k heads, with two shuffles per angle), and q, k and v cost one launch. The per-head
+// math is qk_norm_rope's and kv_write's: norm_rope_head's norm, then the same rotate_half
+// expression over the same sincosf values, so the output is theirs bit for bit (gated).
+
+constexpr int kQkvWarpsPerBlock = 8;    // a block's warps: one row's groups, or rows of few
+constexpr int kQkvWarpsPerRowMax = 16;  // more groups than this loop inside a warp
+constexpr int kQkvRowsPerBlockMax = kQkvWarpsPerBlock;
+
+struct QkvWriteArgs {
+  bf16* q;  // [rows, q_heads, HD] at q_row_stride, normed and roped in place
+  int64_t q_row_stride;
+  const bf16* q_norm_weight;  // [HD] or nullptr
+  int32_t q_heads;
+  const bf16* k_raw;  // [rows, kv_heads, HD] at k_row_stride
+  int64_t k_row_stride;
+  const bf16* v_raw;  // [rows, kv_heads, HD] at v_row_stride (k_raw for K==V)
+  int64_t v_row_stride;
+  const bf16* k_norm_weight;  // [HD] or nullptr
+  float eps;
+  float theta;
+  int32_t rotary_pairs;
+  bf16* layer_base;  // pool.data + layer * pages_total * elements_per_page
+  int32_t pages_total;
+  int32_t page_size;
+  int32_t kv_heads;
+  const int32_t* positions;  // [rows]
+  const int64_t* row_slot;   // [rows]
+  int32_t rows;
+  int32_t warps_per_row;  // the block's warps over a row's groups
+  int32_t rows_per_block;
+};
+
+// Applies rotate_half rope to one head held by a warp (norm_rope_head's layout) with the
+// row's angle tables: cos_row[d], sin_row[d] for pair d < HD/2.
+template <int HD>
+__device__ __forceinline__ void rope_from_table(float (&x)[HD / kWarp], const float* cos_row,
+                                                const float* sin_row) {
+  constexpr int E = HD / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const bool upper = lane >= kWarp / 2;
+  const int first = (lane % (kWarp / 2)) * E;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float c = cos_row[first + i];
+    const float s = sin_row[first + i];
+    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
+    x[i] = upper ? x[i] * c + partner * s : x[i] * c - partner * s;
+  }
+}
+
+// One warp's group of G heads of a row: where each comes from and goes to, and its weight.
+struct QkvHead {
+  const bf16* src;
+  bf16* dst;
+  const bf16* weight;
+  bool rotate;
+};
+
+__device__ __forceinline__ QkvHead qkv_head(const QkvWriteArgs& a, int32_t row, int32_t h,
+                                            bf16* k_slot, int64_t token_elems, int head_dim) {
+  if (h < a.q_heads) {
+    bf16* q = a.q + row * a.q_row_stride + static_cast<int64_t>(h) * head_dim;
+    return {q, q, a.q_norm_weight, true};
+  }
+  h -= a.q_heads;
+  if (h < a.kv_heads) {
+    return {a.k_raw + row * a.k_row_stride + static_cast<int64_t>(h) * head_dim,
+            k_slot + static_cast<int64_t>(h) * head_dim, a.k_norm_weight, true};
+  }
+  h -= a.kv_heads;  // v_norm: weightless, no rope
+  return {a.v_raw + row * a.v_row_stride + static_cast<int64_t>(h) * head_dim,
+          k_slot + a.page_size * token_elems + static_cast<int64_t>(h) * head_dim, nullptr, false};
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(QkvWriteArgs a) {
+  constexpr int E = HD / kWarp;
+  __shared__ float inv_freq[HD / 2];
+  __shared__ float cos_tab[kQkvRowsPerBlockMax][HD / 2];
+  __shared__ float sin_tab[kQkvRowsPerBlockMax][HD / 2];
+  const bool roped = a.rotary_pairs > 0;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_block;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int r = warp / a.warps_per_row;
+  const bool active = row0 + r < a.rows;  // every thread reaches the barriers below
+  const int32_t row = static_cast<int32_t>(active ? row0 + r : 0);
+  int32_t position = 0, heads = 0;
+  int64_t page = 0;
+  int32_t offset = 0;
+  if (active) {
+    position = a.positions[row];
+    TS_DEVICE_REQUIRE(position >= 0);
+    const int64_t slot = a.row_slot[row];
+    const bool write_kv = slot != kNoKvWrite;  // a graph bucket's padding row: q only
+    if (write_kv) {
+      TS_DEVICE_REQUIRE(slot >= 0);
+      page = slot / a.page_size;
+      offset = static_cast<int32_t>(slot % a.page_size);
+      TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
+      TS_DEVICE_REQUIRE(offset == position % a.page_size);
+    }
+    heads = a.q_heads + (write_kv ? 2 * a.kv_heads : 0);
+  }
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+  bf16* const k_slot = a.layer_base + (page * 2 * a.page_size + offset) * token_elems;
+  const int32_t groups = (heads + G - 1) / G;
+  int32_t group = warp % a.warps_per_row;
+  float f[G][E];
+  auto load_group = [&] {  // every load of the group before any math
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int32_t h = group * G + g;
+      if (h >= heads) break;  // warp-uniform
+      load_bf16<E>(qkv_head(a, row, h, k_slot, token_elems, HD).src + lane * E, f[g]);
+    }
+  };
+  if (group < groups) load_group();  // in flight while the block builds the angle tables
+  if (roped) {
+    fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
+    __syncthreads();
+    for (int i = threadIdx.x; i < a.rows_per_block * (HD / 2); i += blockDim.x) {
+      const int rr = i / (HD / 2), d = i % (HD / 2);
+      if (row0 + rr >= a.rows) break;  // i grows with rr
+      const int32_t p = a.positions[row0 + rr];
+      sincosf(static_cast<float>(p) * inv_freq[d], &sin_tab[rr][d], &cos_tab[rr][d]);
+    }
+    __syncthreads();
+  }
+  while (group < groups) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int32_t h = group * G + g;
+      if (h >= heads) break;
+      const QkvHead hd = qkv_head(a, row, h, k_slot, token_elems, HD);
+      norm_rope_head<HD>(f[g], hd.weight, a.eps, position, nullptr);  // the norm alone
+      if (roped && hd.rotate) rope_from_table<HD>(f[g], cos_tab[r], sin_tab[r]);
+      store_bf16<E>(hd.dst + lane * E, f[g]);
+    }
+    group += a.warps_per_row;
+    if (group < groups) load_group();
+  }
+}
+
+// ---- the same, pipelined: a warp per (row, G heads) item, items grid-strided --------------
+// The row-block kernel above is slower than the two kernels it fuses (0.150 against 0.123 ms
+// at the 12B's local 8192 rows, call 1 of session 6): every block of one row waits at two
+// barriers on its angle table (positions, powf, sincosf) and then runs its heads' dependent
+// chains with no load in flight. Here a warp's next item is loaded while it computes the
+// current one (two register buffers), the only barrier is the block's inv_freq table at the
+// start, and the rope angles are computed once per item (norm_rope_head's split between a
+// lane and its partner, the same sincosf inputs) and shared by the item's roped heads.
+
+// A lane's E angles of `position` (norm_rope_head's c[] and s[]).
+template <int HD>
+__device__ __forceinline__ void rope_angles(const float* inv_freq, int position,
+                                            float (&c)[HD / kWarp], float (&s)[HD / kWarp]) {
+  constexpr int E = HD / kWarp;
+  constexpr int H = E / 2;
+  const int lane = threadIdx.x % kWarp;
+  const bool upper = lane >= kWarp / 2;
+  const int first_pair = (lane % (kWarp / 2)) * E + (upper ? H : 0);
+#pragma unroll
+  for (int j = 0; j < H; ++j) {
+    float mine_c, mine_s;
+    sincosf(static_cast<float>(position) * inv_freq[first_pair + j], &mine_s, &mine_c);
+    const float other_c = __shfl_xor_sync(kFullMask, mine_c, kWarp / 2);
+    const float other_s = __shfl_xor_sync(kFullMask, mine_s, kWarp / 2);
+    c[j] = upper ? other_c : mine_c;
+    s[j] = upper ? other_s : mine_s;
+    c[j + H] = upper ? mine_c : other_c;
+    s[j + H] = upper ? mine_s : other_s;
+  }
+}
+
+// norm_rope_head's rotation with angles from rope_angles.
+template <int HD>
+__device__ __forceinline__ void rope_rotate(float (&x)[HD / kWarp], const float (&c)[HD / kWarp],
+                                            const float (&s)[HD / kWarp]) {
+  constexpr int E = HD / kWarp;
+  const bool upper = threadIdx.x % kWarp >= kWarp / 2;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
+    x[i] = upper ? x[i] * c[i] + partner * s[i] : x[i] * c[i] - partner * s[i];
+  }
+}
+
+// One item of the pipelined kernel: a row and its heads [head0, head0 + G) of q | k | v.
+struct QkvItem {
+  int32_t row = 0, head0 = 0, heads = 0;  // heads: the row's (q only without a KV slot)
+  int32_t position = 0;
+  bf16* k_slot = nullptr;
+  bool valid = false;
+};
+
+template <int HD, int G>
+__device__ __forceinline__ QkvItem qkv_item(const QkvWriteArgs& a, int64_t item,
+                                            int32_t groups_per_row) {
+  QkvItem it;
+  it.row = static_cast<int32_t>(item / groups_per_row);
+  it.head0 = static_cast<int32_t>(item % groups_per_row) * G;
+  it.position = a.positions[it.row];
+  TS_DEVICE_REQUIRE(it.position >= 0);
+  it.heads = a.q_heads;
+  if (it.head0 + G > a.q_heads) {  // the item holds k or v heads: the row's slot
+    const int64_t slot = a.row_slot[it.row];
+    if (slot != kNoKvWrite) {  // else a graph bucket's padding row: q only
+      TS_DEVICE_REQUIRE(slot >= 0);
+      const int64_t page = slot / a.page_size;
+      const int32_t offset = static_cast<int32_t>(slot % a.page_size);
+      TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
+      TS_DEVICE_REQUIRE(offset == it.position % a.page_size);
+      it.k_slot = a.layer_base + (page * 2 * a.page_size + offset) * a.kv_heads * HD;
+      it.heads += 2 * a.kv_heads;
+    }
+  }
+  it.valid = it.head0 < it.heads;
+  return it;
+}
+
+template <int HD, int G>
+__device__ __forceinline__ void qkv_item_load(const QkvWriteArgs& a, const QkvItem& it,
+                                              float (&f)[G][HD / kWarp]) {
+  constexpr int E = HD / kWarp;
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int32_t h = it.head0 + g;
+    if (h >= it.heads) break;  // warp-uniform
+    load_bf16<E>(qkv_head(a, it.row, h, it.k_slot, token_elems, HD).src + (threadIdx.x % kWarp) * E,
+                 f[g]);
+  }
+}
+
+template <int HD, int G>
+__device__ __forceinline__ void qkv_item_finish(const QkvWriteArgs& a, const QkvItem& it,
+                                                const float* inv_freq, float (&f)[G][HD / kWarp]) {
+  constexpr int E = HD / kWarp;
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+  // Roped heads are q and k: [0, q_heads + kv_heads) of the row's heads.
+  const bool any_roped = a.rotary_pairs > 0 && it.head0 < a.q_heads + a.kv_heads;
+  float c[E], s[E];
+  if (any_roped) rope_angles<HD>(inv_freq, it.position, c, s);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int32_t h = it.head0 + g;
+    if (h >= it.heads) break;
+    const QkvHead hd = qkv_head(a, it.row, h, it.k_slot, token_elems, HD);
+    norm_rope_head<HD>(f[g], hd.weight, a.eps, it.position, nullptr);  // the norm alone
+    if (any_roped && hd.rotate) rope_rotate<HD>(f[g], c, s);
+    store_bf16<E>(hd.dst + (threadIdx.x % kWarp) * E, f[g]);
+  }
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
+    qkv_write_pipelined_kernel(QkvWriteArgs a) {
+  constexpr int E = HD / kWarp;
+  __shared__ float inv_freq[HD / 2];
+  fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
+  __syncthreads();
+  const int32_t groups_per_row = (a.q_heads + 2 * a.kv_heads + G - 1) / G;
+  const int64_t items = static_cast<int64_t>(a.rows) * groups_per_row;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  float fa[G][E], fb[G][E];
+  QkvItem ia, ib;
+  if (item < items) {
+    ia = qkv_item<HD, G>(a, item, groups_per_row);
+    if (ia.valid) qkv_item_load<HD, G>(a, ia, fa);
+  }
+  while (item < items) {  // two items a turn: fa / fb swap roles without register moves
+    int64_t next = item + stride;
+    if (next < items) {
+      ib = qkv_item<HD, G>(a, next, groups_per_row);
+      if (ib.valid) qkv_item_load<HD, G>(a, ib, fb);
+    }
+    if (ia.valid) qkv_item_finish<HD, G>(a, ia, inv_freq, fa);
+    if (next >= items) break;
+    item = next;
+    next = item + stride;
+    if (next < items) {
+      ia = qkv_item<HD, G>(a, next, groups_per_row);
+      if (ia.valid) qkv_item_load<HD, G>(a, ia, fa);
+    }
+    if (ib.valid) qkv_item_finish<HD, G>(a, ib, inv_freq, fb);
+    item = next;
+  }
+}
+
 // ---- elementwise ----------------------------------------------------------------------
 
 __device__ __forceinline__ float gelu_tanh(float x) {
@@ -369,6 +664,54 @@ struct QkNormRopeLaunch {
   }
 };
 
+// The variants of qkv_write_variants.h; blocks: the row-block kernels' grid (the pipelined
+// ones size theirs to the blocks the SMs hold at once).
+template <int HD>
+struct QkvWriteLaunch {
+  template <int G>
+  static int pipelined_blocks(int64_t items) {
+    static int resident = 0;  // blocks an SM holds, times the SMs (once per instantiation)
+    if (resident == 0) {
+      int device = 0, sms = 0, per_sm = 0;
+      if (cudaGetDevice(&device) == cudaSuccess &&
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qkv_write_pipelined_kernel<HD, G>,
+                                                        kWarpsPerBlock * kWarp, 0) == cudaSuccess &&
+          sms * per_sm > 0) {
+        resident = sms * per_sm;
+      } else {
+        (void)cudaGetLastError();  // not this launch's error; retried next launch
+      }
+    }
+    const int64_t needed = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    const int64_t cap = resident > 0 ? resident : needed;  // unknown: a warp per item
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, cap)));
+  }
+  static void run(QkvWriteVariant variant, int blocks, cudaStream_t stream,
+                  const QkvWriteArgs& args) {
+    constexpr int G = heads_per_warp(HD);
+    const int threads = args.warps_per_row * args.rows_per_block * kWarp;
+    const int64_t heads = int64_t{args.q_heads} + 2 * int64_t{args.kv_heads};
+    switch (variant) {
+      case QkvWriteVariant::kPipelined:
+        qkv_write_pipelined_kernel<HD, G><<<pipelined_blocks<G>(args.rows * ((heads + G - 1) / G)),
+                                            kWarpsPerBlock * kWarp, 0, stream>>>(args);
+        break;
+      case QkvWriteVariant::kPipelinedHalf:
+        qkv_write_pipelined_kernel<HD, G / 2>
+            <<<pipelined_blocks<G / 2>(args.rows * ((heads + G / 2 - 1) / (G / 2))),
+               kWarpsPerBlock * kWarp, 0, stream>>>(args);
+        break;
+      case QkvWriteVariant::kRowBlock:
+        qkv_write_kernel<HD, G><<<blocks, threads, 0, stream>>>(args);
+        break;
+      case QkvWriteVariant::kRowBlockHalf:
+        qkv_write_kernel<HD, G / 2><<<blocks, threads, 0, stream>>>(args);
+        break;
+    }
+  }
+};
+
 template <int HD>
 struct KvWriteLaunch {
   static void run(int blocks, cudaStream_t stream, const KvWriteArgs& args) {
@@ -482,40 +825,58 @@ KernelStatus qk_norm_rope_reference(bf16* x, int64_t x_row_stride, const bf16* w
                              stream, /*reference=*/true);
 }
 
-KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
-                      int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
-                      const KvPoolView& pool, int32_t layer, const RowsView& rows,
-                      const PagingView& paging, cudaStream_t stream) {
+namespace {
+// The arguments kv_write and qkv_norm_rope_write share; `who` names the launcher in messages.
+KernelStatus check_kv_write(const std::string& who, const bf16* k_raw, int64_t k_row_stride,
+                            const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,
+                            float eps, Rope rope, const KvPoolView& pool, int32_t layer,
+                            const RowsView& rows, const PagingView& paging) {
   if (auto s = check_rows_view(rows); !s.ok()) return s;
   if (pool.data == nullptr || pool.page_size <= 0 || pool.kv_heads <= 0 || pool.pages_total < 2) {
-    return bad_argument(
-        "kv_write: pool needs data, page_size > 0, kv_heads > 0 and "
-        "pages_total >= 2 (page 0 is padding)");
+    return bad_argument(who +
+                        ": pool needs data, page_size > 0, kv_heads > 0 and "
+                        "pages_total >= 2 (page 0 is padding)");
   }
   if (layer < 0 || layer >= pool.layers) {
-    return bad_argument("kv_write: layer " + str(layer) + " outside [0, " + str(pool.layers) + ")");
+    return bad_argument(who + ": layer " + str(layer) + " outside [0, " + str(pool.layers) + ")");
   }
   const int64_t head_elems = static_cast<int64_t>(pool.kv_heads) * pool.head_dim;
   if (k_row_stride < head_elems || v_row_stride < head_elems || k_row_stride % 8 != 0 ||
       v_row_stride % 8 != 0) {
-    return bad_argument("kv_write: row strides must be >= kv_heads*head_dim = " + str(head_elems) +
+    return bad_argument(who + ": row strides must be >= kv_heads*head_dim = " + str(head_elems) +
                         " and multiples of 8, got k=" + str(k_row_stride) +
                         " v=" + str(v_row_stride));
   }
   if (!aligned16(k_raw) || !aligned16(v_raw) || !aligned16(pool.data) ||
       (k_norm_weight != nullptr && !aligned16(k_norm_weight))) {
-    return bad_argument(
-        "kv_write: k_raw, v_raw, k_norm_weight and pool.data must be 16-byte "
-        "aligned");
+    return bad_argument(who +
+                        ": k_raw, v_raw, k_norm_weight and pool.data must be 16-byte "
+                        "aligned");
   }
   if (rows.rows > 0 && paging.row_slot == nullptr) {
-    return bad_argument("kv_write: paging.row_slot must be a device pointer");
+    return bad_argument(who + ": paging.row_slot must be a device pointer");
   }
-  if (!(eps > 0.0f)) return bad_argument("kv_write: eps must be > 0");
-  if (auto s = check_rope(rope, pool.head_dim); !s.ok()) return s;
-  if (rows.rows == 0) return Ok{};
+  if (!(eps > 0.0f)) return bad_argument(who + ": eps must be > 0");
+  return check_rope(rope, pool.head_dim);
+}
+
+bf16* layer_base(const KvPoolView& pool, int32_t layer) {
   const int64_t per_layer =
-      static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size * head_elems;
+      static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size * pool.kv_heads * pool.head_dim;
+  return pool.data + per_layer * layer;
+}
+}  // namespace
+
+KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
+                      int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
+                      const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                      const PagingView& paging, cudaStream_t stream) {
+  if (auto s = check_kv_write("kv_write", k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight,
+                              eps, rope, pool, layer, rows, paging);
+      !s.ok()) {
+    return s;
+  }
+  if (rows.rows == 0) return Ok{};
   KvWriteArgs args{k_raw,
                    k_row_stride,
                    v_raw,
@@ -524,7 +885,7 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
                    eps,
                    rope.theta,
                    rope.rotary_pairs,
-                   pool.data + per_layer * layer,
+                   layer_base(pool, layer),
                    pool.pages_total,
                    pool.page_size,
                    pool.kv_heads,
@@ -537,6 +898,79 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
     return s;
   }
   return launch_status("kv_write_kernel");
+}
+
+KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
+                                 int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
+                                 const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,
+                                 float eps, Rope rope, const KvPoolView& pool, int32_t layer,
+                                 const RowsView& rows, const PagingView& paging,
+                                 cudaStream_t stream) {
+  return qkv_norm_rope_write_variant(q, q_row_stride, q_norm_weight, q_heads, k_raw, k_row_stride,
+                                     v_raw, v_row_stride, k_norm_weight, eps, rope, pool, layer,
+                                     rows, paging, stream, kQkvWriteDefault);
+}
+
+KernelStatus qkv_norm_rope_write_variant(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
+                                         int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
+                                         const bf16* v_raw, int64_t v_row_stride,
+                                         const bf16* k_norm_weight, float eps, Rope rope,
+                                         const KvPoolView& pool, int32_t layer,
+                                         const RowsView& rows, const PagingView& paging,
+                                         cudaStream_t stream, QkvWriteVariant variant) {
+  const std::string who = "qkv_norm_rope_write";
+  if (auto s = check_kv_write(who, k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight, eps,
+                              rope, pool, layer, rows, paging);
+      !s.ok()) {
+    return s;
+  }
+  if (q_heads <= 0) return bad_argument(who + ": q_heads must be > 0, got " + str(q_heads));
+  if (q_row_stride < static_cast<int64_t>(q_heads) * pool.head_dim || q_row_stride % 8 != 0) {
+    return bad_argument(who + ": q_row_stride must be >= q_heads*head_dim = " +
+                        str(int64_t{q_heads} * pool.head_dim) + " and a multiple of 8, got " +
+                        str(q_row_stride));
+  }
+  if (!aligned16(q) || (q_norm_weight != nullptr && !aligned16(q_norm_weight))) {
+    return bad_argument(who + ": q and q_norm_weight must be 16-byte aligned");
+  }
+  if (!head_dim_supported(pool.head_dim)) {
+    return bad_argument(who + ": head_dim " + str(pool.head_dim) +
+                        " is not one of 64, 128, 256, 512");
+  }
+  if (rows.rows == 0) return Ok{};
+  const bool half =
+      variant == QkvWriteVariant::kRowBlockHalf || variant == QkvWriteVariant::kPipelinedHalf;
+  const int g = heads_per_warp(pool.head_dim) / (half ? 2 : 1);
+  const int64_t groups = (int64_t{q_heads} + 2 * int64_t{pool.kv_heads} + g - 1) / g;
+  const int32_t warps_per_row = static_cast<int32_t>(std::min<int64_t>(groups, kQkvWarpsPerRowMax));
+  const int32_t rows_per_block = std::max(1, kQkvWarpsPerBlock / warps_per_row);
+  QkvWriteArgs args{q,
+                    q_row_stride,
+                    q_norm_weight,
+                    q_heads,
+                    k_raw,
+                    k_row_stride,
+                    v_raw,
+                    v_row_stride,
+                    k_norm_weight,
+                    eps,
+                    rope.theta,
+                    rope.rotary_pairs,
+                    layer_base(pool, layer),
+                    pool.pages_total,
+                    pool.page_size,
+                    pool.kv_heads,
+                    rows.positions,
+                    paging.row_slot,
+                    rows.rows,
+                    warps_per_row,
+                    rows_per_block};
+  const int blocks = static_cast<int>((int64_t{rows.rows} + rows_per_block - 1) / rows_per_block);
+  if (auto s = dispatch_head_dim<QkvWriteLaunch>(pool.head_dim, variant, blocks, stream, args);
+      !s.ok()) {
+    return s;
+  }
+  return launch_status("qkv_write_kernel");
 }
 
 KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stride, bf16* out,

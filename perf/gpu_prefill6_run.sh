@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# perf/gpu_prefill6_run.sh: a device call of issue 12's session-6 work (the fused q norm + rope +
+# KV write, the prefetching residual_norm, the prefill step's host path): binaries built here
+# (build/h-prefill, gpu-gates variables), carried stripped as .prefill-carry/bins.tgz (bin/...);
+# the model gates find their build dir (hf_refs, twinstep-generate) at the path compiled into
+# them. Logs under $OUT (<= 8 files).
+#   PARTS: which parts run, in this order (default: bw kernel trap engine model graphs)
+#   ENGINE_ARGS: engine_throughput_bench's argument (default none); QUICK=1 (default): its
+#   sections 1 (prefill, phases, host path) and 2 (decode) only (TWINSTEP_BENCH_QUICK)
+set -o pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+start=$(date +%s)
+t() { echo "[$(($(date +%s) - start)) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
+export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
+build=/work/main/build/h-prefill  # TWINSTEP_BINARY_DIR of the carried model gates
+if [ ! -e /work/main/gates/hf/make_refs.py ]; then
+  mkdir -p /work && ln -sfn "$PWD" /work/main
+fi
+[ -f .prefill-carry/bins.tgz ] && tar -xzf .prefill-carry/bins.tgz -C .prefill-carry
+mkdir -p "$build"
+rm -rf "$build/bin" && ln -sfn "$PWD/.prefill-carry/bin" "$build/bin"
+bin=$build/bin
+ls "$bin/" | tr '\n' ' '; echo
+summary() {  # summary LOG: the gate lines and verdicts of a gtest log
+  grep -E "\[gate\]|\[model gate|OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
+    grep -v "Google Test trace" | cut -c1-420 | head -${LINES_MAX:-60}
+}
+for part in ${PARTS:-bw kernel trap engine model graphs}; do
+  case $part in
+  bw)
+    timeout 60 "$bin/kernel_bandwidth_bench" > "$OUT/bw.log" 2>&1
+    t "kernel_bandwidth_bench rc $?"
+    cat "$OUT/bw.log"
+    ;;
+  ncu)  # every kernel of interest of the bandwidth bench, each launched twice (profile mode)
+    ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    left=$((${BUDGET_S:-140} - $(date +%s) + start))
+    [ "$left" -lt 12 ] && { t "ncu skipped: ${left} s left"; continue; }
+    TWINSTEP_BW_PROFILE=1 timeout "$left" "$ncu_bin" --clock-control none \
+      -k regex:"${NCU_K:-qkv_write|kv_write_kernel|qk_norm_rope_kernel|residual_norm}" \
+      --launch-skip "${NCU_SKIP:-0}" --launch-count "${NCU_COUNT:-40}" \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      "$bin/kernel_bandwidth_bench" > "$OUT/ncu.txt" 2>&1
+    t "ncu rc $?"
+    grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit Reg|Warp Cycles Per Issued|Grid Size|Block Size" "$OUT/ncu.txt" |
+      sed -E 's/_ZN8twinstep[^ (]*//' | cut -c1-160 | head -${NCU_LINES:-150}
+    ;;
+  kernel)
+    timeout 60 "$bin/kernel_gates" > "$OUT/kernel_gates.log" 2>&1
+    t "kernel_gates rc $?"
+    LINES_MAX=40 summary "$OUT/kernel_gates.log"
+    ;;
+  trap)
+    timeout 30 "$bin/kernel_trap_kv_write_gate" > "$OUT/trap.log" 2>&1
+    t "kernel_trap_kv_write_gate rc $?"
+    summary "$OUT/trap.log"
+    ;;
+  pick)  # after bw: the prefill steps run the split kernels when the fused one lost at 8192
+    fused=$(awk '/^local 8192 fused pipelined  /{print $(NF-6)}' "$OUT/bw.log")
+    split=$(awk '/^local 8192 both \(before\)/{print $(NF-6)}' "$OUT/bw.log")
+    if [ -n "$fused" ] && [ -n "$split" ] && awk "BEGIN{exit !($fused > $split)}"; then
+      export TWINSTEP_QKV_WRITE_SPLIT_ROWS=1024
+    fi
+    t "local 8192: fused pipelined $fused ms, split $split ms: TWINSTEP_QKV_WRITE_SPLIT_ROWS=${TWINSTEP_QKV_WRITE_SPLIT_ROWS:-unset}"
+    ;;
+  engine)
+    quick=${QUICK-1}
+    env ${quick:+TWINSTEP_BENCH_QUICK=1} timeout "${ENGINE_S:-100}" "$bin/engine_throughput_bench" ${ENGINE_ARGS} > "$OUT/engine.log" 2>&1
+    t "engine_throughput_bench ${ENGINE_ARGS} rc $?"
+    grep -E "== prefill|steps,|floor:|host path|phase|^  [a-z+ ()*|,0-9-]+ +[0-9.]+ +[0-9.]+%|forward|outside|step wall|== decode batch|median .* ms/step|graphs:|^\|" "$OUT/engine.log" | cut -c1-300 | head -120
+    ;;
+  model)
+    timeout "${MODEL_S:-70}" "$bin/model_gates" --gtest_filter='ModelGates.*:DirectDeviceGate.*' > "$OUT/model_gates.log" 2>&1
+    t "model_gates rc $?"
+    LINES_MAX=80 summary "$OUT/model_gates.log"
+    ;;
+  graphs)
+    timeout "${GRAPHS_S:-40}" "$bin/decode_graph_gates" > "$OUT/decode_graph_gates.log" 2>&1
+    t "decode_graph_gates rc $?"
+    LINES_MAX=30 summary "$OUT/decode_graph_gates.log"
+    ;;
+  esac
+done
+t "done"
