@@ -194,7 +194,7 @@ class Harness {
   void track_live_requests();
   void apply_list_edits();
   void check_failed_step_incremental();
-  void check_dirty_page(engine::Family f, uint32_t page);
+  void check_dirty_page(engine::Family f, uint32_t page, bool holders_edited);
   void check_changed_request(LiveRequest& live, const Fingerprint& now);
   void check_published_range(const LiveRequest& live, engine::Family f, int32_t begin, int32_t end);
   void check_published_at(const LiveRequest& live, engine::Family f, engine::PageId page);

@@ -412,14 +412,16 @@ bool Harness::has_available(Family f, uint64_t content) const {
 // One page the pool wrote or whose holders changed: check_pool_references' and
 // check_pool_pages' rules for it, the counters' shadows, and the published rule at each holder
 // when its publication changed.
-void Harness::check_dirty_page(Family f, uint32_t i) {
+// `holders_edited`: this step's list edits touched the page (else its holders are those it was
+// last checked with: they change only through the edits).
+void Harness::check_dirty_page(Family f, uint32_t i, bool holders_edited) {
   const int fi = static_cast<int>(f);
   const engine::PagePool& pool = engine_->scheduler().pool(f);
   const PageId page{pool.tag(), i};
   PageShadow& sh = shadow_[fi][i];
   const engine::PagePool::PageView v = pool.view(page);
   const std::vector<engine::RequestId>& holders = holders_of_[fi][i];
-  const int32_t owners = static_cast<int32_t>(holders.size());
+  const int32_t owners = holders_edited ? static_cast<int32_t>(holders.size()) : sh.owners;
   // Nothing the rules read moved (a hit taken and dropped in the same step): it passes as it
   // did when last checked.
   if (v.state == sh.state && v.refs == sh.refs && v.published == sh.published &&
@@ -534,12 +536,12 @@ void Harness::finish_incremental() {
     s.pool(f).drain_dirty(&dirty_scratch_);
     for (const uint32_t i : dirty_scratch_) {
       if (i < touched_mark_[fi].size() && !touched_mark_[fi][i]) {
-        touched_mark_[fi][i] = 1;
+        touched_mark_[fi][i] = 2;  // the pool wrote it; no list edit touched it
         touched_pages_[fi].push_back(i);
       }
     }
     for (const uint32_t i : touched_pages_[fi]) {
-      if (i >= 1) check_dirty_page(f, i);
+      if (i >= 1) check_dirty_page(f, i, touched_mark_[fi][i] == 1);
       touched_mark_[fi][i] = 0;
     }
     touched_pages_[fi].clear();
