@@ -8,11 +8,20 @@
 // same process; one decode step's GEMMs summed over the 48 layers and the LM head; each weight
 // at 8192 rows against the bf16 peak measured in the same process; then what each path
 // sustains on one 8192-row prefill step's 192 GEMMs.
+// --pdl instead: only the few-row A/B of issue 13's programmatic dependent launch (session 6):
+// cuBLAS/cuBLASLt tuned (heuristic search) vs the skinny kernel launched plainly vs with PDL,
+// at m = 1, 8, 16, each GEMM between its own events, then whole decode-step-like chains (48
+// layers of norm, qkv, o_proj, norm, gate|up, gelu, down, then the LM head; and the same GEMMs
+// back to back without the small kernels) captured in one CUDA graph per arm and replayed.
 // Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -209,9 +218,204 @@ double bf16_peak(kernels::Blas& blas, cudaStream_t stream) {
   return 2.0 * N * N * N / (ms * 1e-3);
 }
 
+// ---- --pdl ----------------------------------------------------------------------------
+namespace pdl {
+
+enum Arm { kTunedArm, kPlainArm, kPdlArm, kArms };
+constexpr const char* kArmNames[kArms] = {"tuned", "skinny", "skinny+PDL"};
+constexpr int kNumGemms = static_cast<int>(sizeof(kGemms) / sizeof(kGemms[0]));
+constexpr int kCopies = 4;  // of each layer weight; layer l uses copy l % kCopies
+constexpr int32_t kRows[] = {1, 8, 16};
+
+kernels::KernelStatus gemm(Arm arm, kernels::Blas& blas, const bf16* x, const bf16* w, void* y,
+                           int32_t m, const Gemm& g, cudaStream_t stream) {
+  if (arm == kTunedArm) {
+    return g.fp32_out ? blas.gemm(x, w, static_cast<float*>(y), m, g.n, g.k)
+                      : blas.gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k);
+  }
+  const kernels::SkinnyLaunch how =
+      arm == kPdlArm ? kernels::SkinnyLaunch::kProgrammatic : kernels::SkinnyLaunch::kPlain;
+  return g.fp32_out ? kernels::skinny_gemm(x, w, static_cast<float*>(y), m, g.n, g.k, stream, how)
+                    : kernels::skinny_gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k, stream, how);
+}
+
+struct Buffers {
+  bf16* w[kNumGemms][kCopies] = {};  // the LM head: one copy
+  bf16 *norm_w = nullptr, *h = nullptr, *qkv = nullptr, *o = nullptr, *gu = nullptr, *act = nullptr,
+       *y = nullptr;  // y: the isolated GEMMs' bf16 output
+  float* logits = nullptr;
+};
+
+// One decode step's GEMMs as the forward orders them, each reading what the one before wrote
+// (o_proj reads the first m x k of qkv's output, down the first m x 15360 of gate|up's without
+// the small kernels): with_small adds the norms and gelu between them as the forward has
+// (qkv_write and attention are left out: what precedes o_proj here is qkv).
+void chain(Arm arm, kernels::Blas& blas, const Buffers& b, int32_t m, bool with_small,
+           cudaStream_t stream) {
+  constexpr int32_t H = 3840, I = 15360;
+  const Gemm& gu = kGemms[4];
+  const Gemm& down = kGemms[5];
+  for (int l = 0; l < 48; ++l) {
+    const bool global = l % 6 == 5;
+    const int qi = global ? 1 : 0, oi = global ? 3 : 2, c = l % kCopies;
+    const bf16* x = b.o;
+    if (with_small) {
+      BENCH_OK(kernels::rms_norm(b.o, b.norm_w, b.h, m, H, 1e-6f, stream));
+      x = b.h;
+    }
+    BENCH_OK(gemm(arm, blas, x, b.w[qi][c], b.qkv, m, kGemms[qi], stream));
+    BENCH_OK(gemm(arm, blas, b.qkv, b.w[oi][c], b.o, m, kGemms[oi], stream));
+    if (with_small) BENCH_OK(kernels::rms_norm(b.o, b.norm_w, b.h, m, H, 1e-6f, stream));
+    BENCH_OK(gemm(arm, blas, with_small ? b.h : b.o, b.w[4][c], b.gu, m, gu, stream));
+    if (with_small) {
+      BENCH_OK(kernels::gelu_tanh_mul(b.gu, b.gu + I, 2 * I, b.act, m, I, stream));
+    }
+    BENCH_OK(gemm(arm, blas, with_small ? b.act : b.gu, b.w[5][c], b.o, m, down, stream));
+  }
+  if (with_small) BENCH_OK(kernels::rms_norm(b.o, b.norm_w, b.h, m, H, 1e-6f, stream));
+  BENCH_OK(gemm(arm, blas, with_small ? b.h : b.o, b.w[6][0], b.logits, m, kGemms[6], stream));
+}
+
+void report(double copy_gbs, cudaStream_t stream) {
+  auto made = kernels::Blas::create(stream);
+  if (!made.ok()) {
+    std::fprintf(stderr, "cuBLAS: %s\n", made.error().message.c_str());
+    std::exit(1);
+  }
+  kernels::Blas& blas = made.value();
+  {
+    std::vector<kernels::GemmShape> shapes;
+    for (const Gemm& g : kGemms) {
+      for (int32_t m : kRows) shapes.push_back({m, g.n, g.k, g.fp32_out});
+    }
+    kernels::BlasTuneOptions options;
+    options.search = kernels::BlasSearch::kHeuristic;
+    auto tuned = blas.tune(shapes, options);
+    BENCH_OK(tuned);
+    int lt = 0;
+    for (const kernels::GemmTuneResult& r : tuned.value().gemms) lt += r.uses_lt ? 1 : 0;
+    std::printf("tuned arm: %zu shapes tuned (heuristic search) in %.0f ms, %d run cuBLASLt\n",
+                shapes.size(), tuned.value().wall_ms, lt);
+  }
+  Buffers b;
+  for (int i = 0; i < kNumGemms; ++i) {
+    const Gemm& g = kGemms[i];
+    const int64_t elems = int64_t{g.n} * g.k;
+    // Scaled so that a product keeps its input's size: the chain's values neither vanish nor
+    // overflow over 192 GEMMs (tensor-core power, and so clocks, depend on the data).
+    const float stddev = 1.0f / std::sqrt(static_cast<float>(g.k));
+    for (int c = 0; c < (g.fp32_out ? 1 : kCopies); ++c) {
+      BENCH_CUDA(cudaMalloc(&b.w[i][c], elems * 2));
+      fill_random(b.w[i][c], elems, 100 + 8 * i + c, stddev, stream);
+    }
+  }
+  constexpr int32_t M = 16;
+  BENCH_CUDA(cudaMalloc(&b.norm_w, 3840 * 2));
+  BENCH_CUDA(cudaMalloc(&b.h, M * 3840 * 2));
+  BENCH_CUDA(cudaMalloc(&b.qkv, M * 8704 * 2));
+  BENCH_CUDA(cudaMalloc(&b.o, M * 3840 * 2));
+  BENCH_CUDA(cudaMalloc(&b.gu, M * 30720 * 2));
+  BENCH_CUDA(cudaMalloc(&b.act, M * 15360 * 2));
+  BENCH_CUDA(cudaMalloc(&b.y, M * 30720 * 2));
+  BENCH_CUDA(cudaMalloc(&b.logits, int64_t{M} * 262144 * 4));
+  fill_random(b.norm_w, 3840, 90, 0.5f, stream);
+  fill_random(b.o, M * 3840, 91, 1.0f, stream);
+  fill_random(b.qkv, M * 8704, 92, 1.0f, stream);
+  fill_random(b.gu, M * 30720, 93, 1.0f, stream);
+
+  std::printf(
+      "\nPDL A/B, each GEMM between its own events (weights cycled over %d copies): us per GEMM "
+      "(%% of copy)\n| %-13s | %3s |",
+      kCopies, "gemm", "m");
+  for (int a = 0; a < kArms; ++a) std::printf(" %10s us %%copy |", kArmNames[a]);
+  std::printf("\n");
+  double sum[kArms][3] = {};
+  for (int i = 0; i < kNumGemms; ++i) {
+    const Gemm& g = kGemms[i];
+    const int copies = g.fp32_out ? 1 : kCopies;
+    for (int r = 0; r < 3; ++r) {
+      const int32_t m = kRows[r];
+      std::printf("| %-13s | %3d |", g.what, m);
+      for (int a = 0; a < kArms; ++a) {
+        int next = 0;
+        const double ms = gates::median_ms(stream, 3, 15, [&] {
+          const bf16* x = g.k == 3840 ? b.o : g.k == 15360 ? b.gu : b.qkv;
+          BENCH_OK(gemm(static_cast<Arm>(a), blas, x, b.w[i][next],
+                        g.fp32_out ? static_cast<void*>(b.logits) : static_cast<void*>(b.y), m, g,
+                        stream));
+          next = (next + 1) % copies;
+        });
+        const double gb = int64_t{g.n} * g.k * 2.0 / 1e9;
+        std::printf(" %13.2f %4.0f%% |", ms * 1e3, 100.0 * gb / (ms * 1e-3) / copy_gbs);
+        sum[a][r] += ms * g.layers;
+      }
+      std::printf("\n");
+    }
+  }
+  std::printf("one decode step's GEMMs summed (48 layers + LM head), ms:\n");
+  for (int r = 0; r < 3; ++r) {
+    std::printf("  m=%2d:", kRows[r]);
+    for (int a = 0; a < kArms; ++a) std::printf(" %s %.3f,", kArmNames[a], sum[a][r]);
+    std::printf(" skinny+PDL/tuned %.3f\n", sum[kPdlArm][r] / sum[kTunedArm][r]);
+  }
+
+  std::printf(
+      "\nPDL A/B, one decode step's chain captured in one CUDA graph per arm, median of 9 "
+      "replays, ms (logits bits: skinny+PDL vs skinny)\n");
+  std::vector<float> logits_plain(static_cast<size_t>(M) * 262144), logits_pdl(logits_plain.size());
+  for (const bool with_small : {true, false}) {
+    for (const int32_t m : kRows) {
+      double ms[kArms] = {};
+      for (int a = 0; a < kArms; ++a) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        chain(static_cast<Arm>(a), blas, b, m, with_small, stream);
+        BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+        BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        // Same inputs for every arm: o refilled before each replay (the chain overwrites it).
+        const auto refill = [&] { fill_random(b.o, M * 3840, 91, 1.0f, stream); };
+        ms[a] = gates::median_ms(
+            stream, 2, 9, [&] { BENCH_CUDA(cudaGraphLaunch(exec, stream)); }, refill);
+        if (a != kTunedArm) {
+          refill();
+          BENCH_CUDA(cudaGraphLaunch(exec, stream));
+          BENCH_CUDA(cudaMemcpyAsync(a == kPdlArm ? logits_pdl.data() : logits_plain.data(),
+                                     b.logits, logits_plain.size() * 4, cudaMemcpyDeviceToHost,
+                                     stream));
+          BENCH_CUDA(cudaStreamSynchronize(stream));
+        }
+        BENCH_CUDA(cudaGraphExecDestroy(exec));
+        BENCH_CUDA(cudaGraphDestroy(graph));
+      }
+      const size_t n = static_cast<size_t>(m) * 262144;
+      const bool same = std::memcmp(logits_plain.data(), logits_pdl.data(), n * 4) == 0;
+      int finite = 0;
+      for (size_t i = 0; i < n; ++i) finite += std::isfinite(logits_pdl[i]) ? 1 : 0;
+      std::printf(
+          "  %-24s m=%2d: tuned %.3f, skinny %.3f, skinny+PDL %.3f; skinny+PDL/tuned %.3f, "
+          "skinny+PDL/skinny %.3f; logits bitwise equal: %s (%d of %zu finite)\n",
+          with_small ? "norm/GEMM/gelu chain" : "GEMMs back to back", m, ms[0], ms[1], ms[2],
+          ms[2] / ms[0], ms[2] / ms[1], same ? "yes" : "NO", finite, n);
+    }
+  }
+  for (auto& ws : b.w) {
+    for (bf16* p : ws) {
+      if (p != nullptr) BENCH_CUDA(cudaFree(p));
+    }
+  }
+  for (void* p : {static_cast<void*>(b.norm_w), static_cast<void*>(b.h), static_cast<void*>(b.qkv),
+                  static_cast<void*>(b.o), static_cast<void*>(b.gu), static_cast<void*>(b.act),
+                  static_cast<void*>(b.y), static_cast<void*>(b.logits)}) {
+    BENCH_CUDA(cudaFree(p));
+  }
+}
+
+}  // namespace pdl
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreate(&stream));
@@ -238,6 +442,16 @@ int main() {
   const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
   BENCH_CUDA(cudaFree(a));
   BENCH_CUDA(cudaFree(b));
+  const bool pdl_only = argc == 2 && std::string(argv[1]) == "--pdl";
+  if (argc != 1 && !pdl_only) {
+    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl]\n");
+    return 2;
+  }
+  if (pdl_only) {
+    std::printf("copy bandwidth (D2D 1 GiB, read+write): %.0f GB/s\n", copy_gbs);
+    pdl::report(copy_gbs, stream);
+    return 0;
+  }
   const double peak = bf16_peak(blas[kDefault], stream);
   std::printf(
       "copy bandwidth (D2D 1 GiB, read+write): %.0f GB/s; bf16 peak (8192^3 GEMM, random "

@@ -2,6 +2,7 @@
 // cuBLASLt plans of kernels/blas_lt.h) and the host-only helpers (CUDA error conversion, the
 // bf16-rounded embedding scale). Plain C++: no device code here.
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -24,6 +25,28 @@ float embed_scale_bf16(int32_t hidden) {
 }
 
 namespace {
+// TWINSTEP_SKINNY (ops.h, Blas::set_skinny_max_rows): "ROWS" or "ROWS,plain", ROWS 0..16.
+KernelStatus apply_skinny_env(Blas& blas) {
+  const char* v = std::getenv("TWINSTEP_SKINNY");
+  if (v == nullptr) return Ok{};
+  const std::string s(v);
+  const size_t comma = s.find(',');
+  const std::string rows = s.substr(0, comma);
+  const std::string mode = comma == std::string::npos ? "" : s.substr(comma + 1);
+  char* end = nullptr;
+  const long n = std::strtol(rows.c_str(), &end, 10);
+  if (rows.empty() || *end != '\0' || n < 0 || n > kSkinnyMaxRows ||
+      (!mode.empty() && mode != "plain")) {
+    return unexpected(KernelError{KernelErrorCode::kBadArgument,
+                                  "TWINSTEP_SKINNY=\"" + s +
+                                      "\": expected ROWS or ROWS,plain with ROWS in 0.." +
+                                      std::to_string(kSkinnyMaxRows)});
+  }
+  blas.set_skinny_max_rows(static_cast<int32_t>(n));
+  blas.set_skinny_programmatic(mode.empty());
+  return Ok{};
+}
+
 KernelStatus cublas_status(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return Ok{};
   return unexpected(KernelError{KernelErrorCode::kCublas,
@@ -62,7 +85,9 @@ Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
     cudaFree(workspace);
     return unexpected(lt.error());
   }
-  return Blas(handle, stream, workspace, std::move(lt.value()));
+  Blas blas(handle, stream, workspace, std::move(lt.value()));
+  if (auto s = apply_skinny_env(blas); !s.ok()) return unexpected(s.error());
+  return blas;
 }
 
 Blas::Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt)
@@ -74,6 +99,7 @@ Blas::Blas(Blas&& other) noexcept
       workspace_(std::exchange(other.workspace_, nullptr)),
       lt_(std::move(other.lt_)),
       skinny_max_rows_(other.skinny_max_rows_),
+      skinny_programmatic_(other.skinny_programmatic_),
       batch_invariant_(other.batch_invariant_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
@@ -86,6 +112,7 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     workspace_ = std::exchange(other.workspace_, nullptr);
     lt_ = std::move(other.lt_);
     skinny_max_rows_ = other.skinny_max_rows_;
+    skinny_programmatic_ = other.skinny_programmatic_;
     batch_invariant_ = other.batch_invariant_;
   }
   return *this;
@@ -127,6 +154,10 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
   if (m == 0) return Ok{};
   const GemmShape shape{m, n, k, y_type == CUDA_R_32F};
   if (batch_invariant_) return lt_->run_invariant(shape, x, w, y, stream_);
+  // The skinny kernel, where on, before any tuned plan (whose tuning timed it as the default).
+  if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
+    return gemm_default(x, w, y, y_type, m, n, k);
+  }
   if (const LtPlan* plan = lt_->tuned(shape, x, w, y); plan != nullptr) {
     return lt_->run(*plan, x, w, y, stream_);
   }
@@ -136,8 +167,10 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
 KernelStatus Blas::gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
                                 int32_t m, int32_t n, int32_t k) {
   if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
-    return y_type == CUDA_R_32F ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_)
-                                : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_);
+    const SkinnyLaunch how =
+        skinny_programmatic_ ? SkinnyLaunch::kProgrammatic : SkinnyLaunch::kPlain;
+    return y_type == CUDA_R_32F ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_, how)
+                                : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_, how);
   }
   const float alpha = 1.0f;
   const float beta = 0.0f;

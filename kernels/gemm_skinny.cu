@@ -11,9 +11,10 @@ namespace {
 
 using detail::kWarp;
 
-constexpr int kWarps = 8;      // per block; each owns a fixed eighth of k
-constexpr int kUnroll = 4;     // 32-wide k chunks per loop trip (loads issued together)
-constexpr int kTileCols = 16;  // output columns (w rows) per mma tile
+constexpr int kWarps = 8;          // per block; each owns a fixed eighth of k
+constexpr int kUnroll = 4;         // 32-wide k chunks per loop trip (loads issued together)
+constexpr int kTileCols = 16;      // output columns (w rows) per mma tile
+constexpr int kPrefetchTrips = 2;  // loop trips of weights asked of L2 before the wait
 
 // 16 bytes of w, streamed: read once, no L1 allocation (keeps x resident in L1).
 __device__ __forceinline__ uint4 load_stream(const bf16* p) {
@@ -25,6 +26,26 @@ __device__ __forceinline__ uint4 load_stream(const bf16* p) {
 }
 __device__ __forceinline__ uint4 load_cached(const bf16* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// Programmatic dependent launch (sm_90, PTX griddepcontrol). wait: block until the kernel this
+// one programmatically depends on has completed and its memory is visible (returns at once for
+// a launch without that dependency, so a plain launch runs the same code). launch_dependents:
+// this block is done with what the NEXT kernel may overlap; the next kernel, if launched with
+// the attribute, starts once every block of this grid has said so or exited. It changes only
+// when the next kernel may start, never what it sees after its own wait.
+__device__ __forceinline__ void prefetch_l2(const bf16* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 // d += a . b, m16n8k16, bf16 in, fp32 accumulate.
@@ -87,21 +108,48 @@ __global__ void __launch_bounds__(kWarps* kWarp)
       }
     }
   };
-  int j = cb;
-  for (; j + kUnroll <= ce; j += kUnroll) {
-    uint4 a[kUnroll][T][2];
-    uint4 b[kUnroll][MT];
+  auto load_w = [&](uint4(&a)[kUnroll][T][2], int j0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t off = static_cast<int64_t>(j + u) * 32;
+      const int64_t off = static_cast<int64_t>(j0 + u) * 32;
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         a[u][t][0] = load_stream(wp[t][0] + off);
         a[u][t][1] = load_stream(wp[t][1] + off);
       }
+    }
+  };
+  auto load_x = [&](uint4(&b)[kUnroll][MT], int j0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t off = static_cast<int64_t>(j0 + u) * 32;
 #pragma unroll
       for (int s = 0; s < MT; ++s) b[u][s] = load_cached(xp[s] + off);
     }
+  };
+  // Before the wait: each warp asks L2 for the weights of its first kPrefetchTrips trips
+  // (weights never depend on the kernel before; under a programmatic launch they stream while
+  // that kernel drains). x, which that kernel may have written, is read only after the wait.
+  // L2 prefetches rather than the first trip's loads into registers: peeling that trip took
+  // <2, 2> from 110 to 134 registers (one block per SM instead of two). The loop below is the
+  // plain kernel's, so the bits are too.
+  const int pf_end = min(ce, cb + kPrefetchTrips * kUnroll);
+  for (int jp = cb; jp < pf_end; ++jp) {
+    const int64_t off = static_cast<int64_t>(jp) * 32;
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      prefetch_l2(wp[t][0] + off);
+      prefetch_l2(wp[t][1] + off);
+    }
+  }
+  grid_dependency_wait();
+  launch_dependents();
+  int j = cb;
+  for (; j + kUnroll <= ce; j += kUnroll) {
+    uint4 a[kUnroll][T][2];
+    uint4 b[kUnroll][MT];
+    load_w(a, j);
+    load_x(b, j);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) step(a[u], b[u]);
   }
@@ -146,9 +194,28 @@ __global__ void __launch_bounds__(kWarps* kWarp)
   }
 }
 
+template <int T, int MT, typename Out>
+KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
+                         cudaStream_t stream, SkinnyLaunch how) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(n / (kTileCols * T)));
+  config.blockDim = dim3(kWarps * kWarp);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = how == SkinnyLaunch::kProgrammatic ? 1 : 0;
+  const cudaError_t err =
+      cudaLaunchKernelEx(&config, skinny_gemm_kernel<T, MT, Out>, x, w, y, m, n, k);
+  if (err != cudaSuccess) return cuda_status(err, "cudaLaunchKernelEx(skinny_gemm_kernel)");
+  return detail::launch_status("skinny_gemm_kernel");
+}
+
 template <typename Out>
 KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, SkinnyLaunch how) {
   if (!skinny_gemm_supported(m, n, k)) {
     return detail::bad_argument("skinny_gemm: need 1 <= m <= " + std::to_string(kSkinnyMaxRows) +
                                 ", n % 16 == 0, k % 256 == 0, got m=" + std::to_string(m) +
@@ -160,19 +227,12 @@ KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, 
   // Two tiles per warp where there are columns enough for a full wave of blocks: each x load
   // then feeds twice the weight bytes.
   const bool wide = n % 32 == 0 && n / 32 >= 2 * 132;
-  const dim3 block(kWarps * kWarp);
   if (m <= 8) {
-    if (wide) {
-      skinny_gemm_kernel<2, 1, Out><<<n / 32, block, 0, stream>>>(x, w, y, m, n, k);
-    } else {
-      skinny_gemm_kernel<1, 1, Out><<<n / 16, block, 0, stream>>>(x, w, y, m, n, k);
-    }
-  } else if (wide) {
-    skinny_gemm_kernel<2, 2, Out><<<n / 32, block, 0, stream>>>(x, w, y, m, n, k);
-  } else {
-    skinny_gemm_kernel<1, 2, Out><<<n / 16, block, 0, stream>>>(x, w, y, m, n, k);
+    return wide ? launch_grid<2, 1>(x, w, y, m, n, k, stream, how)
+                : launch_grid<1, 1>(x, w, y, m, n, k, stream, how);
   }
-  return detail::launch_status("skinny_gemm_kernel");
+  return wide ? launch_grid<2, 2>(x, w, y, m, n, k, stream, how)
+              : launch_grid<1, 2>(x, w, y, m, n, k, stream, how);
 }
 
 }  // namespace
@@ -183,12 +243,12 @@ bool skinny_gemm_supported(int32_t m, int32_t n, int32_t k) {
 }
 
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
-                         cudaStream_t stream) {
-  return launch(x, w, y, m, n, k, stream);
+                         cudaStream_t stream, SkinnyLaunch how) {
+  return launch(x, w, y, m, n, k, stream, how);
 }
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
-                         cudaStream_t stream) {
-  return launch(x, w, y, m, n, k, stream);
+                         cudaStream_t stream, SkinnyLaunch how) {
+  return launch(x, w, y, m, n, k, stream, how);
 }
 
 }  // namespace twinstep::kernels

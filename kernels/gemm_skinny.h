@@ -27,12 +27,22 @@ inline constexpr int32_t kSkinnyMaxRows = 16;
 // of whole 32-wide chunks), x and w 16-byte aligned (checked at launch).
 bool skinny_gemm_supported(int32_t m, int32_t n, int32_t k);
 
+// How the kernel is launched. kProgrammatic: with programmatic dependent launch (Hopper,
+// cudaLaunchAttributeProgrammaticStreamSerialization; a programmatic edge when captured into a
+// graph): the kernel may start while the kernel before it on the stream is still running; each
+// block loads its first weights (which never depend on that kernel), then waits
+// (griddepcontrol.wait: the previous kernel complete, its writes visible) before it reads x or
+// writes y. So the result is the same bits as kPlain's for any predecessor; what overlaps
+// depends on when the predecessor lets dependents start (its griddepcontrol.launch_dependents,
+// else its blocks' exits). The kernel itself signals its dependents right after its wait.
+enum class SkinnyLaunch { kPlain, kProgrammatic };
+
 // Same contract as Blas::gemm (row-major x [m, k], w [n, k], y [m, n]; y overwritten). Returns
 // kBadArgument, naming what is wrong, for a shape skinny_gemm_supported refuses or a
 // misaligned pointer. Never allocates, never synchronises.
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
-                         cudaStream_t stream);
+                         cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
-                         cudaStream_t stream);
+                         cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
 
 }  // namespace twinstep::kernels

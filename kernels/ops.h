@@ -220,8 +220,15 @@ class Blas {
   cudaStream_t stream() const { return stream_; }
   // GEMMs of at most this many rows whose shape kernels/gemm_skinny.h takes run there instead
   // of cuBLAS (0: always cuBLAS). Set before any graph capture: a graph keeps the kernel it saw.
+  // Such GEMMs also take precedence over tuned plans. create() reads TWINSTEP_SKINNY: unset
+  // keeps the defaults; "ROWS" (0..16) sets skinny_max_rows, with programmatic dependent launch;
+  // "ROWS,plain" without it (the A/B of issue 13's PDL; a bad value is a create() error).
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
+  // The skinny kernel launched with programmatic dependent launch (kernels/gemm_skinny.h:
+  // SkinnyLaunch::kProgrammatic, the same bits as a plain launch). Set before any capture.
+  void set_skinny_programmatic(bool on) { skinny_programmatic_ = on; }
+  bool skinny_programmatic() const { return skinny_programmatic_; }
   // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
   // cuBLASLt algorithm for every m, with no split-K or stream-K (split-K 1, no reduction
   // scheme, at most 1 KiB of workspace: kernels/blas_lt.h), so a row's
@@ -251,6 +258,7 @@ class Blas {
   void* workspace_ = nullptr;  // kBlasWorkspaceBytes of device memory, shared with lt_
   std::unique_ptr<BlasLt> lt_;
   int32_t skinny_max_rows_ = kDefaultSkinnyMaxRows;
+  bool skinny_programmatic_ = true;
   bool batch_invariant_ = false;
 };
 
