@@ -14,7 +14,6 @@
 #include "gates/bench_util.h"
 #include "kernels/fused_norms.h"
 #include "kernels/ops.h"
-#include "kernels/qkv_write_variants.h"
 #include "sim/rng.h"
 
 namespace {
@@ -50,7 +49,7 @@ void report(const char* what, double bytes, double ms, double copy_gbs) {
 
 // q norm + rope and the KV write of one layer at a family's shapes, as the forward runs them
 // (q, k, v in fused rows; one seq over shuffled pages of 16): the two kernels of session 5
-// alone and back to back, then each fused kernel of qkv_write_variants.h.
+// alone and back to back, then the fused kernel (qkv_norm_rope_write).
 // Bytes: q read + written, k (and v unless K==V) read, K and V written, plan arrays.
 void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32_t qh, int32_t kvh,
                      int32_t hd, bool k_eq_v, twinstep::kernels::Rope rope, double copy_gbs,
@@ -92,9 +91,9 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
   auto kv_only = [&] {
     BENCH_OK(k::kv_write(kp, cols, vp, cols, qw, 1e-6f, rope, view, 0, rv, pv, stream));
   };
-  auto fused = [&](k::QkvWriteVariant variant) {
-    BENCH_OK(k::qkv_norm_rope_write_variant(qkv, cols, qw, qh, kp, cols, vp, cols, qw, 1e-6f, rope,
-                                            view, 0, rv, pv, stream, variant));
+  auto fused = [&] {
+    BENCH_OK(k::qkv_norm_rope_write(qkv, cols, qw, qh, kp, cols, vp, cols, qw, 1e-6f, rope, view, 0,
+                                    rv, pv, stream));
   };
   const double q_bytes = 2.0 * R * q_out * 2 + R * 4.0;
   const double kv_bytes = (k_eq_v ? 3.0 : 4.0) * R * kv_out * 2 + R * 12.0;
@@ -111,15 +110,8 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
                      kv_only();
                    }),
          copy_gbs);
-  const std::pair<k::QkvWriteVariant, const char*> variants[] = {
-      {k::QkvWriteVariant::kPipelined, "fused pipelined"},
-      {k::QkvWriteVariant::kPipelinedHalf, "fused pipelined, half"},
-      {k::QkvWriteVariant::kRowBlock, "fused row block"},
-      {k::QkvWriteVariant::kRowBlockHalf, "fused row block, half"}};
-  for (const auto& [variant, what] : variants) {
-    std::snprintf(label, sizeof(label), "%s %s", name, what);
-    report(label, q_bytes + kv_bytes, median_ms(stream, [&] { fused(variant); }), copy_gbs);
-  }
+  std::snprintf(label, sizeof(label), "%s fused", name);
+  report(label, q_bytes + kv_bytes, median_ms(stream, fused), copy_gbs);
   BENCH_CUDA(cudaFree(qkv));
   BENCH_CUDA(cudaFree(qw));
   BENCH_CUDA(cudaFree(pool));

@@ -8,7 +8,6 @@
 #include "gates/kernel_gate_util.h"
 #include "kernels/fused_norms.h"
 #include "kernels/norm_rope_reference.h"
-#include "kernels/qkv_write_variants.h"
 
 namespace twinstep::gates {
 namespace {
@@ -619,9 +618,9 @@ std::vector<FusedCase> fused_cases() {
 
 // One case: fused q|k|v rows (padding columns between rows) over shuffled pages with spare
 // pages (holes), the padding page 0, rows at a long position (the angle's slow path), and rows
-// marked kNoKvWrite (a graph bucket's padding rows). Every fused kernel (qkv_write_variants.h)
-// against qk_norm_rope_reference then kv_write: the whole q|k|v buffer and the whole pool
-// bitwise; and the fused result against the fp64 host model.
+// marked kNoKvWrite (a graph bucket's padding rows). The fused launcher against
+// qk_norm_rope_reference then kv_write: the whole q|k|v buffer and the whole pool bitwise; and the
+// fused result against the fp64 host model.
 void run_fused_case(const FusedCase& fc, cudaStream_t stream, sim::Rng& rng, size_t* compared) {
   const float eps = 1e-6f;
   const int32_t hd = fc.head_dim, qh = fc.q_heads, kvh = fc.kv_heads, layers = 2, layer = 1;
@@ -649,15 +648,12 @@ void run_fused_case(const FusedCase& fc, cudaStream_t stream, sim::Rng& rng, siz
                               plan.paging_view(), stream));
   const auto want_x = d_ref.download(), want_pool = pool_ref.download();
   EXPECT_GT(bitwise_diffs(want_x, 0, x, 0, x.size()), 0u) << "the reference changed nothing";
-  using kernels::QkvWriteVariant;
-  for (QkvWriteVariant variant : {QkvWriteVariant::kPipelined, QkvWriteVariant::kPipelinedHalf,
-                                  QkvWriteVariant::kRowBlock, QkvWriteVariant::kRowBlockHalf}) {
-    SCOPED_TRACE("variant " + std::to_string(static_cast<int>(variant)));
+  {
     DeviceBuffer<bf16> d_x(x), pool(sentinel);
-    KERNEL_OK(kernels::qkv_norm_rope_write_variant(
-        d_x.get(), stride, d_qw.get(), qh, d_x.get() + q_out, stride, d_x.get() + v_col, stride,
-        d_kw.get(), eps, fc.rope, pool_view(sc, pool.get()), layer, plan.rows_view(),
-        plan.paging_view(), stream, variant));
+    KERNEL_OK(kernels::qkv_norm_rope_write(d_x.get(), stride, d_qw.get(), qh, d_x.get() + q_out,
+                                           stride, d_x.get() + v_col, stride, d_kw.get(), eps,
+                                           fc.rope, pool_view(sc, pool.get()), layer,
+                                           plan.rows_view(), plan.paging_view(), stream));
     const auto got_x = d_x.download(), got_pool = pool.download();
     EXPECT_EQ(bitwise_diffs(got_x, 0, want_x, 0, x.size()), 0u) << "q|k|v rows differ";
     EXPECT_EQ(bitwise_diffs(got_pool, 0, want_pool, 0, got_pool.size()), 0u) << "pools differ";
@@ -674,7 +670,6 @@ void run_fused_case(const FusedCase& fc, cudaStream_t stream, sim::Rng& rng, siz
             << "row " << r << " has no slot but wrote one";
       }
     }
-    if (variant != kernels::kQkvWriteDefault) continue;
     // fp64 model: q per head, K and V at their slots.
     const auto xf = to_float(x), qwf = to_float(qw), kwf = to_float(kw);
     std::vector<double> ref, head(hd);

@@ -11,7 +11,6 @@
 
 #include "kernels/attention_decode_split.h"
 #include "kernels/fused_norms.h"
-#include "kernels/qkv_write_variants.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -89,11 +88,16 @@ Placement place(const engine::ModelConfig& c) {
   return p;
 }
 
-// A layer's q norm + rope and KV write from its fused q|k|v rows (row stride qkv_stride).
-// TWINSTEP_QKV_WRITE, read once (the benches' A/B, session 6): "split" runs the two kernels the
-// fused one replaces (qk_norm_rope, kv_write), "rowblock" the row-block fused kernel; unset or
-// anything else: qkv_norm_rope_write. TWINSTEP_QKV_WRITE_SPLIT_ROWS=N: steps of more than N
-// rows run "split" whatever the mode. All give the same bits (KernelGates).
+// Steps of at most this many rows run the fused q norm + rope + KV write; larger ones the two
+// kernels it fuses. H200, kernel_bandwidth_bench (session 6): fused 0.010-0.011 ms against
+// 0.014-0.016 at 128 rows and at 1 (the decode graphs' buckets are <= 128 rows), 0.149 against
+// 0.120 ms at 8192 local rows and 0.193 against 0.149 global. Between 128 and 8192: not measured,
+// so the known-faster split keeps them.
+constexpr int32_t kFusedQkvWriteMaxRows = 128;
+
+// A layer's q norm + rope and KV write from its fused q|k|v rows (row stride qkv_stride): the
+// same bits either way (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise).
+// TWINSTEP_QKV_WRITE (read once; the benches' A/B): "split" or "fused" for every step.
 KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_t q_heads,
                        const bf16* k_raw, const bf16* v_raw, const bf16* k_norm, float eps,
                        Rope rope, const KvPoolView& pool, int32_t layer, const RowsView& rows,
@@ -102,23 +106,18 @@ KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_
     const char* v = std::getenv("TWINSTEP_QKV_WRITE");
     return std::string(v != nullptr ? v : "");
   }();
-  static const int64_t split_rows = [] {
-    const char* v = std::getenv("TWINSTEP_QKV_WRITE_SPLIT_ROWS");
-    return v != nullptr ? std::atoll(v) : int64_t{-1};
-  }();
-  if (mode == "split" || (split_rows >= 0 && rows.rows > split_rows)) {
-    if (auto s = qk_norm_rope(qkv, qkv_stride, q_norm, rows.positions, rows.rows, q_heads,
-                              pool.head_dim, eps, rope, stream);
-        !s.ok()) {
-      return s;
-    }
-    return kv_write(k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope, pool, layer, rows,
-                    paging, stream);
+  const bool fused = mode == "fused" || (mode != "split" && rows.rows <= kFusedQkvWriteMaxRows);
+  if (fused) {
+    return qkv_norm_rope_write(qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw,
+                               qkv_stride, k_norm, eps, rope, pool, layer, rows, paging, stream);
   }
-  return qkv_norm_rope_write_variant(
-      qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope,
-      pool, layer, rows, paging, stream,
-      mode == "rowblock" ? QkvWriteVariant::kRowBlock : kQkvWriteDefault);
+  if (auto s = qk_norm_rope(qkv, qkv_stride, q_norm, rows.positions, rows.rows, q_heads,
+                            pool.head_dim, eps, rope, stream);
+      !s.ok()) {
+    return s;
+  }
+  return kv_write(k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope, pool, layer, rows,
+                  paging, stream);
 }
 
 }  // namespace
@@ -580,8 +579,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
     TS_TRY(prefetch_next(&prefetch_, false, L.o, o_bytes));
     mark(ForwardPhase::kRopeKvWrite, stream);
-    // q normed and roped in place, k and v into their page slots: one launch (bitwise
-    // qk_norm_rope then kv_write, which stay as its reference).
+    // q normed and roped in place, k and v into their page slots (one launch for small steps).
     const bf16* k_raw = b.qkv + q_out;
     const bf16* v_raw = L.k_eq_v ? k_raw : k_raw + kv_out;
     TS_TRY(qkv_write(b.qkv, L.qkv_cols, L.q_norm, c.num_q_heads, k_raw, v_raw, L.k_norm, eps, rope,

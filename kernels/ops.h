@@ -136,8 +136,8 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
 // qk_norm_rope then kv_write with the same arguments (gated: KernelGates.
 // FusedQkvWriteMatchesTheTwoKernelsBitwise). head_dim is pool.head_dim; q and k share `rope`.
 // A row whose slot is kNoKvWrite gets its q done and writes no K/V; traps as kv_write.
-// q must not overlap k_raw or v_raw; the forward runs this one (qk_norm_rope and kv_write stay
-// as its reference).
+// q must not overlap k_raw or v_raw. Faster than the two launches for few rows (decode), slower
+// for thousands (prefill): the forward picks by rows (model_forward.cc).
 KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
                                  int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
                                  const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,

@@ -9,7 +9,6 @@
 #include "kernels/common.cuh"
 #include "kernels/norm_rope_reference.h"
 #include "kernels/ops.h"
-#include "kernels/qkv_write_variants.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -208,6 +207,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp) kv_write_kernel(KvWrite
 // 16 q + 8 k heads, with two shuffles per angle), and q, k and v cost one launch. The per-head
 // math is qk_norm_rope's and kv_write's: norm_rope_head's norm, then the same rotate_half
 // expression over the same sincosf values, so the output is theirs bit for bit (gated).
+// Measured on the H200 (kernel_bandwidth_bench, session 6): at 128 rows and below (decode) it
+// takes 0.010-0.011 ms where the two kernels take 0.014-0.016 (one launch instead of two); at the
+// 12B's 8192 rows it is SLOWER, 0.149 against 0.120 ms (local) and 0.193 against 0.149 (global),
+// and so was a grid-strided variant that loaded each warp's next item while computing (0.165 /
+// 0.235; removed): the forward runs it for small steps only (model_forward.cc).
 
 constexpr int kQkvWarpsPerBlock = 8;    // a block's warps: one row's groups, or rows of few
 constexpr int kQkvWarpsPerRowMax = 16;  // more groups than this loop inside a warp
@@ -345,153 +349,6 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
     }
     group += a.warps_per_row;
     if (group < groups) load_group();
-  }
-}
-
-// ---- the same, pipelined: a warp per (row, G heads) item, items grid-strided --------------
-// The row-block kernel above is slower than the two kernels it fuses (0.150 against 0.123 ms
-// at the 12B's local 8192 rows, call 1 of session 6): every block of one row waits at two
-// barriers on its angle table (positions, powf, sincosf) and then runs its heads' dependent
-// chains with no load in flight. Here a warp's next item is loaded while it computes the
-// current one (two register buffers), the only barrier is the block's inv_freq table at the
-// start, and the rope angles are computed once per item (norm_rope_head's split between a
-// lane and its partner, the same sincosf inputs) and shared by the item's roped heads.
-
-// A lane's E angles of `position` (norm_rope_head's c[] and s[]).
-template <int HD>
-__device__ __forceinline__ void rope_angles(const float* inv_freq, int position,
-                                            float (&c)[HD / kWarp], float (&s)[HD / kWarp]) {
-  constexpr int E = HD / kWarp;
-  constexpr int H = E / 2;
-  const int lane = threadIdx.x % kWarp;
-  const bool upper = lane >= kWarp / 2;
-  const int first_pair = (lane % (kWarp / 2)) * E + (upper ? H : 0);
-#pragma unroll
-  for (int j = 0; j < H; ++j) {
-    float mine_c, mine_s;
-    sincosf(static_cast<float>(position) * inv_freq[first_pair + j], &mine_s, &mine_c);
-    const float other_c = __shfl_xor_sync(kFullMask, mine_c, kWarp / 2);
-    const float other_s = __shfl_xor_sync(kFullMask, mine_s, kWarp / 2);
-    c[j] = upper ? other_c : mine_c;
-    s[j] = upper ? other_s : mine_s;
-    c[j + H] = upper ? mine_c : other_c;
-    s[j + H] = upper ? mine_s : other_s;
-  }
-}
-
-// norm_rope_head's rotation with angles from rope_angles.
-template <int HD>
-__device__ __forceinline__ void rope_rotate(float (&x)[HD / kWarp], const float (&c)[HD / kWarp],
-                                            const float (&s)[HD / kWarp]) {
-  constexpr int E = HD / kWarp;
-  const bool upper = threadIdx.x % kWarp >= kWarp / 2;
-#pragma unroll
-  for (int i = 0; i < E; ++i) {
-    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
-    x[i] = upper ? x[i] * c[i] + partner * s[i] : x[i] * c[i] - partner * s[i];
-  }
-}
-
-// One item of the pipelined kernel: a row and its heads [head0, head0 + G) of q | k | v.
-struct QkvItem {
-  int32_t row = 0, head0 = 0, heads = 0;  // heads: the row's (q only without a KV slot)
-  int32_t position = 0;
-  bf16* k_slot = nullptr;
-  bool valid = false;
-};
-
-template <int HD, int G>
-__device__ __forceinline__ QkvItem qkv_item(const QkvWriteArgs& a, int64_t item,
-                                            int32_t groups_per_row) {
-  QkvItem it;
-  it.row = static_cast<int32_t>(item / groups_per_row);
-  it.head0 = static_cast<int32_t>(item % groups_per_row) * G;
-  it.position = a.positions[it.row];
-  TS_DEVICE_REQUIRE(it.position >= 0);
-  it.heads = a.q_heads;
-  if (it.head0 + G > a.q_heads) {  // the item holds k or v heads: the row's slot
-    const int64_t slot = a.row_slot[it.row];
-    if (slot != kNoKvWrite) {  // else a graph bucket's padding row: q only
-      TS_DEVICE_REQUIRE(slot >= 0);
-      const int64_t page = slot / a.page_size;
-      const int32_t offset = static_cast<int32_t>(slot % a.page_size);
-      TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
-      TS_DEVICE_REQUIRE(offset == it.position % a.page_size);
-      it.k_slot = a.layer_base + (page * 2 * a.page_size + offset) * a.kv_heads * HD;
-      it.heads += 2 * a.kv_heads;
-    }
-  }
-  it.valid = it.head0 < it.heads;
-  return it;
-}
-
-template <int HD, int G>
-__device__ __forceinline__ void qkv_item_load(const QkvWriteArgs& a, const QkvItem& it,
-                                              float (&f)[G][HD / kWarp]) {
-  constexpr int E = HD / kWarp;
-  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const int32_t h = it.head0 + g;
-    if (h >= it.heads) break;  // warp-uniform
-    load_bf16<E>(qkv_head(a, it.row, h, it.k_slot, token_elems, HD).src + (threadIdx.x % kWarp) * E,
-                 f[g]);
-  }
-}
-
-template <int HD, int G>
-__device__ __forceinline__ void qkv_item_finish(const QkvWriteArgs& a, const QkvItem& it,
-                                                const float* inv_freq, float (&f)[G][HD / kWarp]) {
-  constexpr int E = HD / kWarp;
-  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
-  // Roped heads are q and k: [0, q_heads + kv_heads) of the row's heads.
-  const bool any_roped = a.rotary_pairs > 0 && it.head0 < a.q_heads + a.kv_heads;
-  float c[E], s[E];
-  if (any_roped) rope_angles<HD>(inv_freq, it.position, c, s);
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const int32_t h = it.head0 + g;
-    if (h >= it.heads) break;
-    const QkvHead hd = qkv_head(a, it.row, h, it.k_slot, token_elems, HD);
-    norm_rope_head<HD>(f[g], hd.weight, a.eps, it.position, nullptr);  // the norm alone
-    if (any_roped && hd.rotate) rope_rotate<HD>(f[g], c, s);
-    store_bf16<E>(hd.dst + (threadIdx.x % kWarp) * E, f[g]);
-  }
-}
-
-template <int HD, int G>
-__global__ void __launch_bounds__(kWarpsPerBlock* kWarp)
-    qkv_write_pipelined_kernel(QkvWriteArgs a) {
-  constexpr int E = HD / kWarp;
-  __shared__ float inv_freq[HD / 2];
-  fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
-  __syncthreads();
-  const int32_t groups_per_row = (a.q_heads + 2 * a.kv_heads + G - 1) / G;
-  const int64_t items = static_cast<int64_t>(a.rows) * groups_per_row;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  float fa[G][E], fb[G][E];
-  QkvItem ia, ib;
-  if (item < items) {
-    ia = qkv_item<HD, G>(a, item, groups_per_row);
-    if (ia.valid) qkv_item_load<HD, G>(a, ia, fa);
-  }
-  while (item < items) {  // two items a turn: fa / fb swap roles without register moves
-    int64_t next = item + stride;
-    if (next < items) {
-      ib = qkv_item<HD, G>(a, next, groups_per_row);
-      if (ib.valid) qkv_item_load<HD, G>(a, ib, fb);
-    }
-    if (ia.valid) qkv_item_finish<HD, G>(a, ia, inv_freq, fa);
-    if (next >= items) break;
-    item = next;
-    next = item + stride;
-    if (next < items) {
-      ia = qkv_item<HD, G>(a, next, groups_per_row);
-      if (ia.valid) qkv_item_load<HD, G>(a, ia, fa);
-    }
-    if (ib.valid) qkv_item_finish<HD, G>(a, ib, inv_freq, fb);
-    item = next;
   }
 }
 
@@ -664,51 +521,11 @@ struct QkNormRopeLaunch {
   }
 };
 
-// The variants of qkv_write_variants.h; blocks: the row-block kernels' grid (the pipelined
-// ones size theirs to the blocks the SMs hold at once).
 template <int HD>
 struct QkvWriteLaunch {
-  template <int G>
-  static int pipelined_blocks(int64_t items) {
-    static int resident = 0;  // blocks an SM holds, times the SMs (once per instantiation)
-    if (resident == 0) {
-      int device = 0, sms = 0, per_sm = 0;
-      if (cudaGetDevice(&device) == cudaSuccess &&
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess &&
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qkv_write_pipelined_kernel<HD, G>,
-                                                        kWarpsPerBlock * kWarp, 0) == cudaSuccess &&
-          sms * per_sm > 0) {
-        resident = sms * per_sm;
-      } else {
-        (void)cudaGetLastError();  // not this launch's error; retried next launch
-      }
-    }
-    const int64_t needed = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    const int64_t cap = resident > 0 ? resident : needed;  // unknown: a warp per item
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, cap)));
-  }
-  static void run(QkvWriteVariant variant, int blocks, cudaStream_t stream,
-                  const QkvWriteArgs& args) {
-    constexpr int G = heads_per_warp(HD);
+  static void run(int blocks, cudaStream_t stream, const QkvWriteArgs& args) {
     const int threads = args.warps_per_row * args.rows_per_block * kWarp;
-    const int64_t heads = int64_t{args.q_heads} + 2 * int64_t{args.kv_heads};
-    switch (variant) {
-      case QkvWriteVariant::kPipelined:
-        qkv_write_pipelined_kernel<HD, G><<<pipelined_blocks<G>(args.rows * ((heads + G - 1) / G)),
-                                            kWarpsPerBlock * kWarp, 0, stream>>>(args);
-        break;
-      case QkvWriteVariant::kPipelinedHalf:
-        qkv_write_pipelined_kernel<HD, G / 2>
-            <<<pipelined_blocks<G / 2>(args.rows * ((heads + G / 2 - 1) / (G / 2))),
-               kWarpsPerBlock * kWarp, 0, stream>>>(args);
-        break;
-      case QkvWriteVariant::kRowBlock:
-        qkv_write_kernel<HD, G><<<blocks, threads, 0, stream>>>(args);
-        break;
-      case QkvWriteVariant::kRowBlockHalf:
-        qkv_write_kernel<HD, G / 2><<<blocks, threads, 0, stream>>>(args);
-        break;
-    }
+    qkv_write_kernel<HD, heads_per_warp(HD)><<<blocks, threads, 0, stream>>>(args);
   }
 };
 
@@ -906,18 +723,6 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
                                  float eps, Rope rope, const KvPoolView& pool, int32_t layer,
                                  const RowsView& rows, const PagingView& paging,
                                  cudaStream_t stream) {
-  return qkv_norm_rope_write_variant(q, q_row_stride, q_norm_weight, q_heads, k_raw, k_row_stride,
-                                     v_raw, v_row_stride, k_norm_weight, eps, rope, pool, layer,
-                                     rows, paging, stream, kQkvWriteDefault);
-}
-
-KernelStatus qkv_norm_rope_write_variant(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
-                                         int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
-                                         const bf16* v_raw, int64_t v_row_stride,
-                                         const bf16* k_norm_weight, float eps, Rope rope,
-                                         const KvPoolView& pool, int32_t layer,
-                                         const RowsView& rows, const PagingView& paging,
-                                         cudaStream_t stream, QkvWriteVariant variant) {
   const std::string who = "qkv_norm_rope_write";
   if (auto s = check_kv_write(who, k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight, eps,
                               rope, pool, layer, rows, paging);
@@ -938,9 +743,7 @@ KernelStatus qkv_norm_rope_write_variant(bf16* q, int64_t q_row_stride, const bf
                         " is not one of 64, 128, 256, 512");
   }
   if (rows.rows == 0) return Ok{};
-  const bool half =
-      variant == QkvWriteVariant::kRowBlockHalf || variant == QkvWriteVariant::kPipelinedHalf;
-  const int g = heads_per_warp(pool.head_dim) / (half ? 2 : 1);
+  const int g = heads_per_warp(pool.head_dim);
   const int64_t groups = (int64_t{q_heads} + 2 * int64_t{pool.kv_heads} + g - 1) / g;
   const int32_t warps_per_row = static_cast<int32_t>(std::min<int64_t>(groups, kQkvWarpsPerRowMax));
   const int32_t rows_per_block = std::max(1, kQkvWarpsPerBlock / warps_per_row);
@@ -966,8 +769,7 @@ KernelStatus qkv_norm_rope_write_variant(bf16* q, int64_t q_row_stride, const bf
                     warps_per_row,
                     rows_per_block};
   const int blocks = static_cast<int>((int64_t{rows.rows} + rows_per_block - 1) / rows_per_block);
-  if (auto s = dispatch_head_dim<QkvWriteLaunch>(pool.head_dim, variant, blocks, stream, args);
-      !s.ok()) {
+  if (auto s = dispatch_head_dim<QkvWriteLaunch>(pool.head_dim, blocks, stream, args); !s.ok()) {
     return s;
   }
   return launch_status("qkv_write_kernel");
