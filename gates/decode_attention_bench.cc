@@ -135,13 +135,15 @@ void bench_family(const Family& f, const Selection& sel, twinstep::sim::Rng& rng
       kMaxBatch, kQHeads, f.kv_heads, f.head_dim, sms);
   void* ws = nullptr;
   if (ws_bytes > 0) BENCH_CUDA(cudaMalloc(&ws, ws_bytes));
+  BENCH_OK(kn::attention_decode_split_workspace_init(ws, ws_bytes, stream));
   std::printf(
       "\n%s: head_dim %d, %d q / %d kv heads, window %d, page %d, pool %.2f GB, "
       "workspace %.1f MB\n",
       f.name, f.head_dim, kQHeads, f.kv_heads, f.window, kPage,
       double(pages_total) * 2 * kPage * token * 2 / 1e9, ws_bytes / 1e6);
-  std::printf("%5s %6s %6s %9s | %9s %7s %6s | %9s %7s %6s | %6s %6s\n", "batch", "ctx", "keys",
-              "KV MB", "ref ms", "GB/s", "%copy", "split ms", "GB/s", "%copy", "x", "splits");
+  std::printf("%5s %6s %6s %9s | %9s %7s %6s | %9s %7s %6s | %6s %6s | %9s %6s %5s\n", "batch",
+              "ctx", "keys", "KV MB", "ref ms", "GB/s", "%copy", "split ms", "GB/s", "%copy", "x",
+              "splits", "fused ms", "2k/fu", "sized");
   const kn::KvPoolView view{pool, 1, pages_total, kPage, f.kv_heads, f.head_dim};
   for (int32_t batch : {1, 16, 64, 128}) {
     for (int32_t context : {1024, 8192, kMaxContext}) {
@@ -155,18 +157,35 @@ void bench_family(const Family& f, const Selection& sel, twinstep::sim::Rng& rng
         BENCH_OK(
             kn::attention_decode(q, stride, out, kQHeads, view, 0, rv, pv, f.window, 1.0f, stream));
       });
+      // split ms: the two-kernel path (split + merge kernels); fused ms: the merge in the
+      // split kernel's last block per group; sized: the path kSized picks here.
       const double split_ms = median_ms(stream, flush, [&] {
         BENCH_OK(kn::attention_decode_split(q, stride, out, kQHeads, view, 0, rv, pv, f.window,
-                                            1.0f, ws, ws_bytes, sms, stream));
+                                            1.0f, ws, ws_bytes, sms, stream,
+                                            kn::DecodeMerge::kTwoKernel));
       });
+      const double fused_ms = median_ms(stream, flush, [&] {
+        BENCH_OK(kn::attention_decode_split(q, stride, out, kQHeads, view, 0, rv, pv, f.window,
+                                            1.0f, ws, ws_bytes, sms, stream,
+                                            kn::DecodeMerge::kFused));
+      });
+      const auto fuses = kn::attention_decode_split_fuses_merge(
+          batch, kQHeads, f.kv_heads, f.head_dim, sms, kn::DecodeMerge::kSized);
+      if (!fuses.ok()) {
+        std::fprintf(stderr, "%s\n", fuses.error().message.c_str());
+        std::exit(2);
+      }
       const double bytes = p.keys_read * token * 2 * sizeof(bf16);
       const double ref_gbs = bytes / (ref_ms * 1e-3) / 1e9;
       const double split_gbs = bytes / (split_ms * 1e-3) / 1e9;
-      std::printf("%5d %6d %6.0f %9.1f | %9.3f %7.0f %5.1f%% | %9.3f %7.0f %5.1f%% | %6.2f %6d\n",
-                  batch, context, p.keys_read / batch, bytes / 1e6, ref_ms, ref_gbs,
-                  100.0 * ref_gbs / copy_gbs, split_ms, split_gbs, 100.0 * split_gbs / copy_gbs,
-                  ref_ms / split_ms,
-                  kn::attention_decode_split_count(batch, kQHeads, f.kv_heads, f.head_dim, sms));
+      std::printf(
+          "%5d %6d %6.0f %9.1f | %9.3f %7.0f %5.1f%% | %9.3f %7.0f %5.1f%% | %6.2f %6d | %9.4f "
+          "%6.3f %5s\n",
+          batch, context, p.keys_read / batch, bytes / 1e6, ref_ms, ref_gbs,
+          100.0 * ref_gbs / copy_gbs, split_ms, split_gbs, 100.0 * split_gbs / copy_gbs,
+          ref_ms / split_ms,
+          kn::attention_decode_split_count(batch, kQHeads, f.kv_heads, f.head_dim, sms), fused_ms,
+          split_ms / fused_ms, *fuses ? "fused" : "2k");
       free_plan(p);
     }
   }

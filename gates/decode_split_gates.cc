@@ -8,7 +8,9 @@
 // reference within 2 + 1 = 3x. Pools hold NaN sentinels everywhere a row must not read: the
 // padding page, spare pages, the other layer, and keys outside [first key, position] of each
 // row (also on listed pages behind the window), so a stray read poisons the output.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "gates/kernel_gate_util.h"
 #include "kernels/attention_decode_split.h"
@@ -120,9 +122,11 @@ std::vector<bf16> sentinel_out(const Built& b, int32_t q_heads) {
 }
 
 // Runs the split kernel into a fresh sentinel output with a workspace pre-filled with
-// `ws_fill` bytes (0xff: NaN floats); returns the output (spare row included).
+// `ws_fill` bytes (0xff: NaN floats), its counters then zeroed; returns the output (spare row
+// included).
 std::vector<bf16> run_split(const SplitCase& c, const Built& b, DeviceCase& dc, int ws_fill,
-                            cudaStream_t stream) {
+                            cudaStream_t stream,
+                            kernels::DecodeMerge merge = kernels::DecodeMerge::kAuto) {
   const int32_t sms = device_sms();
   const int32_t rows = b.sc.rows();
   const int32_t splits =
@@ -133,10 +137,13 @@ std::vector<bf16> run_split(const SplitCase& c, const Built& b, DeviceCase& dc, 
   if (ws_bytes > 0) {
     EXPECT_EQ(cudaMemset(ws.get(), ws_fill, ws_bytes), cudaSuccess);
   }
+  const auto init = kernels::attention_decode_split_workspace_init(ws.get(), ws_bytes, stream);
+  EXPECT_TRUE(init.ok()) << (init.ok() ? "" : init.error().message);
   DeviceBuffer<bf16> out(sentinel_out(b, c.q_heads));
-  auto st = kernels::attention_decode_split(
-      dc.q.get(), b.q_stride, out.get(), c.q_heads, pool_view(b.sc, dc.pool.get()), kLayer,
-      dc.plan.rows_view(), dc.plan.paging_view(), c.window, 1.0f, ws.get(), ws_bytes, sms, stream);
+  auto st = kernels::attention_decode_split(dc.q.get(), b.q_stride, out.get(), c.q_heads,
+                                            pool_view(b.sc, dc.pool.get()), kLayer,
+                                            dc.plan.rows_view(), dc.plan.paging_view(), c.window,
+                                            1.0f, ws.get(), ws_bytes, sms, stream, merge);
   EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   return out.download();
@@ -288,6 +295,137 @@ TEST_F(DecodeSplitGates, RepeatRunsAreBitwiseEqual) {
   }
 }
 
+// The fused merge (the split kernel's last block per group merges) against the two-kernel
+// path, bitwise, every case: once, three more launches on the SAME workspace (the counters must
+// come back to 0 by themselves), and a CUDA graph of one launch replayed 4 times, the output
+// reset to sentinels before each replay. Then the counters read back: all 0.
+TEST_F(DecodeSplitGates, FusedMergeMatchesTwoKernelBitwise) {
+  const int32_t sms = device_sms();
+  const int32_t largest = kernels::attention_decode_split_count(1, 16, 1, 512, sms);
+  bool one_split = false, largest_fused = false;
+  int32_t fused_cases = 0;
+  uint64_t seed = 400;
+  for (const SplitCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const Built b = build(c, seed++);
+    DeviceCase dc(b);
+    const int32_t rows = b.sc.rows();
+    const int32_t splits =
+        kernels::attention_decode_split_count(rows, c.q_heads, c.kv_heads, c.head_dim, sms);
+    auto fuses = kernels::attention_decode_split_fuses_merge(
+        rows, c.q_heads, c.kv_heads, c.head_dim, sms, kernels::DecodeMerge::kFused);
+    ASSERT_TRUE(fuses.ok());
+    auto two = kernels::attention_decode_split_fuses_merge(rows, c.q_heads, c.kv_heads, c.head_dim,
+                                                           sms, kernels::DecodeMerge::kTwoKernel);
+    ASSERT_TRUE(two.ok());
+    EXPECT_FALSE(*two);
+    const int64_t groups = int64_t{rows} * c.kv_heads *
+                           kernels::attention_decode_split_head_blocks(c.q_heads, c.kv_heads);
+    EXPECT_EQ(*fuses, splits > 1 && groups <= kernels::kDecodeMergeCounters);
+    one_split |= splits == 1;
+    largest_fused |= *fuses && splits == largest;
+    fused_cases += *fuses;
+
+    const auto ref = run_split(c, b, dc, 0xff, stream_, kernels::DecodeMerge::kTwoKernel);
+    EXPECT_GT(count_not_sentinel(ref, 0, ref.size() - size_t(c.q_heads) * c.head_dim), 0u);
+    const int64_t ws_bytes =
+        kernels::attention_decode_split_workspace_bytes(rows, c.q_heads, c.head_dim, splits);
+    DeviceBuffer<uint8_t> ws(static_cast<size_t>(ws_bytes));
+    if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.get(), 0xff, ws_bytes));  // NaN partials
+    KERNEL_OK(kernels::attention_decode_split_workspace_init(ws.get(), ws_bytes, stream_));
+    DeviceBuffer<bf16> out(sentinel_out(b, c.q_heads));
+    const std::vector<bf16> blank = sentinel_out(b, c.q_heads);
+    auto launch = [&] {
+      return kernels::attention_decode_split(
+          dc.q.get(), b.q_stride, out.get(), c.q_heads, pool_view(b.sc, dc.pool.get()), kLayer,
+          dc.plan.rows_view(), dc.plan.paging_view(), c.window, 1.0f, ws.get(), ws_bytes, sms,
+          stream_, kernels::DecodeMerge::kFused);
+    };
+    for (int run = 0; run < 4; ++run) {
+      out.upload(blank);
+      KERNEL_OK(launch());
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      EXPECT_EQ(bitwise_diffs(out.download(), 0, ref, 0, ref.size()), 0u) << "launch " << run;
+    }
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    const auto captured = launch();
+    CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+    KERNEL_OK(captured);
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 4; ++replay) {
+      out.upload(blank);
+      CUDA_OK(cudaGraphLaunch(exec, stream_));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      EXPECT_EQ(bitwise_diffs(out.download(), 0, ref, 0, ref.size()), 0u) << "replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    if (ws_bytes > 0) {
+      std::vector<uint32_t> counters(kernels::kDecodeMergeCounters, 1u);
+      CUDA_OK(cudaMemcpy(counters.data(), ws.get(), kernels::kDecodeMergeCounterBytes,
+                         cudaMemcpyDeviceToHost));
+      EXPECT_EQ(std::count(counters.begin(), counters.end(), 0u), kernels::kDecodeMergeCounters)
+          << "arrival counters not back to 0";
+    }
+    std::printf("  %-64s rows %3d splits %3d groups %4lld %s\n", c.name, rows, splits,
+                static_cast<long long>(groups),
+                *fuses ? "fused == two-kernel" : "no merge to fuse");
+  }
+  EXPECT_TRUE(one_split) << "no case with a single split (no merge)";
+  EXPECT_TRUE(largest_fused) << "no fused case at the largest split count " << largest;
+  EXPECT_GE(fused_cases, 8) << "too few cases exercised the fused merge";
+}
+
+// The environment's selection: a value other than two-kernel / fused / sized is an error of
+// the call naming the variable; unset is kDecodeMergeDefault (the variable is read once per
+// process, so only the current process's value can be checked). kSized fuses the 12B local
+// family at batch 1 (S = 33 on 132 SMs, 2 heads of 256 a group: 66 KB a merge) and not the
+// global one (S = 132, 16 heads of 512: 4.3 MB). Explicit selections ignore the environment.
+TEST_F(DecodeSplitGates, MergeSelectionAndInit) {
+  using kernels::DecodeMerge;
+  const int32_t sms = device_sms();
+  const char* env = std::getenv("TWINSTEP_DECODE_MERGE");
+  const std::string v = env == nullptr ? "" : env;
+  auto r = kernels::attention_decode_split_fuses_merge(1, 16, 8, 256, sms, DecodeMerge::kAuto);
+  const auto local_s = kernels::attention_decode_split_count(1, 16, 8, 256, sms);
+  const bool local_small = int64_t{local_s} * 2 * 256 * 4 <= kernels::kDecodeFusedMergeBytesMax;
+  if (env != nullptr && v != "two-kernel" && v != "fused" && v != "sized") {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, kernels::KernelErrorCode::kBadArgument);
+    EXPECT_NE(r.error().message.find("TWINSTEP_DECODE_MERGE"), std::string::npos);
+  } else {
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    const bool want = env == nullptr
+                          ? kernels::kDecodeMergeDefault != DecodeMerge::kTwoKernel && local_small
+                          : v == "fused" || (v == "sized" && local_small);
+    EXPECT_EQ(*r, want) << "TWINSTEP_DECODE_MERGE=" << v;
+  }
+  auto sized_local =
+      kernels::attention_decode_split_fuses_merge(1, 16, 8, 256, sms, DecodeMerge::kSized);
+  auto sized_global =
+      kernels::attention_decode_split_fuses_merge(1, 16, 1, 512, sms, DecodeMerge::kSized);
+  auto fused_global =
+      kernels::attention_decode_split_fuses_merge(1, 16, 1, 512, sms, DecodeMerge::kFused);
+  auto two_local =
+      kernels::attention_decode_split_fuses_merge(1, 16, 8, 256, sms, DecodeMerge::kTwoKernel);
+  ASSERT_TRUE(sized_local.ok() && sized_global.ok() && fused_global.ok() && two_local.ok());
+  EXPECT_EQ(*sized_local, local_small);
+  if (sms == 132) {
+    EXPECT_TRUE(*sized_local);
+    EXPECT_FALSE(*sized_global);
+  }
+  EXPECT_TRUE(*fused_global);
+  EXPECT_FALSE(*two_local);
+  // init: 0 bytes is nothing; a workspace too small for the counters is refused.
+  KERNEL_OK(kernels::attention_decode_split_workspace_init(nullptr, 0, stream_));
+  DeviceBuffer<uint8_t> small(16);
+  auto st = kernels::attention_decode_split_workspace_init(small.get(), 16, stream_);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, kernels::KernelErrorCode::kBadArgument);
+}
+
 TEST_F(DecodeSplitGates, SplitPolicyAndWorkspace) {
   const int32_t sms = device_sms();
   // 12B families: the policy's choice per batch, printed for perf/NOTES.md.
@@ -314,6 +452,7 @@ TEST_F(DecodeSplitGates, SplitPolicyAndWorkspace) {
   ASSERT_GT(splits, 1);
   const int64_t need = kernels::attention_decode_split_workspace_bytes(1, 16, 512, splits);
   DeviceBuffer<uint8_t> ws(static_cast<size_t>(need));
+  KERNEL_OK(kernels::attention_decode_split_workspace_init(ws.get(), need, stream_));
   DeviceBuffer<bf16> out(sentinel_out(b, 16));
   auto st = kernels::attention_decode_split(
       dc.q.get(), b.q_stride, out.get(), 16, pool_view(b.sc, dc.pool.get()), kLayer,

@@ -27,6 +27,9 @@ TEST_F(DecodeSplitTrap, UnlistedPageTraps) {
   const int32_t splits = kernels::attention_decode_split_count(1, q_heads, 1, hd, sms);
   const int64_t ws_bytes = kernels::attention_decode_split_workspace_bytes(1, q_heads, hd, splits);
   DeviceBuffer<uint8_t> ws(static_cast<size_t>(ws_bytes));
+  // Zeroed arrival counters: the trap must come from the page check, not the counter check.
+  KERNEL_OK(kernels::attention_decode_split_workspace_init(ws.get(), ws_bytes, stream_));
+  CUDA_OK(cudaStreamSynchronize(stream_));
   KERNEL_OK(kernels::attention_decode_split(
       d_q.get(), q_heads * hd, d_out.get(), q_heads, pool_view(sc, d_pool.get()), 0,
       plan.rows_view(), plan.paging_view(), 0, 1.0f, ws.get(), ws_bytes, sms, stream_));

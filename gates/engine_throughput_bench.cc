@@ -1497,7 +1497,7 @@ int main(int argc, char** argv) {
       const double eager = time_decode(e, cost, batch, "  eager b=" + std::to_string(batch), table);
       device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
       std::printf("  graphs: %.3f ms/step, eager %.3f: %.2fx\n", med, eager, eager / med);
-      if (batch == 128 || batch == 64 || batch == 1) {
+      if (batch == 128 || batch == 64 || batch == 16 || batch == 1) {
         timer.reset();
         kernels::set_forward_phase_observer(&timer);
         Timed t = step(e);

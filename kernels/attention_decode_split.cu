@@ -3,6 +3,8 @@
 // tiles streamed through a cp.async ring) and the merge kernel of the partial states.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/attention_args.h"
 #include "kernels/attention_decode_split.h"
@@ -79,8 +81,9 @@ struct SplitArgs {
   int32_t group;        // q_heads / kv_heads
   int32_t head_blocks;  // ceil(group / kHeads)
   int32_t splits;
-  float* part_acc;  // [rows][q_heads][splits][HD] unnormalised accumulators (splits > 1)
-  float2* part_ml;  // [rows][q_heads][splits] (max in log2 units, sum); sum 0 = empty split
+  float* part_acc;     // [rows][q_heads][splits][HD] unnormalised accumulators (splits > 1)
+  float2* part_ml;     // [rows][q_heads][splits] (max in log2 units, sum); sum 0 = empty split
+  uint32_t* counters;  // [rows][kv_heads * head_blocks] arrivals (fused merge), else nullptr
 };
 
 // ---- PTX wrappers -----------------------------------------------------------------------
@@ -134,6 +137,69 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 template <int HD>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * HD + ((c ^ (r & 7)) * 8);
+}
+
+// ---- the merge of the partial states (the merge kernel and the fused merge) ------------
+
+// One warp: the weights of the splits of one (row, query head) into w_s[0..splits) and
+// (active splits, weighted sum) into stats[0..1]. The non-empty splits are a prefix
+// 0..active-1 (split i starts i chunks into the row's keys). Lane-strided, then the butterfly:
+// one fixed order. Each lane reads back only the entries it wrote.
+__device__ __forceinline__ void merge_weights(const float2* ml, int32_t splits, float* w_s,
+                                              float* l_s, float* stats) {
+  const int lane = threadIdx.x % kWarp;
+  for (int32_t i = lane; i < splits; i += kWarp) {
+    const float2 v = __ldcg(ml + i);  // L2: written by other blocks of this grid (fused merge)
+    w_s[i] = v.y > 0.0f ? v.x : -INFINITY;
+    l_s[i] = v.y;
+  }
+  float mx = -INFINITY;
+  int32_t active = 0;
+  for (int32_t i = lane; i < splits; i += kWarp) {
+    mx = fmaxf(mx, w_s[i]);
+    active += l_s[i] > 0.0f;
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
+    active += __shfl_xor_sync(kFullMask, active, o);
+  }
+  float total = 0.0f;
+  for (int32_t i = lane; i < splits; i += kWarp) {
+    const float w = l_s[i] > 0.0f ? exp2f(w_s[i] - mx) : 0.0f;
+    w_s[i] = w;
+    total += l_s[i] * w;
+  }
+  total = warp_sum(total);
+  if (lane == 0) {                                  // lane 0's sum: one fixed order
+    TS_DEVICE_REQUIRE(active > 0 && total > 0.0f);  // split 0 holds the row's first key
+    stats[0] = static_cast<float>(active);
+    stats[1] = total;
+  }
+}
+
+// Dims d..d+3 of one (row, query head): its splits' accumulators (acc = part_acc at the
+// (row, head), [splits][HD]) weighted and added in split order 0..active-1, normalised.
+template <int HD>
+__device__ __forceinline__ void merge_dims(const float* acc, const float* w_s, const float* stats,
+                                           bf16* out, int d) {
+  const int32_t active = static_cast<int32_t>(stats[0]);
+  const float inv = 1.0f / stats[1];
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float* p = acc + d;
+#pragma unroll 4
+  for (int32_t i = 0; i < active; ++i) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p + int64_t{i} * HD));
+    const float w = w_s[i];
+    sum.x += v.x * w;
+    sum.y += v.y * w;
+    sum.z += v.z * w;
+    sum.w += v.w * w;
+  }
+  uint2 packed;
+  packed.x = pack2(sum.x * inv, sum.y * inv);
+  packed.y = pack2(sum.z * inv, sum.w * inv);
+  *reinterpret_cast<uint2*>(out + d) = packed;
 }
 
 // ---- the split kernel -----------------------------------------------------------------
@@ -397,6 +463,51 @@ __device__ __forceinline__ void store_result(const SplitArgs& a, int32_t row, in
   }
 }
 
+// The fused merge: called by every block of a group (splits > 1, counters set) after its
+// partial state is stored. The last to arrive merges the group's heads, reusing `smem` (the
+// ring, Q and scores: free after the loop) for the weights.
+template <int HD>
+__device__ __forceinline__ void arrive_and_merge(const SplitArgs& a, int32_t row, int32_t head0,
+                                                 int32_t heads, unsigned char* smem) {
+  using G = Geometry<HD>;
+  __shared__ uint32_t last;
+  __threadfence();  // this thread's partial-state stores, device-wide, before the arrival
+  __syncthreads();  // every thread's (and the ring's last reads)
+  if (threadIdx.x == 0) {
+    uint32_t* counter = a.counters + static_cast<int64_t>(row) * gridDim.y + blockIdx.y;
+    __threadfence();  // cumulative: the block's stores (seen through the barrier) first
+    const uint32_t old = atomicAdd(counter, 1u);
+    // Counters start at 0 (attention_decode_split_workspace_init) and return to 0 below.
+    TS_DEVICE_REQUIRE(old < static_cast<uint32_t>(a.splits));
+    last = old == static_cast<uint32_t>(a.splits) - 1;
+    if (last) {
+      atomicExch(counter, 0u);  // before the merge: the next launch or replay starts clean
+      __threadfence();          // acquire side: the other blocks' states are visible now
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  static_assert(2 * kHeads * kDecodeSplitsMax * 4 + kHeads * 2 * 4 <= G::kSmemBytes,
+                "the merge's weights fit the block's shared memory");
+  float* w_s = reinterpret_cast<float*>(smem);     // [kHeads][kDecodeSplitsMax]
+  float* l_s = w_s + kHeads * kDecodeSplitsMax;    // [kHeads][kDecodeSplitsMax]
+  float* stats = l_s + kHeads * kDecodeSplitsMax;  // [kHeads][2]
+  const int warp = threadIdx.x / kWarp;
+  const int64_t rh0 = static_cast<int64_t>(row) * a.q_heads + head0;
+  for (int32_t i = warp; i < heads; i += G::kWarps) {
+    merge_weights(a.part_ml + (rh0 + i) * a.splits, a.splits, w_s + i * kDecodeSplitsMax,
+                  l_s + i * kDecodeSplitsMax, stats + 2 * i);
+  }
+  __syncthreads();
+  constexpr int kQuads = HD / 4;
+  for (int32_t task = threadIdx.x; task < heads * kQuads; task += G::kThreads) {
+    const int32_t i = task / kQuads;
+    merge_dims<HD>(a.part_acc + (rh0 + i) * a.splits * HD, w_s + i * kDecodeSplitsMax,
+                   stats + 2 * i, a.out + (rh0 + i) * HD, (task % kQuads) * 4);
+  }
+}
+
 // grid (splits, kv_heads * head_blocks, rows), kThreads threads, kSmemBytes dynamic smem.
 template <int HD>
 __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBlocks)
@@ -422,6 +533,7 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
       const int64_t rh = static_cast<int64_t>(row) * a.q_heads + head0 + i;
       a.part_ml[rh * a.splits + split] = make_float2(-INFINITY, 0.0f);
     }
+    if (a.counters != nullptr) arrive_and_merge<HD>(a, row, head0, heads, smem);
     return;
   }
   const int32_t kb = static_cast<int32_t>(kb64);
@@ -455,6 +567,7 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
     tile_softmax_pv<HD>(s_s, ks + G::kTileElems, kb + tile * kTileKeys, ke, a.scale_log2, m, l, o);
   }
   store_result<HD>(a, row, head0, heads, split, m, l, o);
+  if (a.counters != nullptr) arrive_and_merge<HD>(a, row, head0, heads, smem);
 }
 
 constexpr int kMergeThreads = 128;
@@ -471,58 +584,10 @@ __global__ void __launch_bounds__(kMergeThreads)
   __shared__ float stats[2];     // active splits, weighted sum
   allow_dependents_to_launch();  // the next kernel is the o_proj GEMM
   const int64_t rh = blockIdx.x;
-  const float2* ml = part_ml + rh * splits;
-  for (int32_t i = threadIdx.x; i < splits; i += kMergeThreads) {
-    const float2 v = ml[i];
-    w_s[i] = v.y > 0.0f ? v.x : -INFINITY;
-    l_s[i] = v.y;
-  }
+  if (threadIdx.x < kWarp) merge_weights(part_ml + rh * splits, splits, w_s, l_s, stats);
   __syncthreads();
-  if (threadIdx.x < kWarp) {  // warp 0: max, count and weighted sum over the splits
-    const int lane = threadIdx.x;
-    float mx = -INFINITY;
-    int32_t active = 0;
-    for (int32_t i = lane; i < splits; i += kWarp) {
-      mx = fmaxf(mx, w_s[i]);
-      active += l_s[i] > 0.0f;
-    }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) {
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
-      active += __shfl_xor_sync(kFullMask, active, o);
-    }
-    float total = 0.0f;
-    for (int32_t i = lane; i < splits; i += kWarp) {
-      const float w = l_s[i] > 0.0f ? exp2f(w_s[i] - mx) : 0.0f;
-      w_s[i] = w;
-      total += l_s[i] * w;
-    }
-    total = warp_sum(total);
-    if (lane == 0) {                                  // lane 0's sum: one fixed order
-      TS_DEVICE_REQUIRE(active > 0 && total > 0.0f);  // split 0 holds the row's first key
-      stats[0] = static_cast<float>(active);
-      stats[1] = total;
-    }
-  }
-  __syncthreads();
-  const int32_t active = static_cast<int32_t>(stats[0]);
-  const float inv = 1.0f / stats[1];
   for (int d = threadIdx.x * 4; d < HD; d += kMergeThreads * 4) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float* p = part_acc + rh * splits * HD + d;
-#pragma unroll 4
-    for (int32_t i = 0; i < active; ++i) {
-      const float4 v = *reinterpret_cast<const float4*>(p + int64_t{i} * HD);
-      const float w = w_s[i];
-      acc.x += v.x * w;
-      acc.y += v.y * w;
-      acc.z += v.z * w;
-      acc.w += v.w * w;
-    }
-    uint2 packed;
-    packed.x = pack2(acc.x * inv, acc.y * inv);
-    packed.y = pack2(acc.z * inv, acc.w * inv);
-    *reinterpret_cast<uint2*>(out + rh * HD + d) = packed;
+    merge_dims<HD>(part_acc + rh * splits * HD, w_s, stats, out + rh * HD, d);
   }
 }
 
@@ -552,6 +617,32 @@ int32_t blocks_per_sm(int32_t head_dim) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+// TWINSTEP_DECODE_MERGE, read once: kDecodeMergeDefault when unset; `bad` holds a value that
+// is none of two-kernel, fused, sized.
+struct MergeEnv {
+  DecodeMerge merge = kDecodeMergeDefault;
+  std::string bad;  // the unrecognised value, empty when fine
+};
+const MergeEnv& merge_env() {
+  static const MergeEnv env = [] {
+    MergeEnv e;
+    const char* v = std::getenv("TWINSTEP_DECODE_MERGE");
+    if (v == nullptr) return e;
+    const std::string s = v;
+    if (s == "fused") {
+      e.merge = DecodeMerge::kFused;
+    } else if (s == "two-kernel") {
+      e.merge = DecodeMerge::kTwoKernel;
+    } else if (s == "sized") {
+      e.merge = DecodeMerge::kSized;
+    } else {
+      e.bad = s;
+    }
+    return e;
+  }();
+  return env;
+}
+
 template <int HD>
 KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
   using G = Geometry<HD>;
@@ -562,13 +653,53 @@ KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
   if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(decode_split_kernel)");
   const dim3 grid(a.splits, a.kv_heads * a.head_blocks, a.rows);
   decode_split_kernel<HD><<<grid, G::kThreads, G::kSmemBytes, stream>>>(a);
-  if (auto st = launch_status("decode_split_kernel"); !st.ok() || a.splits == 1) return st;
+  if (auto st = launch_status("decode_split_kernel");
+      !st.ok() || a.splits == 1 || a.counters != nullptr) {
+    return st;
+  }
   decode_merge_kernel<HD>
       <<<a.rows * a.q_heads, kMergeThreads, 0, stream>>>(a.part_acc, a.part_ml, a.out, a.splits);
   return launch_status("decode_merge_kernel");
 }
 
 }  // namespace
+
+Result<bool, KernelError> attention_decode_split_fuses_merge(int32_t rows, int32_t q_heads,
+                                                             int32_t kv_heads, int32_t head_dim,
+                                                             int32_t num_sms, DecodeMerge merge) {
+  const int32_t splits = attention_decode_split_count(rows, q_heads, kv_heads, head_dim, num_sms);
+  if (merge == DecodeMerge::kAuto) {
+    const MergeEnv& env = merge_env();
+    if (!env.bad.empty()) {
+      return unexpected(KernelError{
+          KernelErrorCode::kBadArgument,
+          "TWINSTEP_DECODE_MERGE=" + env.bad + ": expected two-kernel, fused or sized"});
+    }
+    merge = env.merge;
+  }
+  const int32_t head_blocks = attention_decode_split_head_blocks(q_heads, kv_heads);
+  const int64_t groups = int64_t{rows} * kv_heads * head_blocks;
+  if (splits == 1 || groups > kDecodeMergeCounters || merge == DecodeMerge::kTwoKernel) {
+    return false;
+  }
+  if (merge == DecodeMerge::kFused) return true;
+  // kSized (kAuto resolved to a concrete path above; kDecodeMergeDefault is never kAuto).
+  const int64_t block_heads = std::min(q_heads / kv_heads, kHeads);
+  return int64_t{splits} * block_heads * head_dim * int64_t{sizeof(float)} <=
+         kDecodeFusedMergeBytesMax;
+}
+
+KernelStatus attention_decode_split_workspace_init(void* workspace, int64_t bytes,
+                                                   cudaStream_t stream) {
+  if (bytes == 0) return Ok{};
+  if (workspace == nullptr || bytes < kDecodeMergeCounterBytes) {
+    return bad_argument("attention_decode_split_workspace_init: a workspace of " + str(bytes) +
+                        " bytes at " + (workspace == nullptr ? "nullptr" : "a device address") +
+                        ", expected 0 bytes or at least " + str(kDecodeMergeCounterBytes));
+  }
+  return cuda_status(cudaMemsetAsync(workspace, 0, kDecodeMergeCounterBytes, stream),
+                     "cudaMemsetAsync(decode split counters)");
+}
 
 int32_t attention_decode_split_head_blocks(int32_t q_heads, int32_t kv_heads) {
   static_assert(kHeads == engine::kDecodeSplitHeadsPerBlock, "the shared policy's block heads");
@@ -593,7 +724,8 @@ int64_t attention_decode_split_workspace_bytes(int32_t rows, int32_t q_heads, in
                                                int32_t splits) {
   TS_CHECK(rows >= 0 && q_heads > 0 && splits >= 1) << "rows " << rows << " splits " << splits;
   if (splits == 1) return 0;
-  return int64_t{rows} * q_heads * splits * (int64_t{head_dim} + 2) * int64_t{sizeof(float)};
+  return kDecodeMergeCounterBytes +
+         int64_t{rows} * q_heads * splits * (int64_t{head_dim} + 2) * int64_t{sizeof(float)};
 }
 
 int64_t attention_decode_split_workspace_bytes_max(int32_t max_rows, int32_t q_heads,
@@ -611,7 +743,7 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
                                     const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                     const PagingView& paging, int32_t window, float scale,
                                     void* workspace, int64_t workspace_bytes, int32_t num_sms,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, DecodeMerge merge) {
   auto bad = [](const std::string& m) { return bad_argument("attention_decode_split: " + m); };
   if (auto checked = check_attention_args("attention_decode_split", q, q_row_stride, out, q_heads,
                                           pool, layer, rows, paging, scale);
@@ -630,8 +762,14 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
     return bad("workspace of " + str(workspace_bytes) + " bytes, the " + str(splits) +
                " splits of " + str(rows.rows) + " rows need " + str(need));
   }
+  auto fused =
+      attention_decode_split_fuses_merge(rows.rows, q_heads, pool.kv_heads, hd, num_sms, merge);
+  if (!fused.ok()) return unexpected(fused.error());
   const int64_t per_layer = pool_layer_elems(pool);
-  float* part_acc = static_cast<float*>(workspace);
+  float* part_acc =
+      splits > 1
+          ? reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + kDecodeMergeCounterBytes)
+          : nullptr;
   const int64_t acc_elems = int64_t{rows.rows} * q_heads * splits * hd;
   SplitArgs a{q,
               q_row_stride,
@@ -655,7 +793,8 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
               attention_decode_split_head_blocks(q_heads, pool.kv_heads),
               splits,
               splits > 1 ? part_acc : nullptr,
-              splits > 1 ? reinterpret_cast<float2*>(part_acc + acc_elems) : nullptr};
+              splits > 1 ? reinterpret_cast<float2*>(part_acc + acc_elems) : nullptr,
+              *fused ? static_cast<uint32_t*>(workspace) : nullptr};
   switch (hd) {
     case 64:
       return run<64>(a, stream);

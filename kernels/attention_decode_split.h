@@ -14,6 +14,17 @@
 // kernel merges the S partial (max, sum, accumulator) states of each (row, query head) in
 // split order 0..S-1, so the result depends only on the inputs and S. S == 1 skips the
 // workspace and the merge: the split kernel normalises and writes the output itself.
+//
+// Fused merge (DecodeMerge below): instead of the merge kernel, the LAST block of each (row,
+// kv head, head block) group to finish merges the group's S partial states inside the split
+// kernel, with the merge kernel's code in the same split order, so the output bits are the
+// two-kernel path's. Each block writes its partial state, fences, and bumps the group's
+// arrival counter (uint32, at the start of the workspace); the block that sees S - 1 resets
+// the counter to 0 (before it merges: a trap in the merge leaves it clean), fences, and merges.
+// The counters are zero between launches, so graph replays start clean; they must be zeroed
+// once when the workspace is set up (attention_decode_split_workspace_init). A block that
+// finds its counter at S or more (a workspace never initialised, or shared by two launches in
+// flight) traps. A trap kills the CUDA context, so no step runs after a failed one.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +38,37 @@ namespace twinstep::kernels {
 // simulator's cost model computes the same split without CUDA).
 inline constexpr int32_t kDecodeSplitTileKeys = engine::kDecodeSplitTileKeys;
 inline constexpr int32_t kDecodeSplitsMax = engine::kDecodeSplitsMax;
+
+// Arrival counters at the start of every workspace of S > 1 (kDecodeMergeCounterBytes):
+// groups = rows * kv_heads * head_blocks of at most this many can take the fused merge.
+inline constexpr int32_t kDecodeMergeCounters = 1024;
+inline constexpr int64_t kDecodeMergeCounterBytes = int64_t{kDecodeMergeCounters} * 4;
+// kAuto's limit on the partial states one merging block reads (S * its heads * head_dim fp32):
+// one block merging a large group (hd 512, S = 132 at batch 1: 4.3 MB) is slower than the
+// merge kernel's rows * q_heads blocks.
+inline constexpr int64_t kDecodeFusedMergeBytesMax = 256 * 1024;
+
+// Which path merges the partial states when S > 1. kTwoKernel: the merge kernel (the
+// reference of the fused path). kFused: the split kernel's last block per group, wherever the
+// counters fit (groups <= kDecodeMergeCounters; else the merge kernel). kSized: kFused where a
+// group's merge reads at most kDecodeFusedMergeBytesMax, else kTwoKernel. kAuto: the
+// environment variable TWINSTEP_DECODE_MERGE (two-kernel, fused or sized) when set, else
+// kDecodeMergeDefault. The default stays the merge kernel: on the H200 (perf/NOTES.md, "the
+// merge inside the split kernel", session 6) kSized was not faster at batch 16 in the engine.
+enum class DecodeMerge : int32_t { kAuto, kTwoKernel, kFused, kSized };
+inline constexpr DecodeMerge kDecodeMergeDefault = DecodeMerge::kTwoKernel;
+
+// Whether a launch of these shapes with `merge` takes the fused merge (false when S == 1).
+// Returns kBadArgument (kAuto only) for a TWINSTEP_DECODE_MERGE other than two-kernel, fused
+// or sized.
+Result<bool, KernelError> attention_decode_split_fuses_merge(int32_t rows, int32_t q_heads,
+                                                             int32_t kv_heads, int32_t head_dim,
+                                                             int32_t num_sms, DecodeMerge merge);
+
+// Zeroes the arrival counters of a workspace of `bytes` bytes (stream-ordered; nothing when
+// bytes == 0). Once after the workspace is allocated (and after anything else wrote it).
+KernelStatus attention_decode_split_workspace_init(void* workspace, int64_t bytes,
+                                                   cudaStream_t stream);
 
 // Blocks of one (row, kv head) group: ceil((q_heads / kv_heads) / 16) (a block holds at most
 // 16 query heads, the mma M). A GQA group of more than 16 heads reads its K/V once per block.
@@ -44,8 +86,9 @@ int32_t attention_decode_split_count(int32_t rows, int32_t q_heads, int32_t kv_h
 // engine::decode_split_count(rows * kv_heads * head_blocks, slots) is the split count.
 int64_t attention_decode_split_slots(int32_t head_dim, int32_t num_sms);
 
-// Workspace for `splits` splits: rows * q_heads * splits * (head_dim + 2) fp32 (the partial
-// accumulators, then the (max, sum) pairs); 0 when splits == 1.
+// Workspace for `splits` splits: kDecodeMergeCounterBytes of counters, then rows * q_heads *
+// splits * (head_dim + 2) fp32 (the partial accumulators, then the (max, sum) pairs); 0 when
+// splits == 1.
 int64_t attention_decode_split_workspace_bytes(int32_t rows, int32_t q_heads, int32_t head_dim,
                                                int32_t splits);
 
@@ -59,12 +102,13 @@ int64_t attention_decode_split_workspace_bytes_max(int32_t max_rows, int32_t q_h
 // attention_decode_split_workspace_bytes(rows.rows, q_heads, pool.head_dim, S) bytes with S =
 // attention_decode_split_count(rows.rows, q_heads, pool.kv_heads, pool.head_dim, num_sms),
 // 16-byte aligned (nullptr allowed when that is 0); num_sms, the multiprocessor count of the
-// device (cudaDevAttrMultiProcessorCount). Never allocates, never synchronises. Returns
+// device (cudaDevAttrMultiProcessorCount); its counters zeroed once
+// (attention_decode_split_workspace_init). Never allocates, never synchronises. Returns
 // kBadArgument (naming the field) for a workspace smaller than the policy needs.
 KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
                                     const KvPoolView& pool, int32_t layer, const RowsView& rows,
                                     const PagingView& paging, int32_t window, float scale,
                                     void* workspace, int64_t workspace_bytes, int32_t num_sms,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, DecodeMerge merge = DecodeMerge::kAuto);
 
 }  // namespace twinstep::kernels

@@ -338,6 +338,8 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                      static_cast<float*>(slots[8]),
                      slots[9],
                      decode_ws};
+  // The split-KV decode's arrival counters (its fused merge) start at 0, once per allocation.
+  TS_TRY(attention_decode_split_workspace_init(slots[9], decode_ws, blas_.stream()));
   for (int i = 0; i < engine::kFamilyCount; ++i) {
     row_tiles_[i] = static_cast<const PrefillTile*>(slots[10 + i]);
     tiles_per_row_[i] = static_cast<int32_t>(tiles[i].size()) / R;
