@@ -3,6 +3,7 @@
 // what makes the fused result bitwise equal to the sequence it replaces.
 #include "kernels/common.cuh"
 #include "kernels/fused_norms.h"
+#include "kernels/row_group.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -23,6 +24,15 @@ __device__ __forceinline__ void weight8(const bf16* w, int c, float (&f)[8]) {
 
 __device__ __forceinline__ float round_bf16(float v) {
   return __bfloat162float(__float2bfloat16(v));
+}
+
+// One element of the new residual stream: x + norm(delta) * w, each step rounded to bf16 as
+// the unfused sequence stores it, then scaled (layer scalar) where scalar is not 1.
+__device__ __forceinline__ float residual_add(float x, float delta, float inv_delta, float w,
+                                              float scalar) {
+  float s = round_bf16(x + round_bf16(delta * inv_delta * w));
+  if (scalar != 1.0f) s = round_bf16(s * scalar);
+  return s;
 }
 
 __device__ __forceinline__ uint4 raw8(const bf16* w, int c) {
@@ -60,7 +70,7 @@ __global__ void __launch_bounds__(kThreadsMax)
                          bf16* __restrict__ x, float scalar, const bf16* __restrict__ out_weight,
                          bf16* __restrict__ out, int32_t rows, int32_t dim, float eps, int group) {
   __shared__ float scratch[kThreadsMax / kWarp];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
+  const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
   const int t = threadIdx.x % group;
   const int64_t base = row * dim;
@@ -76,7 +86,7 @@ __global__ void __launch_bounds__(kThreadsMax)
       for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
     }
   }
-  float total = group == kWarp ? warp_sum(ss) : block_sum(ss, scratch);
+  float total = group_sum(ss, group, scratch);
   const float inv_delta = rsqrtf(total / dim + eps);
   ss = 0.0f;
 #pragma unroll
@@ -88,8 +98,7 @@ __global__ void __launch_bounds__(kThreadsMax)
       load_bf16<8>(x + base + c, xv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        float s = round_bf16(xv[i] + round_bf16(v[k][i] * inv_delta * w[i]));
-        if (scalar != 1.0f) s = round_bf16(s * scalar);
+        const float s = residual_add(xv[i], v[k][i], inv_delta, w[i], scalar);
         v[k][i] = s;
         ss += s * s;
       }
@@ -97,7 +106,7 @@ __global__ void __launch_bounds__(kThreadsMax)
     }
   }
   if (out == nullptr) return;
-  total = group == kWarp ? warp_sum(ss) : block_sum(ss, scratch);
+  total = group_sum(ss, group, scratch);
   const float inv_x = rsqrtf(total / dim + eps);
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
@@ -125,7 +134,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                                   bf16* __restrict__ out, int32_t rows, int32_t dim, float eps,
                                   int group) {
   __shared__ float scratch[kMaxThreads / kWarp];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
+  const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
   const int t = threadIdx.x % group;
   const int64_t base = row * dim;
@@ -151,7 +160,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int i = 0; i < 8; ++i) ss += d[i] * d[i];
     }
   }
-  float total = group == kWarp ? warp_sum(ss) : block_sum(ss, scratch);
+  float total = group_sum(ss, group, scratch);
   const float inv_delta = rsqrtf(total / dim + eps);
   ss = 0.0f;
 #pragma unroll
@@ -169,8 +178,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        float s = round_bf16(xv[i] + round_bf16(d[i] * inv_delta * w[i]));
-        if (scalar != 1.0f) s = round_bf16(s * scalar);
+        const float s = residual_add(xv[i], d[i], inv_delta, w[i], scalar);
         xv[i] = s;
         ss += s * s;
       }
@@ -179,7 +187,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   if (out == nullptr) return;
-  total = group == kWarp ? warp_sum(ss) : block_sum(ss, scratch);
+  total = group_sum(ss, group, scratch);
   const float inv_x = rsqrtf(total / dim + eps);
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {

@@ -9,6 +9,7 @@
 #include "kernels/common.cuh"
 #include "kernels/norm_rope_reference.h"
 #include "kernels/ops.h"
+#include "kernels/row_group.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(kNormThreadsMax)
     rms_norm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
                     bf16* __restrict__ out, int32_t rows, int32_t dim, float eps, int group) {
   __shared__ float scratch[kNormThreadsMax / kWarp];
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / group) + threadIdx.x / group;
+  const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
   const int t = threadIdx.x % group;
   const int64_t base = row * dim;
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kNormThreadsMax)
       for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
     }
   }
-  const float total = group == kWarp ? warp_sum(ss) : block_sum(ss, scratch);
+  const float total = group_sum(ss, group, scratch);
   const float inv = rsqrtf(total / dim + eps);
   auto finish = [&](int c, float(&f)[8]) {
     float w[8];
@@ -682,6 +683,30 @@ bf16* layer_base(const KvPoolView& pool, int32_t layer) {
       static_cast<int64_t>(pool.pages_total) * 2 * pool.page_size * pool.kv_heads * pool.head_dim;
   return pool.data + per_layer * layer;
 }
+
+// The fields KvWriteArgs and QkvWriteArgs share (the K/V sources, the pool layer, the rows),
+// from the launchers' arguments.
+template <class Args>
+void set_kv_write_fields(Args& a, const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
+                         int64_t v_row_stride, const bf16* k_norm_weight, float eps, Rope rope,
+                         const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                         const PagingView& paging) {
+  a.k_raw = k_raw;
+  a.k_row_stride = k_row_stride;
+  a.v_raw = v_raw;
+  a.v_row_stride = v_row_stride;
+  a.k_norm_weight = k_norm_weight;
+  a.eps = eps;
+  a.theta = rope.theta;
+  a.rotary_pairs = rope.rotary_pairs;
+  a.layer_base = layer_base(pool, layer);
+  a.pages_total = pool.pages_total;
+  a.page_size = pool.page_size;
+  a.kv_heads = pool.kv_heads;
+  a.positions = rows.positions;
+  a.row_slot = paging.row_slot;
+  a.rows = rows.rows;
+}
 }  // namespace
 
 KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw,
@@ -694,21 +719,9 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
     return s;
   }
   if (rows.rows == 0) return Ok{};
-  KvWriteArgs args{k_raw,
-                   k_row_stride,
-                   v_raw,
-                   v_row_stride,
-                   k_norm_weight,
-                   eps,
-                   rope.theta,
-                   rope.rotary_pairs,
-                   layer_base(pool, layer),
-                   pool.pages_total,
-                   pool.page_size,
-                   pool.kv_heads,
-                   rows.positions,
-                   paging.row_slot,
-                   rows.rows};
+  KvWriteArgs args{};
+  set_kv_write_fields(args, k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight, eps, rope,
+                      pool, layer, rows, paging);
   const int64_t items = static_cast<int64_t>(rows.rows) * pool.kv_heads;
   const int blocks = static_cast<int>((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (auto s = dispatch_head_dim<KvWriteLaunch>(pool.head_dim, blocks, stream, args); !s.ok()) {
@@ -747,27 +760,15 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
   const int64_t groups = (int64_t{q_heads} + 2 * int64_t{pool.kv_heads} + g - 1) / g;
   const int32_t warps_per_row = static_cast<int32_t>(std::min<int64_t>(groups, kQkvWarpsPerRowMax));
   const int32_t rows_per_block = std::max(1, kQkvWarpsPerBlock / warps_per_row);
-  QkvWriteArgs args{q,
-                    q_row_stride,
-                    q_norm_weight,
-                    q_heads,
-                    k_raw,
-                    k_row_stride,
-                    v_raw,
-                    v_row_stride,
-                    k_norm_weight,
-                    eps,
-                    rope.theta,
-                    rope.rotary_pairs,
-                    layer_base(pool, layer),
-                    pool.pages_total,
-                    pool.page_size,
-                    pool.kv_heads,
-                    rows.positions,
-                    paging.row_slot,
-                    rows.rows,
-                    warps_per_row,
-                    rows_per_block};
+  QkvWriteArgs args{};
+  args.q = q;
+  args.q_row_stride = q_row_stride;
+  args.q_norm_weight = q_norm_weight;
+  args.q_heads = q_heads;
+  args.warps_per_row = warps_per_row;
+  args.rows_per_block = rows_per_block;
+  set_kv_write_fields(args, k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight, eps, rope,
+                      pool, layer, rows, paging);
   const int blocks = static_cast<int>((int64_t{rows.rows} + rows_per_block - 1) / rows_per_block);
   if (auto s = dispatch_head_dim<QkvWriteLaunch>(pool.head_dim, blocks, stream, args); !s.ok()) {
     return s;
