@@ -203,9 +203,9 @@ int32_t Scheduler::rows_that_fit(const RequestState& r, const Scheduled& s, int3
 }
 
 bool Scheduler::reserve_both(RequestState& r, int32_t rows, Scheduled* s, bool* capacity_refusal) {
-  const int32_t post = s->kv_len_before + rows;
+  const int32_t post_pages = ceil_div(s->kv_len_before + rows, config_.page_size);  // both families
   for (const Family f : kFamilies) {
-    const int32_t need = ceil_div(post, config_.page_size) - end_page(r, *s, f);
+    const int32_t need = post_pages - end_page(r, *s, f);
     TS_CHECK(need >= 0) << r.id << " " << family_name(f) << " need=" << need;
     bool granted = true;
     if (need > 0 && config_.faults != nullptr && config_.faults->fire(alloc_site(f), r.id)) {
