@@ -113,7 +113,9 @@ inline rc::Gen<engine::Request> gen_request(int32_t vocab) {
 // A request of the scenario: half of them open with one of its prefixes (whole or cut), the
 // rest are gen_request's.
 inline rc::Gen<engine::Request> gen_request_in(const Scenario& s) {
-  return rc::gen::exec([&s] {
+  // By value: RapidCheck runs the generator again to describe a failing case, after the
+  // caller's Scenario is gone (by reference that read freed memory: a crash under a mutant).
+  return rc::gen::exec([s] {
     engine::Request r = *gen_request(s.model.vocab_size);
     if (s.prefixes.empty() || *rc::gen::inRange(0, 2) == 0) return r;
     std::vector<int32_t> prompt = s.prefixes[*rc::gen::inRange<size_t>(0, s.prefixes.size())];
