@@ -329,6 +329,26 @@ void print_breakdown(const char* title, const std::vector<double>& ms, double fo
 // The device of the bench's engine (its time_steps events give each step's GPU time).
 kernels::CudaDevice* g_device = nullptr;
 
+// The host path of the engine's last step (Scheduler::last_step_times,
+// CudaDevice::last_host_phases), in microseconds, appended to ph: admit, plan, device check,
+// stage, launch, wait, post, commit, and the step's wall time outside the scheduler. Section 2
+// prints them for decode, section 1 for prefill (issue 12, session 6). Nothing without g_device.
+void push_host_phases(engine::Engine& e, double step_ms, std::vector<double> (&ph)[9]) {
+  if (g_device == nullptr) return;
+  const engine::Scheduler::StepTimes& s = e.scheduler().last_step_times();
+  const kernels::CudaDevice::HostPhases& d = g_device->last_host_phases();
+  const double v[9] = {s.admit_us,
+                       s.plan_us,
+                       d.check_us,
+                       d.stage_us,
+                       d.launch_us,
+                       d.wait_us,
+                       d.post_us,
+                       s.commit_us,
+                       step_ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us)};
+  for (int p = 0; p < 9; ++p) ph[p].push_back(v[p]);
+}
+
 // Warm-up then kDecodeTimed pure decode steps of `batch` rows: prints the case and adds its
 // row to the summary table; returns the median ms/step.
 double time_decode(engine::Engine& e, const CostModel& cost, int batch, const std::string& name,
@@ -345,20 +365,7 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
     if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
     ms.push_back(t.ms);
     if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
-    if (g_device != nullptr) {
-      const engine::Scheduler::StepTimes& s = e.scheduler().last_step_times();
-      const kernels::CudaDevice::HostPhases& d = g_device->last_host_phases();
-      const double v[9] = {s.admit_us,
-                           s.plan_us,
-                           d.check_us,
-                           d.stage_us,
-                           d.launch_us,
-                           d.wait_us,
-                           d.post_us,
-                           s.commit_us,
-                           t.ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us)};
-      for (int p = 0; p < 9; ++p) phases[p].push_back(v[p]);
-    }
+    push_host_phases(e, t.ms, phases);
     total_cost += cost.step_cost(t.out);
     for (const auto& u : t.out.updates) context += u.kv_len;
   }
@@ -1264,25 +1271,6 @@ void probe(kernels::CudaDevice& device, bool profile) {
 
 }  // namespace l2_prefetch_ab
 
-// Section 1's host path of a prefill step (issue 12, session 6): the phases section 2 prints
-// for decode, in microseconds: admit, plan, device check, stage, launch, wait, post, commit,
-// and the step's wall time outside the scheduler.
-void push_prefill_host_phases(engine::Engine& e, double step_ms, std::vector<double> (&ph)[9]) {
-  if (g_device == nullptr) return;
-  const engine::Scheduler::StepTimes& s = e.scheduler().last_step_times();
-  const kernels::CudaDevice::HostPhases& d = g_device->last_host_phases();
-  const double v[9] = {s.admit_us,
-                       s.plan_us,
-                       d.check_us,
-                       d.stage_us,
-                       d.launch_us,
-                       d.wait_us,
-                       d.post_us,
-                       s.commit_us,
-                       step_ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us)};
-  for (int p = 0; p < 9; ++p) ph[p].push_back(v[p]);
-}
-
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee) even if we die
   auto preset = engine::ModelConfig::preset("gemma4-12b");
@@ -1415,7 +1403,7 @@ int main(int argc, char** argv) {
       if (t.out.rows == 0) continue;
       ms.push_back(t.ms);
       if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
-      push_prefill_host_phases(e, t.ms, host_phases);
+      push_host_phases(e, t.ms, host_phases);
       rows += t.out.rows;
       total_cost += cost.step_cost(t.out);
     }

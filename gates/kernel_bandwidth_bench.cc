@@ -47,6 +47,53 @@ void report(const char* what, double bytes, double ms, double copy_gbs) {
               copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 100.0);
 }
 
+// The slots of one seq's R rows at positions first .. first + R - 1 over `pages` - 1 shuffled
+// pages of `page` tokens (page 0 is never used), the page order drawn from rng.
+std::vector<int64_t> shuffled_slots(twinstep::sim::Rng& rng, int32_t R, int32_t page, int32_t pages,
+                                    int32_t first) {
+  std::vector<uint32_t> order(pages - 1);
+  std::iota(order.begin(), order.end(), 1u);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+  std::vector<int64_t> slot(R);
+  for (int32_t i = 0; i < R; ++i) {
+    slot[i] = int64_t{order[(first % page + i) / page]} * page + (first + i) % page;
+  }
+  return slot;
+}
+
+// Those rows' plan arrays on the device (positions from first, all of seq 0, the slots), as
+// the KV writes read them.
+struct DeviceRows {
+  int32_t* pos = nullptr;
+  int32_t* seq = nullptr;
+  int64_t* slot = nullptr;
+  int32_t rows = 0;
+  twinstep::kernels::RowsView rows_view() const { return {pos, seq, rows}; }
+  twinstep::kernels::PagingView paging_view() const {
+    return {nullptr, nullptr, nullptr, slot, 0, 1};
+  }
+  void free() const {
+    BENCH_CUDA(cudaFree(pos));
+    BENCH_CUDA(cudaFree(seq));
+    BENCH_CUDA(cudaFree(slot));
+  }
+};
+
+DeviceRows upload_rows(int32_t first, const std::vector<int64_t>& slot) {
+  DeviceRows d;
+  d.rows = static_cast<int32_t>(slot.size());
+  const int32_t R = d.rows;
+  std::vector<int32_t> positions(R), row_seq(R, 0);
+  for (int32_t i = 0; i < R; ++i) positions[i] = first + i;
+  BENCH_CUDA(cudaMalloc(&d.pos, R * sizeof(int32_t)));
+  BENCH_CUDA(cudaMalloc(&d.seq, R * sizeof(int32_t)));
+  BENCH_CUDA(cudaMalloc(&d.slot, R * sizeof(int64_t)));
+  BENCH_CUDA(cudaMemcpy(d.pos, positions.data(), R * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(d.seq, row_seq.data(), R * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(d.slot, slot.data(), R * 8, cudaMemcpyHostToDevice));
+  return d;
+}
+
 // q norm + rope and the KV write of one layer at a family's shapes, as the forward runs them
 // (q, k, v in fused rows; one seq over shuffled pages of 16): the two kernels of session 5
 // alone and back to back, then the fused kernel (qkv_norm_rope_write).
@@ -60,33 +107,17 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
   const int64_t cols = q_out + kv_out * (k_eq_v ? 1 : 2);
   bf16* qkv = random_device(rng, size_t(R) * cols);
   bf16* qw = random_device(rng, hd);
-  std::vector<int32_t> positions(R), row_seq(R, 0);
-  std::vector<int64_t> slot(R);
   const int32_t pages = R / page + 2;
-  std::vector<uint32_t> order(pages - 1);
-  std::iota(order.begin(), order.end(), 1u);
-  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
   const int32_t first = R >= 1024 ? 0 : 2048 - R % page;  // decode-like rows sit further in
-  for (int32_t i = 0; i < R; ++i) {
-    positions[i] = first + i;
-    slot[i] = int64_t{order[(first % page + i) / page]} * page + (first + i) % page;
-  }
-  int32_t *d_pos, *d_seq;
-  int64_t* d_slot;
-  BENCH_CUDA(cudaMalloc(&d_pos, R * sizeof(int32_t)));
-  BENCH_CUDA(cudaMalloc(&d_seq, R * sizeof(int32_t)));
-  BENCH_CUDA(cudaMalloc(&d_slot, R * sizeof(int64_t)));
-  BENCH_CUDA(cudaMemcpy(d_pos, positions.data(), R * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(d_seq, row_seq.data(), R * 4, cudaMemcpyHostToDevice));
-  BENCH_CUDA(cudaMemcpy(d_slot, slot.data(), R * 8, cudaMemcpyHostToDevice));
+  const DeviceRows rows = upload_rows(first, shuffled_slots(rng, R, page, pages, first));
   bf16* pool = random_device(rng, size_t(pages) * 2 * page * kv_out);
   k::KvPoolView view{pool, 1, pages, page, kvh, hd};
-  k::RowsView rv{d_pos, d_seq, R};
-  k::PagingView pv{nullptr, nullptr, nullptr, d_slot, 0, 1};
+  const k::RowsView rv = rows.rows_view();
+  const k::PagingView pv = rows.paging_view();
   bf16* kp = qkv + q_out;
   bf16* vp = k_eq_v ? kp : kp + kv_out;
   auto q_only = [&] {
-    BENCH_OK(k::qk_norm_rope(qkv, cols, qw, d_pos, R, qh, hd, 1e-6f, rope, stream));
+    BENCH_OK(k::qk_norm_rope(qkv, cols, qw, rows.pos, R, qh, hd, 1e-6f, rope, stream));
   };
   auto kv_only = [&] {
     BENCH_OK(k::kv_write(kp, cols, vp, cols, qw, 1e-6f, rope, view, 0, rv, pv, stream));
@@ -115,9 +146,7 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
   BENCH_CUDA(cudaFree(qkv));
   BENCH_CUDA(cudaFree(qw));
   BENCH_CUDA(cudaFree(pool));
-  BENCH_CUDA(cudaFree(d_pos));
-  BENCH_CUDA(cudaFree(d_seq));
-  BENCH_CUDA(cudaFree(d_slot));
+  rows.free();
 }
 
 }  // namespace
@@ -163,31 +192,16 @@ int main() {
     const int32_t hd = 256, kvh = 8, page = 16;
     const int32_t kv_rows = static_cast<int32_t>(n / (size_t(kvh) * hd));  // 65536 * 4096 / 2048
     const int32_t pages = kv_rows / page + 1;
-    std::vector<uint32_t> order(pages - 1);
-    std::iota(order.begin(), order.end(), 1u);
-    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
-    std::vector<int32_t> positions(kv_rows), row_seq(kv_rows, 0);
-    std::vector<int64_t> slot(kv_rows);
-    for (int32_t i = 0; i < kv_rows; ++i) {
-      positions[i] = i;
-      slot[i] = int64_t{order[i / page]} * page + i % page;
-    }
+    const std::vector<int64_t> slot = shuffled_slots(rng, kv_rows, page, pages, 0);
     const size_t pool_elems = size_t(pages) * 2 * page * kvh * hd;
     bf16* k = random_device(rng, size_t(kv_rows) * kvh * hd);
     bf16* v = random_device(rng, size_t(kv_rows) * kvh * hd);
     bf16* pool = random_device(rng, pool_elems);
     bf16* kw = random_device(rng, hd);
-    int32_t *d_pos, *d_seq;
-    int64_t* d_slot;
-    BENCH_CUDA(cudaMalloc(&d_pos, kv_rows * sizeof(int32_t)));
-    BENCH_CUDA(cudaMalloc(&d_seq, kv_rows * sizeof(int32_t)));
-    BENCH_CUDA(cudaMalloc(&d_slot, kv_rows * sizeof(int64_t)));
-    BENCH_CUDA(cudaMemcpy(d_pos, positions.data(), kv_rows * 4, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(d_seq, row_seq.data(), kv_rows * 4, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(d_slot, slot.data(), kv_rows * 8, cudaMemcpyHostToDevice));
+    const DeviceRows rows = upload_rows(0, slot);
     twinstep::kernels::KvPoolView view{pool, 1, pages, page, kvh, hd};
-    twinstep::kernels::RowsView rv{d_pos, d_seq, kv_rows};
-    twinstep::kernels::PagingView pv{nullptr, nullptr, nullptr, d_slot, 0, 1};
+    const twinstep::kernels::RowsView rv = rows.rows_view();
+    const twinstep::kernels::PagingView pv = rows.paging_view();
     const int64_t stride = int64_t{kvh} * hd;
     const double ms = median_ms(stream, [&] {
       BENCH_OK(twinstep::kernels::kv_write(k, stride, v, stride, kw, 1e-6f,
@@ -241,35 +255,19 @@ int main() {
     const int64_t qkv_cols = int64_t{qh} * hd + 2 * int64_t{kvh} * hd;
     bf16* qkv = random_device(rng, size_t(R) * qkv_cols);
     bf16* qw = random_device(rng, hd);
-    std::vector<int32_t> positions(R), row_seq(R, 0);
-    std::vector<int64_t> slot(R);
     const int32_t pages = R / page + 1;
-    std::vector<uint32_t> order(pages - 1);
-    std::iota(order.begin(), order.end(), 1u);
-    for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
-    for (int32_t i = 0; i < R; ++i) {
-      positions[i] = i;
-      slot[i] = int64_t{order[i / page]} * page + i % page;
-    }
-    int32_t *d_pos, *d_seq;
-    int64_t* d_slot;
-    BENCH_CUDA(cudaMalloc(&d_pos, R * sizeof(int32_t)));
-    BENCH_CUDA(cudaMalloc(&d_seq, R * sizeof(int32_t)));
-    BENCH_CUDA(cudaMalloc(&d_slot, R * sizeof(int64_t)));
-    BENCH_CUDA(cudaMemcpy(d_pos, positions.data(), R * 4, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(d_seq, row_seq.data(), R * 4, cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(d_slot, slot.data(), R * 8, cudaMemcpyHostToDevice));
+    const DeviceRows rows = upload_rows(0, shuffled_slots(rng, R, page, pages, 0));
     const auto rope = twinstep::kernels::Rope::default_rope(hd, 1e4f);
     ms = median_ms(stream, [&] {
-      BENCH_OK(twinstep::kernels::qk_norm_rope(qkv, qkv_cols, qw, d_pos, R, qh, hd, 1e-6f, rope,
+      BENCH_OK(twinstep::kernels::qk_norm_rope(qkv, qkv_cols, qw, rows.pos, R, qh, hd, 1e-6f, rope,
                                                stream));
     });
     report("qk_norm_rope 8192 x 16 x 256", 2.0 * size_t(R) * qh * hd * sizeof(bf16) + R * 4.0, ms,
            copy_gbs);
     bf16* pool = random_device(rng, size_t(pages) * 2 * page * kvh * hd);
     twinstep::kernels::KvPoolView view{pool, 1, pages, page, kvh, hd};
-    twinstep::kernels::RowsView rv{d_pos, d_seq, R};
-    twinstep::kernels::PagingView pv{nullptr, nullptr, nullptr, d_slot, 0, 1};
+    const twinstep::kernels::RowsView rv = rows.rows_view();
+    const twinstep::kernels::PagingView pv = rows.paging_view();
     const bf16* k = qkv + int64_t{qh} * hd;
     ms = median_ms(stream, [&] {
       BENCH_OK(twinstep::kernels::kv_write(k, qkv_cols, k + int64_t{kvh} * hd, qkv_cols, qw, 1e-6f,
