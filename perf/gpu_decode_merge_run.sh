@@ -9,19 +9,8 @@
 # Session 6's one call ran this with parts named engine_auto (TWINSTEP_DECODE_MERGE unset, when
 # unset still meant the size rule: today's "sized") and engine_2k, and a 25 s limit on the split
 # gates that cut FusedMergeMatchesTwoKernelBitwise (the first two tests took 21.5 s): 60 s now.
-set -o pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, part, summary
 BIN=${BIN:-build/h-decode/bin}
-py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
-part() {  # part NAME LIMIT BINARY ARGS...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name ($*): exit $?, $(($(date +%s) - t0)) s"
-}
 for p in ${PARTS:-bench split trap engine_sized engine_2k graph}; do
   case $p in
     bench) part bench "${LIMIT_BENCH:-20}" "$BIN/decode_attention_bench" --no-reference ;;

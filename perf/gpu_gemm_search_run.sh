@@ -8,19 +8,8 @@
 #          default search (TWINSTEP_GEMM_SEARCH unset unless the caller sets it)
 #   engine_decode_heuristic  engine_throughput_bench --decode with TWINSTEP_GEMM_SEARCH=heuristic
 # PARTS picks which (default "bench gates engine").
-set -o pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, part, summary
 BIN=${BIN:-build/h-blaslt/bin}
-py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
-part() {  # part NAME LIMIT BINARY ARGS...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name ($*): exit $?, $(($(date +%s) - t0)) s"
-}
 for p in ${PARTS:-bench gates engine}; do
   case $p in
     bench) part bench "${LIMIT_BENCH:-60}" "$BIN/skinny_gemm_bench" ;;

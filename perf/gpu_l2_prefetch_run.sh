@@ -6,28 +6,15 @@
 # In order: the bench's A/B (--decode-prefetch: the probe, then every arm at b=128, 64, 16, 1),
 # DecodeGraphGates with TWINSTEP_L2_PREFETCH on for every bucket, ncu of the probe (L2 hit rate
 # of each GEMM, cold vs prefetched), then ModelGates (filtered, prefetch on) in the time left. Logs under $OUT.
-set -o pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-start=$(date +%s)
-t() { echo "[$(($(date +%s) - start)) s] $*"; }
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, part, summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
 build=/work/main/build/h-prefetch  # TWINSTEP_BINARY_DIR of the carried model gates
-if [ ! -e /work/main/gates/hf/make_refs.py ]; then
-  mkdir -p /work && ln -sfn "$PWD" /work/main
-fi
 carry=$PWD/build/h-prefetch/carry
 tar -xzf "$carry/bins.tgz" -C "$carry"
-mkdir -p "$build"
-rm -rf "$build/bin" && ln -sfn "$carry/bin" "$build/bin"
+link_build_bin "$build" "$carry/bin"
 bin=$build/bin
 ls "$bin" | tr '\n' ' '; echo
-summary() {  # summary LOG: the gate lines and verdicts of a gtest log
-  grep -E "\[gate\]|OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
-    grep -v "Google Test trace" | cut -c1-300 | head -${LINES_MAX:-40}
-}
+SUMMARY_CUT=300 LINES_MAX=${LINES_MAX:-40}  # summary (gpu_env.sh): this script's widths
 timeout ${BENCH_S:-70} "$bin/engine_throughput_bench" --decode-prefetch > "$OUT/bench.log" 2>&1
 t "engine_throughput_bench --decode-prefetch rc $?"
 grep -E "^device|copy bandwidth|captured|^probe|l2 prefetch A/B|eager decode step|gate_up|down|qkv|step wall" \

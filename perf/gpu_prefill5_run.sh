@@ -6,30 +6,16 @@
 #   PARTS: which parts run, in this order (default all): cudnn bw bench model others
 #   CUDNN: the TWINSTEP_CUDNN_PREFILL the gates run with (default 1; "" leaves it unset, so
 #          the bench's off/on devices are what they say). KEYS=1: the bench's plan-key costs.
-set -o pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-start=$(date +%s)
-t() { echo "[$(($(date +%s) - start)) s] $*"; }
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, part, summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
 build=/work/main/build/h-cudnn-eng  # TWINSTEP_BINARY_DIR of the carried model gates
-if [ ! -e /work/main/gates/hf/make_refs.py ]; then
-  mkdir -p /work && ln -sfn "$PWD" /work/main
-fi
 [ -f .prefill-carry/bins.tgz ] && tar -xzf .prefill-carry/bins.tgz -C .prefill-carry
-mkdir -p "$build"
-rm -rf "$build/bin" && ln -sfn "$PWD/.prefill-carry/bin" "$build/bin"
+link_build_bin "$build" "$PWD/.prefill-carry/bin"
 pwd; ls "$build/bin/" | tr '\n' ' '; echo
 bin=$build/bin
 ldd "$bin/prefill_cudnn_gates" | grep -E "cudnn|not found"
 if [ -n "${CUDNN-1}" ]; then export TWINSTEP_CUDNN_PREFILL=${CUDNN-1}; fi
 t "TWINSTEP_CUDNN_PREFILL=${TWINSTEP_CUDNN_PREFILL:-unset}"
-summary() {  # summary LOG: the gate lines and verdicts of a gtest log
-  grep -E "\[gate\]|OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
-    grep -v "Google Test trace" | cut -c1-420 | head -${LINES_MAX:-60}
-}
 for part in ${PARTS:-cudnn bw bench model others}; do
   case $part in
   cudnn)

@@ -10,27 +10,14 @@
 #   8192 rows; the forward's rule is fixed since, kFusedQkvWriteMaxRows in model_forward.cc.)
 #   ENGINE_ARGS: engine_throughput_bench's argument (default none); QUICK=1 (default): its
 #   sections 1 (prefill, phases, host path) and 2 (decode) only (TWINSTEP_BENCH_QUICK)
-set -o pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-start=$(date +%s)
-t() { echo "[$(($(date +%s) - start)) s] $*"; }
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, part, summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
 build=/work/main/build/h-prefill  # TWINSTEP_BINARY_DIR of the carried model gates
-if [ ! -e /work/main/gates/hf/make_refs.py ]; then
-  mkdir -p /work && ln -sfn "$PWD" /work/main
-fi
 [ -f .prefill-carry/bins.tgz ] && tar -xzf .prefill-carry/bins.tgz -C .prefill-carry
-mkdir -p "$build"
-rm -rf "$build/bin" && ln -sfn "$PWD/.prefill-carry/bin" "$build/bin"
+link_build_bin "$build" "$PWD/.prefill-carry/bin"
 bin=$build/bin
 ls "$bin/" | tr '\n' ' '; echo
-summary() {  # summary LOG: the gate lines and verdicts of a gtest log
-  grep -E "\[gate\]|\[model gate|OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
-    grep -v "Google Test trace" | cut -c1-420 | head -${LINES_MAX:-60}
-}
+SUMMARY_MORE='\[model gate'  # summary (gpu_env.sh): the model gates' lines too
 for part in ${PARTS:-bw kernel trap engine model graphs}; do
   case $part in
   bw)

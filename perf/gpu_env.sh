@@ -1,0 +1,38 @@
+# perf/gpu_env.sh: the set-up the device scripts share (gpu_*_run.sh), sourced from them as
+#   . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+# It sets pipefail, makes $OUT (default /tmp/out), puts the cuDNN of the runner's python
+# (nvidia.cudnn) first on LD_LIBRARY_PATH where there is one, and defines:
+#   t MSG                  MSG after the seconds since the sourcing ($start)
+#   part NAME LIMIT BIN ARGS...  BIN ARGS under `timeout LIMIT`, output to $OUT/NAME.log, then
+#                          one line "== NAME (BIN ARGS): exit RC, S s"
+#   summary LOG            the gate lines and verdicts of a gtest log: SUMMARY_MORE adds
+#                          patterns (an ERE alternative), SUMMARY_CUT the line width (420),
+#                          LINES_MAX the lines (60)
+#   link_build_bin BUILD BINDIR  BUILD/bin (the build dir compiled into the carried model gates)
+#                          made a link to the carried BINDIR, /work/main linked to this tree
+#                          where the gates' sources are not there
+set -o pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+start=$(date +%s)
+t() { echo "[$(($(date +%s) - start)) s] $*"; }
+py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
+export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
+part() {  # part NAME LIMIT BINARY ARGS...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name ($*): exit $?, $(($(date +%s) - t0)) s"
+}
+summary() {  # summary LOG: the gate lines and verdicts of a gtest log
+  grep -E "\[gate\]|${SUMMARY_MORE:+$SUMMARY_MORE|}OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
+    grep -v "Google Test trace" | cut -c1-${SUMMARY_CUT:-420} | head -${LINES_MAX:-60}
+}
+link_build_bin() {  # link_build_bin BUILD BINDIR
+  if [ ! -e /work/main/gates/hf/make_refs.py ]; then
+    mkdir -p /work && ln -sfn "$PWD" /work/main
+  fi
+  mkdir -p "$1"
+  rm -rf "$1/bin" && ln -sfn "$2" "$1/bin"
+}
