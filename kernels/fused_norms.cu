@@ -86,8 +86,7 @@ __global__ void __launch_bounds__(kThreadsMax)
       for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
     }
   }
-  float total = group_sum(ss, group, scratch);
-  const float inv_delta = rsqrtf(total / dim + eps);
+  const float inv_delta = group_inv_rms(ss, group, scratch, dim, eps);
   ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
@@ -106,8 +105,7 @@ __global__ void __launch_bounds__(kThreadsMax)
     }
   }
   if (out == nullptr) return;
-  total = group_sum(ss, group, scratch);
-  const float inv_x = rsqrtf(total / dim + eps);
+  const float inv_x = group_inv_rms(ss, group, scratch, dim, eps);
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
     const int c = t * 8 + k * stride;
@@ -160,8 +158,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       for (int i = 0; i < 8; ++i) ss += d[i] * d[i];
     }
   }
-  float total = group_sum(ss, group, scratch);
-  const float inv_delta = rsqrtf(total / dim + eps);
+  const float inv_delta = group_inv_rms(ss, group, scratch, dim, eps);
   ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
@@ -187,8 +184,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   if (out == nullptr) return;
-  total = group_sum(ss, group, scratch);
-  const float inv_x = rsqrtf(total / dim + eps);
+  const float inv_x = group_inv_rms(ss, group, scratch, dim, eps);
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
     const int c = t * 8 + k * stride;

@@ -19,4 +19,11 @@ __device__ __forceinline__ float group_sum(float v, int group, float* scratch) {
   return group == kWarp ? warp_sum(v) : block_sum(v, scratch);
 }
 
+// RMSNorm's scale of a row whose group's threads hold the partial sums of squares ss:
+// 1 / sqrt(mean + eps) over dim elements (group_sum's barrier rule holds).
+__device__ __forceinline__ float group_inv_rms(float ss, int group, float* scratch, int32_t dim,
+                                               float eps) {
+  return rsqrtf(group_sum(ss, group, scratch) / dim + eps);
+}
+
 }  // namespace twinstep::kernels::detail

@@ -76,8 +76,7 @@ __global__ void __launch_bounds__(kNormThreadsMax)
       for (int i = 0; i < 8; ++i) ss += f[i] * f[i];
     }
   }
-  const float total = group_sum(ss, group, scratch);
-  const float inv = rsqrtf(total / dim + eps);
+  const float inv = group_inv_rms(ss, group, scratch, dim, eps);
   auto finish = [&](int c, float(&f)[8]) {
     float w[8];
     if (weight != nullptr) {
