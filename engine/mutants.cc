@@ -34,6 +34,7 @@ constexpr std::string_view kNames[] = {
     "cached_on_free_list",
     "local_hit_ignores_window",
     "abort_count_not_bumped",
+    "memo_misses_evict",
 };
 static_assert(std::size(kNames) == static_cast<size_t>(Mutant::kCount));
 

@@ -40,6 +40,8 @@ enum class Mutant : int {
   kLocalHitIgnoresWindow,  // a local hit needs every page before it, not just the window's
   // The abort count (Scheduler::retire_aborted looks for set flags only when it moved):
   kAbortCountNotBumped,  // RequestControl::abort sets the flag but does not bump the count
+  kMemoMissesEvict,      // an evicted page's key does not move the pool's watch generation, so
+                         // take_hit's memo can serve a hit whose pages left the cache
   kCount,
 };
 

@@ -162,7 +162,7 @@ void PagePool::evict_oldest() {
   p.in_order = false;
   cached_ -= 1;
   table_.erase(p.hash);
-  key_moved(p.hash);
+  if (!TS_MUTANT(kMemoMissesEvict)) key_moved(p.hash);
   p.published = false;
   p.hash = 0;
   if (p.state == PageState::kHeld) held_ -= 1;  // only reachable under kEvictReferenced

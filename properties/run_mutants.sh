@@ -9,7 +9,7 @@ mutants=(skip_rollback_granted frontier_before_device leak_on_abort early_window
          token_after_abort rollback_keeps_phase stop_ignored_on_first
          ref_dropped_twice evict_referenced hit_from_one_family hash_without_chain
          partial_page_shared cached_on_free_list local_hit_ignores_window
-         abort_count_not_bumped)
+         abort_count_not_bumped memo_misses_evict)
 # The un-mutated engine must pass, or a "caught" mutant would prove nothing.
 if ! RC_PARAMS="max_success=200 noshrink=1" "$bin" >/dev/null 2>&1; then
   echo "FAIL: the properties fail without any mutant"
