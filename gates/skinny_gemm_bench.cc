@@ -8,8 +8,9 @@
 // same process; one decode step's GEMMs summed over the 48 layers and the LM head; each weight
 // at 8192 rows against the bf16 peak measured in the same process; then what each path
 // sustains on one 8192-row prefill step's 192 GEMMs.
-// --pdl instead: only the few-row A/B of issue 13's programmatic dependent launch (session 6):
-// cuBLAS/cuBLASLt tuned (heuristic search) vs the skinny kernel launched plainly vs with PDL,
+// --pdl instead: only the few-row A/B of issue 13 (sessions 6 and 7): cuBLAS/cuBLASLt tuned
+// (heuristic search) vs the register-fed skinny kernel and the streamed kernel
+// (kernels/gemm_stream.h), each launched plainly and with programmatic dependent launch (PDL),
 // at m = 1, 8, 16, each GEMM between its own events, then whole decode-step-like chains (48
 // layers of norm, qkv, o_proj, norm, gate|up, gelu, down, then the LM head; and the same GEMMs
 // back to back without the small kernels) captured in one CUDA graph per arm and replayed.
@@ -29,6 +30,7 @@
 #include "kernels/blas_lt.h"
 #include "kernels/decode_graphs.h"
 #include "kernels/gemm_skinny.h"
+#include "kernels/gemm_stream.h"
 #include "kernels/model_forward.h"
 #include "kernels/ops.h"
 
@@ -221,8 +223,9 @@ double bf16_peak(kernels::Blas& blas, cudaStream_t stream) {
 // ---- --pdl ----------------------------------------------------------------------------
 namespace pdl {
 
-enum Arm { kTunedArm, kPlainArm, kPdlArm, kArms };
-constexpr const char* kArmNames[kArms] = {"tuned", "skinny", "skinny+PDL"};
+enum Arm { kTunedArm, kPlainArm, kPdlArm, kStreamArm, kStreamPdlArm, kArms };
+constexpr const char* kArmNames[kArms] = {"tuned", "skinny", "skinny+PDL", "stream", "stream+PDL"};
+kernels::StreamGemmWorkspace stream_ws;  // set up in report()
 constexpr int kNumGemms = static_cast<int>(sizeof(kGemms) / sizeof(kGemms[0]));
 constexpr int kCopies = 4;  // of each layer weight; layer l uses copy l % kCopies
 constexpr int32_t kRows[] = {1, 8, 16};
@@ -233,8 +236,15 @@ kernels::KernelStatus gemm(Arm arm, kernels::Blas& blas, const bf16* x, const bf
     return g.fp32_out ? blas.gemm(x, w, static_cast<float*>(y), m, g.n, g.k)
                       : blas.gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k);
   }
-  const kernels::SkinnyLaunch how =
-      arm == kPdlArm ? kernels::SkinnyLaunch::kProgrammatic : kernels::SkinnyLaunch::kPlain;
+  const kernels::SkinnyLaunch how = arm == kPdlArm || arm == kStreamPdlArm
+                                        ? kernels::SkinnyLaunch::kProgrammatic
+                                        : kernels::SkinnyLaunch::kPlain;
+  if (arm == kStreamArm || arm == kStreamPdlArm) {
+    return g.fp32_out ? kernels::stream_gemm(x, w, static_cast<float*>(y), m, g.n, g.k, stream_ws,
+                                             stream, how)
+                      : kernels::stream_gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k, stream_ws,
+                                             stream, how);
+  }
   return g.fp32_out ? kernels::skinny_gemm(x, w, static_cast<float*>(y), m, g.n, g.k, stream, how)
                     : kernels::skinny_gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k, stream, how);
 }
@@ -283,6 +293,15 @@ void report(double copy_gbs, cudaStream_t stream) {
     std::exit(1);
   }
   kernels::Blas& blas = made.value();
+  {
+    int device = 0, sms = 0;
+    BENCH_CUDA(cudaGetDevice(&device));
+    BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    void* mem = nullptr;
+    BENCH_CUDA(cudaMalloc(&mem, kernels::stream_gemm_workspace_bytes(sms)));
+    BENCH_CUDA(cudaMemset(mem, 0, kernels::stream_gemm_workspace_bytes(sms)));
+    stream_ws = kernels::stream_gemm_workspace(mem, sms);
+  }
   {
     std::vector<kernels::GemmShape> shapes;
     for (const Gemm& g : kGemms) {
@@ -356,13 +375,16 @@ void report(double copy_gbs, cudaStream_t stream) {
   for (int r = 0; r < 3; ++r) {
     std::printf("  m=%2d:", kRows[r]);
     for (int a = 0; a < kArms; ++a) std::printf(" %s %.3f,", kArmNames[a], sum[a][r]);
-    std::printf(" skinny+PDL/tuned %.3f\n", sum[kPdlArm][r] / sum[kTunedArm][r]);
+    std::printf(" skinny+PDL/tuned %.3f, stream/tuned %.3f, stream+PDL/tuned %.3f\n",
+                sum[kPdlArm][r] / sum[kTunedArm][r], sum[kStreamArm][r] / sum[kTunedArm][r],
+                sum[kStreamPdlArm][r] / sum[kTunedArm][r]);
   }
 
   std::printf(
       "\nPDL A/B, one decode step's chain captured in one CUDA graph per arm, median of 9 "
-      "replays, ms (logits bits: skinny+PDL vs skinny)\n");
-  std::vector<float> logits_plain(static_cast<size_t>(M) * 262144), logits_pdl(logits_plain.size());
+      "replays, ms (logits bits: each kernel's PDL launch vs its plain launch)\n");
+  std::vector<std::vector<float>> logits(kArms,
+                                         std::vector<float>(static_cast<size_t>(M) * 262144));
   for (const bool with_small : {true, false}) {
     for (const int32_t m : kRows) {
       double ms[kArms] = {};
@@ -380,23 +402,26 @@ void report(double copy_gbs, cudaStream_t stream) {
         if (a != kTunedArm) {
           refill();
           BENCH_CUDA(cudaGraphLaunch(exec, stream));
-          BENCH_CUDA(cudaMemcpyAsync(a == kPdlArm ? logits_pdl.data() : logits_plain.data(),
-                                     b.logits, logits_plain.size() * 4, cudaMemcpyDeviceToHost,
-                                     stream));
+          BENCH_CUDA(cudaMemcpyAsync(logits[a].data(), b.logits, logits[a].size() * 4,
+                                     cudaMemcpyDeviceToHost, stream));
           BENCH_CUDA(cudaStreamSynchronize(stream));
         }
         BENCH_CUDA(cudaGraphExecDestroy(exec));
         BENCH_CUDA(cudaGraphDestroy(graph));
       }
       const size_t n = static_cast<size_t>(m) * 262144;
-      const bool same = std::memcmp(logits_plain.data(), logits_pdl.data(), n * 4) == 0;
+      const bool same = std::memcmp(logits[kPlainArm].data(), logits[kPdlArm].data(), n * 4) == 0;
+      const bool same_stream =
+          std::memcmp(logits[kStreamArm].data(), logits[kStreamPdlArm].data(), n * 4) == 0;
       int finite = 0;
-      for (size_t i = 0; i < n; ++i) finite += std::isfinite(logits_pdl[i]) ? 1 : 0;
+      for (size_t i = 0; i < n; ++i) finite += std::isfinite(logits[kStreamPdlArm][i]) ? 1 : 0;
       std::printf(
-          "  %-24s m=%2d: tuned %.3f, skinny %.3f, skinny+PDL %.3f; skinny+PDL/tuned %.3f, "
-          "skinny+PDL/skinny %.3f; logits bitwise equal: %s (%d of %zu finite)\n",
-          with_small ? "norm/GEMM/gelu chain" : "GEMMs back to back", m, ms[0], ms[1], ms[2],
-          ms[2] / ms[0], ms[2] / ms[1], same ? "yes" : "NO", finite, n);
+          "  %-24s m=%2d: tuned %.3f, skinny %.3f, skinny+PDL %.3f, stream %.3f, stream+PDL "
+          "%.3f; stream/tuned %.3f, stream+PDL/tuned %.3f; PDL logits bitwise equal: skinny %s, "
+          "stream %s (%d of %zu finite)\n",
+          with_small ? "norm/GEMM/gelu chain" : "GEMMs back to back", m, ms[0], ms[1], ms[2], ms[3],
+          ms[4], ms[3] / ms[0], ms[4] / ms[0], same ? "yes" : "NO", same_stream ? "yes" : "NO",
+          finite, n);
     }
   }
   for (auto& ws : b.w) {

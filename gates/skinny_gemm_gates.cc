@@ -1,6 +1,10 @@
-// gates/skinny_gemm_gates.cc: the few-row decode GEMM (kernels/gemm_skinny.h) against an fp64
-// host product, with the error bound taken from cuBLAS on the same data in the same run; its
-// rows do not depend on the batch they are computed in; bad shapes are refused by name.
+// gates/skinny_gemm_gates.cc: the two few-row decode GEMMs (kernels/gemm_skinny.h, register-fed;
+// kernels/gemm_stream.h, streamed) against an fp64 host product, with the error bound taken
+// from cuBLAS on the same data in the same run; their rows do not depend on the batch they are
+// computed in; the programmatic launch gives the plain launch's bits; bad shapes are refused by
+// name. SkinnyGemmGates.* run the register-fed kernel, StreamGemmGates.* the streamed one (the
+// same bodies), plus the streamed kernel's own: tiles split over blocks, every grid size, the
+// cross-block flags left zero.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -9,6 +13,7 @@
 
 #include "gates/kernel_gate_util.h"
 #include "kernels/gemm_skinny.h"
+#include "kernels/gemm_stream.h"
 
 namespace twinstep::gates {
 namespace {
@@ -52,9 +57,52 @@ double max_rel(const std::vector<float>& out, const std::vector<double>& ref, si
   return worst;
 }
 
-class SkinnyGemmGates : public GpuGate {};
+enum class Kernel { kRegisters, kStreamed };
 
-TEST_F(SkinnyGemmGates, MatchesFp64WithinCublasNoise) {
+// The fixture: the streamed kernel's workspace (one slot per SM, zeroed, as Blas makes it).
+class FewRowGemmGate : public GpuGate {
+ protected:
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(GpuGate::SetUp());
+    int device = 0;
+    CUDA_OK(cudaGetDevice(&device));
+    CUDA_OK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
+    ws_mem_ = DeviceBuffer<char>(static_cast<size_t>(kernels::stream_gemm_workspace_bytes(sms_)));
+    CUDA_OK(cudaMemset(ws_mem_.get(), 0, ws_mem_.size()));
+  }
+  kernels::StreamGemmWorkspace workspace(int32_t blocks) {
+    return kernels::stream_gemm_workspace(ws_mem_.get(), blocks);
+  }
+  template <typename Out>
+  kernels::KernelStatus gemm(Kernel kernel, const bf16* x, const bf16* w, Out* y, int32_t m,
+                             int32_t n, int32_t k,
+                             kernels::SkinnyLaunch how = kernels::SkinnyLaunch::kPlain) {
+    return kernel == Kernel::kRegisters
+               ? kernels::skinny_gemm(x, w, y, m, n, k, stream_, how)
+               : kernels::stream_gemm(x, w, y, m, n, k, workspace(sms_), stream_, how);
+  }
+  // Every cross-block flag is zero (the state each launch must leave).
+  int32_t flags_set() {
+    const kernels::StreamGemmWorkspace ws = workspace(sms_);
+    std::vector<int32_t> flags(static_cast<size_t>(sms_) * 4);
+    EXPECT_EQ(cudaMemcpy(flags.data(), ws.flags, flags.size() * 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    int32_t set = 0;
+    for (const int32_t f : flags) set += f != 0 ? 1 : 0;
+    return set;
+  }
+  void matches_fp64(Kernel kernel);
+  void rows_do_not_depend_on_the_batch(Kernel kernel);
+  void programmatic_matches_plain(Kernel kernel);
+  int sms_ = 0;
+  DeviceBuffer<char> ws_mem_;
+};
+class SkinnyGemmGates : public FewRowGemmGate {};
+class StreamGemmGates : public FewRowGemmGate {};
+
+const char* name(Kernel kernel) { return kernel == Kernel::kRegisters ? "registers" : "streamed"; }
+
+void FewRowGemmGate::matches_fp64(Kernel kernel) {
   auto blas = kernels::Blas::create(stream_);
   ASSERT_TRUE(blas.ok());
   sim::Rng rng(42);
@@ -79,15 +127,15 @@ TEST_F(SkinnyGemmGates, MatchesFp64WithinCublasNoise) {
     for (int32_t m : kRowCounts) {
       SCOPED_TRACE("m=" + std::to_string(m));
       const size_t count = static_cast<size_t>(m) * s.n;
-      KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), y16.get(), m, s.n, s.k, stream_));
-      KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), y32.get(), m, s.n, s.k, stream_));
+      KERNEL_OK(gemm(kernel, x.get(), w.get(), y16.get(), m, s.n, s.k));
+      KERNEL_OK(gemm(kernel, x.get(), w.get(), y32.get(), m, s.n, s.k));
       const double e16 = max_rel(to_float(y16.download()), ref, count);
       const double e32 = max_rel(y32.download(), ref, count);
       if (m == M || m == 1) {
         std::printf(
-            "[gate] %-14s n=%5d k=%5d m=%2d: bf16 out %.3g (cuBLAS/rounding %.3g), fp32 "
+            "[gate] %-9s %-14s n=%5d k=%5d m=%2d: bf16 out %.3g (cuBLAS/rounding %.3g), fp32 "
             "out %.3g (cuBLAS %.3g)\n",
-            s.what, s.n, s.k, m, e16, floor16, e32, floor32);
+            name(kernel), s.what, s.n, s.k, m, e16, floor16, e32, floor32);
       }
       EXPECT_LE(e16, 1.5 * floor16) << "bf16 output beyond the measured noise";
       EXPECT_LE(e32, 2.0 * floor32 + 1e-7) << "fp32 output beyond cuBLAS's error";
@@ -95,23 +143,26 @@ TEST_F(SkinnyGemmGates, MatchesFp64WithinCublasNoise) {
   }
 }
 
+TEST_F(SkinnyGemmGates, MatchesFp64WithinCublasNoise) { matches_fp64(Kernel::kRegisters); }
+TEST_F(StreamGemmGates, MatchesFp64WithinCublasNoise) { matches_fp64(Kernel::kStreamed); }
+
 // Row r of a product does not depend on which other rows share the launch, nor on where the
 // row sits: bitwise, for every row count (so a decode graph bucket's padding, or the batch a
 // request decodes in, cannot change its result).
-TEST_F(SkinnyGemmGates, RowsDoNotDependOnTheBatch) {
+void FewRowGemmGate::rows_do_not_depend_on_the_batch(Kernel kernel) {
   sim::Rng rng(7);
   const int32_t n = 3840, k = 15360, M = kernels::kSkinnyMaxRows;
   DeviceBuffer<bf16> x(random_bf16(rng, static_cast<size_t>(M) * k));
   DeviceBuffer<bf16> w(random_bf16(rng, static_cast<size_t>(n) * k, -0.05f, 0.05f));
   DeviceBuffer<float> all(static_cast<size_t>(M) * n), part(static_cast<size_t>(M) * n);
-  KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), all.get(), M, n, k, stream_));
+  KERNEL_OK(gemm(kernel, x.get(), w.get(), all.get(), M, n, k));
   const std::vector<float> a = all.download();
   int checked = 0;
   for (int32_t first = 0; first < M; first += 3) {
     for (int32_t m : {1, 2, 5, 8, 9}) {
       if (first + m > M) continue;
-      KERNEL_OK(kernels::skinny_gemm(x.get() + static_cast<size_t>(first) * k, w.get(), part.get(),
-                                     m, n, k, stream_));
+      KERNEL_OK(
+          gemm(kernel, x.get() + static_cast<size_t>(first) * k, w.get(), part.get(), m, n, k));
       const std::vector<float> p = part.download();
       EXPECT_EQ(std::memcmp(p.data(), a.data() + static_cast<size_t>(first) * n,
                             static_cast<size_t>(m) * n * sizeof(float)),
@@ -121,11 +172,18 @@ TEST_F(SkinnyGemmGates, RowsDoNotDependOnTheBatch) {
       ++checked;
     }
   }
-  KERNEL_OK(kernels::skinny_gemm(x.get(), w.get(), all.get(), M, n, k, stream_));
+  KERNEL_OK(gemm(kernel, x.get(), w.get(), all.get(), M, n, k));
   EXPECT_EQ(std::memcmp(all.download().data(), a.data(), a.size() * sizeof(float)), 0)
       << "a repeated launch gave other bits";
-  std::printf("[gate] %d row windows bitwise equal to the same rows in a launch of %d\n", checked,
-              M);
+  std::printf("[gate] %s: %d row windows bitwise equal to the same rows in a launch of %d\n",
+              name(kernel), checked, M);
+}
+TEST_F(SkinnyGemmGates, RowsDoNotDependOnTheBatch) {
+  rows_do_not_depend_on_the_batch(Kernel::kRegisters);
+}
+TEST_F(StreamGemmGates, RowsDoNotDependOnTheBatch) {
+  rows_do_not_depend_on_the_batch(Kernel::kStreamed);
+  EXPECT_EQ(flags_set(), 0) << "a launch left cross-block flags raised";
 }
 
 // The programmatic launch (SkinnyLaunch::kProgrammatic) gives the plain launch's bits, eagerly
@@ -134,7 +192,7 @@ TEST_F(SkinnyGemmGates, RowsDoNotDependOnTheBatch) {
 // its dependents right after its own wait, so y2's GEMM is resident while y1 is still being
 // written; the outputs are overwritten with NaN before every run, so a read of y1 or y2 before
 // its producer completed would show as NaN or other bits.
-TEST_F(SkinnyGemmGates, ProgrammaticLaunchMatchesPlainBitwise) {
+void FewRowGemmGate::programmatic_matches_plain(Kernel kernel) {
   sim::Rng rng(13);
   const int32_t M = kernels::kSkinnyMaxRows, H = 3840, I = 15360, N3 = 4096;
   DeviceBuffer<bf16> x0(random_bf16(rng, static_cast<size_t>(M) * H));
@@ -152,9 +210,9 @@ TEST_F(SkinnyGemmGates, ProgrammaticLaunchMatchesPlainBitwise) {
       CUDA_OK(cudaMemsetAsync(y3.get(), 0xff, y3.size() * sizeof(float), stream_));
     };
     const auto run = [&](SkinnyLaunch how) {
-      KERNEL_OK(kernels::skinny_gemm(x0.get(), w1.get(), y1.get(), m, I, H, stream_));
-      KERNEL_OK(kernels::skinny_gemm(y1.get(), w2.get(), y2.get(), m, H, I, stream_, how));
-      KERNEL_OK(kernels::skinny_gemm(y2.get(), w3.get(), y3.get(), m, N3, H, stream_, how));
+      KERNEL_OK(gemm(kernel, x0.get(), w1.get(), y1.get(), m, I, H));
+      KERNEL_OK(gemm(kernel, y1.get(), w2.get(), y2.get(), m, H, I, how));
+      KERNEL_OK(gemm(kernel, y2.get(), w3.get(), y3.get(), m, N3, H, how));
     };
     const auto outputs = [&] {
       std::vector<bf16> a = y2.download();
@@ -196,10 +254,17 @@ TEST_F(SkinnyGemmGates, ProgrammaticLaunchMatchesPlainBitwise) {
     CUDA_OK(cudaGraphExecDestroy(exec));
     CUDA_OK(cudaGraphDestroy(graph));
     std::printf(
-        "[gate] m=%2d: programmatic chain (15360x3840 -> 3840x15360 -> 4096x3840) bitwise equal "
-        "to the plain launches, 3 eager runs and 3 graph replays\n",
-        m);
+        "[gate] %s m=%2d: programmatic chain (15360x3840 -> 3840x15360 -> 4096x3840) bitwise "
+        "equal to the plain launches, 3 eager runs and 3 graph replays\n",
+        name(kernel), m);
   }
+}
+TEST_F(SkinnyGemmGates, ProgrammaticLaunchMatchesPlainBitwise) {
+  programmatic_matches_plain(Kernel::kRegisters);
+}
+TEST_F(StreamGemmGates, ProgrammaticLaunchMatchesPlainBitwise) {
+  programmatic_matches_plain(Kernel::kStreamed);
+  EXPECT_EQ(flags_set(), 0) << "a launch left cross-block flags raised";
 }
 
 TEST_F(SkinnyGemmGates, RefusesShapesItDoesNotTake) {
@@ -222,6 +287,94 @@ TEST_F(SkinnyGemmGates, RefusesShapesItDoesNotTake) {
     EXPECT_NE(s.error().message.find(c.expect), std::string::npos) << s.error().message;
   }
   EXPECT_TRUE(kernels::skinny_gemm_supported(16, 64, 512));
+  CUDA_OK(cudaGetLastError());
+}
+
+// The streamed kernel's split of the work: ranges of 64-row x 128-k units that start and end
+// inside tiles, a tile spread over up to 120 blocks (its owner adds 119 partials), ragged last
+// tiles (n % 64 != 0), grids of 1 block to one per SM and grids capped by the unit count. Each
+// result against fp64 within 2x cuBLAS's error on the same data, bitwise equal on a repeated
+// launch, and every cross-block flag back at zero after it.
+TEST_F(StreamGemmGates, SplitTilesAndEveryGridMatchFp64) {
+  auto blas = kernels::Blas::create(stream_);
+  ASSERT_TRUE(blas.ok());
+  struct Case {
+    int32_t n, k;
+  };
+  const Case cases[] = {{64, 15360}, {200, 384}, {1000, 128}, {3840, 4096}, {1, 256}, {130, 1152}};
+  sim::Rng rng(99);
+  int launches = 0;
+  for (const Case& cs : cases) {
+    const int32_t M = kernels::kSkinnyMaxRows;
+    const std::vector<bf16> xh = random_bf16(rng, static_cast<size_t>(M) * cs.k);
+    const std::vector<bf16> wh = random_bf16(rng, static_cast<size_t>(cs.n) * cs.k, -0.05f, 0.05f);
+    const std::vector<double> ref = reference(to_float(xh), to_float(wh), M, cs.n, cs.k);
+    DeviceBuffer<bf16> x(xh), w(wh);
+    DeviceBuffer<float> y(static_cast<size_t>(M) * cs.n), yc(static_cast<size_t>(M) * cs.n);
+    KERNEL_OK(blas.value().gemm(x.get(), w.get(), yc.get(), M, cs.n, cs.k));
+    const double floor32 = max_rel(yc.download(), ref, ref.size());
+    const int64_t units = (cs.n + 63) / 64 * (cs.k / 128);
+    double worst = 0;
+    for (const int32_t blocks : {1, 2, 3, 7, 64, sms_}) {
+      for (const int32_t m : {1, 7, 16}) {
+        SCOPED_TRACE("n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k) +
+                     " blocks=" + std::to_string(blocks) + " m=" + std::to_string(m));
+        const size_t count = static_cast<size_t>(m) * cs.n;
+        CUDA_OK(cudaMemset(y.get(), 0xff, y.size() * sizeof(float)));
+        KERNEL_OK(kernels::stream_gemm(x.get(), w.get(), y.get(), m, cs.n, cs.k, workspace(blocks),
+                                       stream_));
+        const std::vector<float> first = y.download();
+        ASSERT_EQ(flags_set(), 0) << "flags left raised";
+        const double e = max_rel(first, ref, count);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 2.0 * floor32 + 1e-7) << "beyond cuBLAS's error";
+        KERNEL_OK(kernels::stream_gemm(x.get(), w.get(), y.get(), m, cs.n, cs.k, workspace(blocks),
+                                       stream_));
+        EXPECT_EQ(std::memcmp(y.download().data(), first.data(), count * sizeof(float)), 0)
+            << "a repeated launch gave other bits";
+        // Rows past m are not written.
+        const std::vector<float> after = y.download();
+        for (size_t i = count; i < after.size(); ++i) {
+          if (!std::isnan(after[i])) {
+            ADD_FAILURE() << "element " << i << " past the m rows was written";
+            break;
+          }
+        }
+        launches += 2;
+      }
+    }
+    std::printf(
+        "[gate] streamed n=%5d k=%5d (%lld units): grids 1..%d, m = 1, 7, 16: worst error %.3g "
+        "(cuBLAS %.3g), repeat bitwise, flags zero\n",
+        cs.n, cs.k, static_cast<long long>(units), sms_, worst, floor32);
+  }
+  std::printf("[gate] streamed: %d launches checked\n", launches);
+}
+
+TEST_F(StreamGemmGates, RefusesShapesItDoesNotTake) {
+  DeviceBuffer<bf16> x(16 * 512), w(64 * 512), y(16 * 64);
+  struct Case {
+    int32_t m, n, k;
+    int64_t x_offset;
+    bool workspace;
+    const char* expect;
+  };
+  const Case cases[] = {{0, 64, 512, 0, true, "need 1 <= m <= 16"},
+                        {17, 64, 512, 0, true, "need 1 <= m <= 16"},
+                        {4, 0, 512, 0, true, "n >= 1"},
+                        {4, 64, 480, 0, true, "k % 128 == 0"},
+                        {4, 64, 512, 1, true, "16-byte aligned"},
+                        {4, 64, 512, 0, false, "no workspace"}};
+  for (const Case& c : cases) {
+    EXPECT_FALSE(c.x_offset == 0 && c.workspace && kernels::stream_gemm_supported(c.m, c.n, c.k));
+    auto s = kernels::stream_gemm(x.get() + c.x_offset, w.get(), y.get(), c.m, c.n, c.k,
+                                  c.workspace ? workspace(sms_) : kernels::StreamGemmWorkspace{},
+                                  stream_);
+    ASSERT_FALSE(s.ok()) << c.expect;
+    EXPECT_EQ(s.error().code, kernels::KernelErrorCode::kBadArgument);
+    EXPECT_NE(s.error().message.find(c.expect), std::string::npos) << s.error().message;
+  }
+  EXPECT_TRUE(kernels::stream_gemm_supported(16, 1, 128));
   CUDA_OK(cudaGetLastError());
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/blas_lt.h"
 #include "kernels/gemm_skinny.h"
+#include "kernels/gemm_stream.h"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels {
@@ -25,25 +26,15 @@ float embed_scale_bf16(int32_t hidden) {
 }
 
 namespace {
-// TWINSTEP_SKINNY (ops.h, Blas::set_skinny_max_rows): "ROWS" or "ROWS,plain", ROWS 0..16.
+// TWINSTEP_SKINNY (ops.h, Blas::set_skinny_max_rows; parse_skinny_choice in gemm_skinny.h).
 KernelStatus apply_skinny_env(Blas& blas) {
   const char* v = std::getenv("TWINSTEP_SKINNY");
   if (v == nullptr) return Ok{};
-  const std::string s(v);
-  const size_t comma = s.find(',');
-  const std::string rows = s.substr(0, comma);
-  const std::string mode = comma == std::string::npos ? "" : s.substr(comma + 1);
-  char* end = nullptr;
-  const long n = std::strtol(rows.c_str(), &end, 10);
-  if (rows.empty() || *end != '\0' || n < 0 || n > kSkinnyMaxRows ||
-      (!mode.empty() && mode != "plain")) {
-    return unexpected(KernelError{KernelErrorCode::kBadArgument,
-                                  "TWINSTEP_SKINNY=\"" + s +
-                                      "\": expected ROWS or ROWS,plain with ROWS in 0.." +
-                                      std::to_string(kSkinnyMaxRows)});
-  }
-  blas.set_skinny_max_rows(static_cast<int32_t>(n));
-  blas.set_skinny_programmatic(mode.empty());
+  auto choice = parse_skinny_choice(v);
+  if (!choice) return unexpected(choice.error());
+  blas.set_skinny_max_rows(choice.value().max_rows);
+  blas.set_skinny_programmatic(choice.value().programmatic);
+  blas.set_skinny_streamed(choice.value().streamed);
   return Ok{};
 }
 
@@ -54,6 +45,39 @@ KernelStatus cublas_status(cublasStatus_t st, const char* what) {
                                     cublasGetStatusString(st) + ")"});
 }
 }  // namespace
+
+Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
+  const std::string s(value);
+  size_t comma = s.find(',');
+  const std::string rows = s.substr(0, comma);
+  SkinnyChoice choice;
+  bool plain = false, registers = false, bad = false;
+  while (comma != std::string::npos) {
+    const size_t next = s.find(',', comma + 1);
+    const std::string flag =
+        s.substr(comma + 1, next == std::string::npos ? next : next - comma - 1);
+    if (flag == "plain" && !plain) {
+      plain = true;
+    } else if (flag == "registers" && !registers) {
+      registers = true;
+    } else {
+      bad = true;
+    }
+    comma = next;
+  }
+  char* end = nullptr;
+  const long n = std::strtol(rows.c_str(), &end, 10);
+  if (rows.empty() || *end != '\0' || n < 0 || n > kSkinnyMaxRows || bad) {
+    return unexpected(KernelError{KernelErrorCode::kBadArgument,
+                                  "TWINSTEP_SKINNY=\"" + s +
+                                      "\": expected ROWS[,plain][,registers] with ROWS in 0.." +
+                                      std::to_string(kSkinnyMaxRows)});
+  }
+  choice.max_rows = static_cast<int32_t>(n);
+  choice.programmatic = !plain;
+  choice.streamed = !registers;
+  return choice;
+}
 
 Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
   cublasHandle_t handle = nullptr;
@@ -85,21 +109,53 @@ Result<Blas, KernelError> Blas::create(cudaStream_t stream) {
     cudaFree(workspace);
     return unexpected(lt.error());
   }
-  Blas blas(handle, stream, workspace, std::move(lt.value()));
+  // The streamed few-row kernel's workspace: one slot per SM, zeroed (its flags start at 0).
+  int device = 0, sms = 0;
+  void* stream_ws = nullptr;
+  KernelStatus ws_status = cuda_status(cudaGetDevice(&device), "cudaGetDevice");
+  if (ws_status.ok()) {
+    ws_status = cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                            "cudaDeviceGetAttribute(multiprocessors)");
+  }
+  if (ws_status.ok()) {
+    ws_status = cuda_status(cudaMalloc(&stream_ws, stream_gemm_workspace_bytes(sms)),
+                            "cudaMalloc(stream GEMM workspace)");
+  }
+  if (ws_status.ok()) {
+    ws_status = cuda_status(cudaMemset(stream_ws, 0, stream_gemm_workspace_bytes(sms)),
+                            "cudaMemset(stream GEMM workspace)");
+  }
+  if (!ws_status.ok()) {
+    lt.value().reset();
+    cublasDestroy(handle);
+    cudaFree(workspace);
+    if (stream_ws != nullptr) cudaFree(stream_ws);
+    return unexpected(ws_status.error());
+  }
+  Blas blas(handle, stream, workspace, std::move(lt.value()), stream_ws, sms);
   if (auto s = apply_skinny_env(blas); !s.ok()) return unexpected(s.error());
   return blas;
 }
 
-Blas::Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt)
-    : handle_(handle), stream_(stream), workspace_(workspace), lt_(std::move(lt)) {}
+Blas::Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt,
+           void* stream_ws, int32_t sm_count)
+    : handle_(handle),
+      stream_(stream),
+      workspace_(workspace),
+      lt_(std::move(lt)),
+      stream_ws_(stream_ws),
+      sm_count_(sm_count) {}
 
 Blas::Blas(Blas&& other) noexcept
     : handle_(std::exchange(other.handle_, nullptr)),
       stream_(other.stream_),
       workspace_(std::exchange(other.workspace_, nullptr)),
       lt_(std::move(other.lt_)),
+      stream_ws_(std::exchange(other.stream_ws_, nullptr)),
+      sm_count_(other.sm_count_),
       skinny_max_rows_(other.skinny_max_rows_),
       skinny_programmatic_(other.skinny_programmatic_),
+      skinny_streamed_(other.skinny_streamed_),
       batch_invariant_(other.batch_invariant_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
@@ -107,12 +163,16 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     lt_.reset();
     if (handle_ != nullptr) cublasDestroy(handle_);
     if (workspace_ != nullptr) cudaFree(workspace_);
+    if (stream_ws_ != nullptr) cudaFree(stream_ws_);
     handle_ = std::exchange(other.handle_, nullptr);
     stream_ = other.stream_;
     workspace_ = std::exchange(other.workspace_, nullptr);
     lt_ = std::move(other.lt_);
+    stream_ws_ = std::exchange(other.stream_ws_, nullptr);
+    sm_count_ = other.sm_count_;
     skinny_max_rows_ = other.skinny_max_rows_;
     skinny_programmatic_ = other.skinny_programmatic_;
+    skinny_streamed_ = other.skinny_streamed_;
     batch_invariant_ = other.batch_invariant_;
   }
   return *this;
@@ -122,6 +182,7 @@ Blas::~Blas() {
   lt_.reset();
   if (handle_ != nullptr) cublasDestroy(handle_);
   if (workspace_ != nullptr) cudaFree(workspace_);
+  if (stream_ws_ != nullptr) cudaFree(stream_ws_);
 }
 
 Result<BlasTuneReport, KernelError> Blas::tune(const std::vector<GemmShape>& shapes,
@@ -154,21 +215,30 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
   if (m == 0) return Ok{};
   const GemmShape shape{m, n, k, y_type == CUDA_R_32F};
   if (batch_invariant_) return lt_->run_invariant(shape, x, w, y, stream_);
-  // The skinny kernel, where on, before any tuned plan (whose tuning timed it as the default).
-  if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
-    return gemm_default(x, w, y, y_type, m, n, k);
-  }
+  // The few-row kernel, where on, before any tuned plan (whose tuning timed it as the default).
+  if (skinny_applies(m, n, k)) return gemm_default(x, w, y, y_type, m, n, k);
   if (const LtPlan* plan = lt_->tuned(shape, x, w, y); plan != nullptr) {
     return lt_->run(*plan, x, w, y, stream_);
   }
   return gemm_default(x, w, y, y_type, m, n, k);
 }
 
+bool Blas::skinny_applies(int32_t m, int32_t n, int32_t k) const {
+  if (m > skinny_max_rows_) return false;
+  return skinny_streamed_ ? stream_gemm_supported(m, n, k) : skinny_gemm_supported(m, n, k);
+}
+
 KernelStatus Blas::gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
                                 int32_t m, int32_t n, int32_t k) {
-  if (m <= skinny_max_rows_ && skinny_gemm_supported(m, n, k)) {
+  if (skinny_applies(m, n, k)) {
     const SkinnyLaunch how =
         skinny_programmatic_ ? SkinnyLaunch::kProgrammatic : SkinnyLaunch::kPlain;
+    if (skinny_streamed_) {
+      const StreamGemmWorkspace ws = stream_gemm_workspace(stream_ws_, sm_count_);
+      return y_type == CUDA_R_32F
+                 ? stream_gemm(x, w, static_cast<float*>(y), m, n, k, ws, stream_, how)
+                 : stream_gemm(x, w, static_cast<bf16*>(y), m, n, k, ws, stream_, how);
+    }
     return y_type == CUDA_R_32F ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_, how)
                                 : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_, how);
   }

@@ -5,6 +5,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/gemm_skinny.h"
+#include "kernels/sm90.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -28,35 +29,12 @@ __device__ __forceinline__ uint4 load_cached(const bf16* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
-// Programmatic dependent launch (sm_90, PTX griddepcontrol). wait: block until the kernel this
-// one programmatically depends on has completed and its memory is visible (returns at once for
-// a launch without that dependency, so a plain launch runs the same code). launch_dependents:
-// this block is done with what the NEXT kernel may overlap; the next kernel, if launched with
-// the attribute, starts once every block of this grid has said so or exited. It changes only
-// when the next kernel may start, never what it sees after its own wait.
 __device__ __forceinline__ void prefetch_l2(const bf16* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// d += a . b, m16n8k16, bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using detail::grid_dependency_wait;
+using detail::launch_dependents;
+using detail::mma_m16n8k16;
 
 __device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
@@ -103,8 +81,8 @@ __global__ void __launch_bounds__(kWarps* kWarp)
 #pragma unroll
       for (int s = 0; s < MT; ++s) {
         // k16 step 0: the first 4 of the thread's 8 k; step 1: the last 4.
-        mma16816(acc[t][s], a[t][0].x, a[t][1].x, a[t][0].y, a[t][1].y, b[s].x, b[s].y);
-        mma16816(acc[t][s], a[t][0].z, a[t][1].z, a[t][0].w, a[t][1].w, b[s].z, b[s].w);
+        mma_m16n8k16(acc[t][s], a[t][0].x, a[t][1].x, a[t][0].y, a[t][1].y, b[s].x, b[s].y);
+        mma_m16n8k16(acc[t][s], a[t][0].z, a[t][1].z, a[t][0].w, a[t][1].w, b[s].z, b[s].w);
       }
     }
   };

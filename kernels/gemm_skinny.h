@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "kernels/ops.h"
 
@@ -44,5 +45,17 @@ KernelStatus skinny_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32
                          cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
                          cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
+
+// What TWINSTEP_SKINNY asks of Blas (ops.h): "ROWS[,plain][,registers]", ROWS in
+// 0..kSkinnyMaxRows: the few-row kernel for GEMMs of <= ROWS rows (0: never), launched with
+// programmatic dependent launch unless ",plain", the streamed kernel (gemm_stream.h) unless
+// ",registers" (this file's). Anything else (an empty or non-numeric ROWS, ROWS out of range, an
+// unknown or repeated flag) is kBadArgument naming the value and the expected form. Host only.
+struct SkinnyChoice {
+  int32_t max_rows = 0;
+  bool programmatic = true;
+  bool streamed = true;
+};
+Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value);
 
 }  // namespace twinstep::kernels

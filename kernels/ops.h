@@ -222,13 +222,19 @@ class Blas {
   // of cuBLAS (0: always cuBLAS). Set before any graph capture: a graph keeps the kernel it saw.
   // Such GEMMs also take precedence over tuned plans. create() reads TWINSTEP_SKINNY: unset
   // keeps the defaults; "ROWS" (0..16) sets skinny_max_rows, with programmatic dependent launch;
-  // "ROWS,plain" without it (the A/B of issue 13's PDL; a bad value is a create() error).
+  // "ROWS,plain" without it (the A/B of issue 13's PDL); a trailing ",registers" picks the
+  // register-fed kernel (set_skinny_streamed(false)). A bad value is a create() error.
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
   // The skinny kernel launched with programmatic dependent launch (kernels/gemm_skinny.h:
   // SkinnyLaunch::kProgrammatic, the same bits as a plain launch). Set before any capture.
   void set_skinny_programmatic(bool on) { skinny_programmatic_ = on; }
   bool skinny_programmatic() const { return skinny_programmatic_; }
+  // Which few-row kernel serves those GEMMs: the streamed one (kernels/gemm_stream.h: one block
+  // per SM, the weights split evenly, bulk copies into a shared-memory ring; the default) or the
+  // register-fed one (kernels/gemm_skinny.h). Set before any capture.
+  void set_skinny_streamed(bool on) { skinny_streamed_ = on; }
+  bool skinny_streamed() const { return skinny_streamed_; }
   // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
   // cuBLASLt algorithm for every m, with no split-K or stream-K (split-K 1, no reduction
   // scheme, at most 1 KiB of workspace: kernels/blas_lt.h), so a row's
@@ -247,18 +253,24 @@ class Blas {
   BlasLt& lt() { return *lt_; }
 
  private:
-  Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt);
+  Blas(cublasHandle_t handle, cudaStream_t stream, void* workspace, std::unique_ptr<BlasLt> lt,
+       void* stream_ws, int32_t sm_count);
   KernelStatus gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type, int32_t m,
                          int32_t n, int32_t k);
-  // The path without cuBLASLt plans: the skinny kernel where it applies, else cublasGemmEx.
+  // Whether the few-row kernel chosen takes this GEMM (m <= skinny_max_rows and its shapes).
+  bool skinny_applies(int32_t m, int32_t n, int32_t k) const;
+  // The path without cuBLASLt plans: the few-row kernel where it applies, else cublasGemmEx.
   KernelStatus gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type, int32_t m,
                             int32_t n, int32_t k);
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* workspace_ = nullptr;  // kBlasWorkspaceBytes of device memory, shared with lt_
   std::unique_ptr<BlasLt> lt_;
+  void* stream_ws_ = nullptr;  // the streamed few-row kernel's workspace (zeroed), sm_count_ blocks
+  int32_t sm_count_ = 0;
   int32_t skinny_max_rows_ = kDefaultSkinnyMaxRows;
   bool skinny_programmatic_ = true;
+  bool skinny_streamed_ = true;
   bool batch_invariant_ = false;
 };
 

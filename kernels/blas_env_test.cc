@@ -1,0 +1,48 @@
+// kernels/blas_env_test.cc: TWINSTEP_SKINNY's parser (parse_skinny_choice, gemm_skinny.h), host
+// only: every accepted form and the refusals, each naming the value.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "kernels/gemm_skinny.h"
+
+namespace twinstep::kernels {
+namespace {
+
+TEST(SkinnyChoice, AcceptsRowsAndFlagsInAnyOrder) {
+  struct Case {
+    const char* value;
+    int32_t rows;
+    bool programmatic, streamed;
+  };
+  const Case cases[] = {{"0", 0, true, true},
+                        {"16", 16, true, true},
+                        {"8,plain", 8, false, true},
+                        {"16,registers", 16, true, false},
+                        {"1,plain,registers", 1, false, false},
+                        {"4,registers,plain", 4, false, false}};
+  for (const Case& c : cases) {
+    auto got = parse_skinny_choice(c.value);
+    ASSERT_TRUE(got.ok()) << c.value << ": " << got.error().message;
+    EXPECT_EQ(got.value().max_rows, c.rows) << c.value;
+    EXPECT_EQ(got.value().programmatic, c.programmatic) << c.value;
+    EXPECT_EQ(got.value().streamed, c.streamed) << c.value;
+  }
+}
+
+TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
+  for (const char* value : {"", "17", "-1", "x", "16,", "16,plain,plain", "16,stream", "16 ",
+                            ",plain", "16,registers,registers", "99999999999999999999"}) {
+    auto got = parse_skinny_choice(value);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << value << "\"";
+    EXPECT_EQ(got.error().code, KernelErrorCode::kBadArgument);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_SKINNY=\"") + value + "\""),
+              std::string::npos)
+        << got.error().message;
+    EXPECT_NE(got.error().message.find("ROWS[,plain][,registers]"), std::string::npos)
+        << got.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace twinstep::kernels

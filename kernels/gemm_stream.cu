@@ -1,0 +1,291 @@
+// kernels/gemm_stream.cu: the streamed few-row decode GEMM of gemm_stream.h.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "kernels/common.cuh"
+#include "kernels/gemm_stream.h"
+#include "kernels/sm90.cuh"
+
+namespace twinstep::kernels {
+namespace {
+
+using detail::kWarp;
+
+constexpr int kTileRows = 64;              // weight rows of a unit: 4 consumer warps x 16
+constexpr int kUnitK = 128;                // k of a unit
+constexpr int kSegBytes = kUnitK * 2;      // one row's slice of a unit: 256 bytes
+constexpr int kRowPitch = kSegBytes + 64;  // rows g and g + 1 of a fragment load fall in
+                                           // different halves of the 32 banks
+constexpr int kXRows = 16;                 // x rows of a stage (m <= 16)
+constexpr int kStageBytes = (kTileRows + kXRows) * kRowPitch;  // 25600
+constexpr int kStages = 6;
+constexpr int kConsumerWarps = 4;
+constexpr int kThreads = (kConsumerWarps + 1) * kWarp;  // the last warp feeds the ring
+constexpr int kBarrierBytes = 128;                      // 2 * kStages mbarriers, padded
+constexpr int kSmemBytes = kBarrierBytes + kStages * kStageBytes;
+constexpr int kPartialFloats = 16 * 16;  // a consumer warp's partial: 32 lanes x 2 float4
+static_assert(2 * kStages * 8 <= kBarrierBytes, "mbarriers overflow their slot");
+
+__device__ __forceinline__ int64_t first_unit(int64_t block, int64_t units, int64_t grid) {
+  return block * units / grid;
+}
+__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_release(int32_t* p, int32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+
+// MT: n8 tiles of x rows (m <= 8 * MT).
+template <int MT, typename Out>
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_gemm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y,
+                       int32_t m, int32_t n, int32_t k, float* __restrict__ partials,
+                       int32_t* __restrict__ flags) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint64_t* empty = full + kStages;
+  unsigned char* stages = smem + kBarrierBytes;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int32_t units_per_tile = k / kUnitK;
+  const int64_t units = (int64_t{n} + kTileRows - 1) / kTileRows * units_per_tile;
+  const int64_t u_begin = first_unit(blockIdx.x, units, gridDim.x);
+  const int64_t u_end = first_unit(blockIdx.x + 1, units, gridDim.x);
+  const int32_t count = static_cast<int32_t>(u_end - u_begin);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      detail::mbarrier_init(&full[s], 1);
+      detail::mbarrier_init(&empty[s], kConsumerWarps);
+    }
+    detail::mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  if (warp == kConsumerWarps) {
+    // The feeder: stage i holds unit u_begin + i (64 weight row slices, then m x rows).
+    const uint64_t policy = detail::l2_evict_first_policy();
+    auto unit_of = [&](int32_t i, int64_t& tile, int32_t& kc) {
+      const int64_t u = u_begin + i;
+      tile = u / units_per_tile;
+      kc = static_cast<int32_t>(u - tile * units_per_tile);
+    };
+    auto issue_w = [&](int32_t i) {
+      int64_t tile;
+      int32_t kc;
+      unit_of(i, tile, kc);
+      const int32_t rows = static_cast<int32_t>(min(int64_t{kTileRows}, n - tile * kTileRows));
+      unsigned char* st = stages + (i % kStages) * kStageBytes;
+      uint64_t* bar = &full[i % kStages];
+      if (lane == 0) detail::mbarrier_arrive_expect_tx(bar, (rows + m) * kSegBytes);
+      __syncwarp();
+      const bf16* src = w + (tile * kTileRows) * k + int64_t{kc} * kUnitK;
+      for (int r = lane; r < rows; r += kWarp) {
+        detail::bulk_copy_to_shared(st + r * kRowPitch, src + int64_t{r} * k, kSegBytes, bar,
+                                    policy);
+      }
+    };
+    auto issue_x = [&](int32_t i) {
+      int64_t tile;
+      int32_t kc;
+      unit_of(i, tile, kc);
+      unsigned char* st = stages + (i % kStages) * kStageBytes;
+      if (lane < m) {
+        detail::bulk_copy_to_shared(st + (kTileRows + lane) * kRowPitch,
+                                    x + int64_t{lane} * k + int64_t{kc} * kUnitK, kSegBytes,
+                                    &full[i % kStages]);
+      }
+    };
+    // The first stages' weights before the wait (they never depend on the kernel before);
+    // x, which that kernel may have written, after it.
+    const int32_t pre = min(kStages, count);
+    for (int32_t i = 0; i < pre; ++i) issue_w(i);
+    detail::grid_dependency_wait();
+    detail::launch_dependents();
+    for (int32_t i = 0; i < pre; ++i) issue_x(i);
+    for (int32_t i = pre; i < count; ++i) {
+      detail::mbarrier_wait(&empty[i % kStages], ((i / kStages) & 1) ^ 1);
+      issue_w(i);
+      issue_x(i);
+    }
+    return;
+  }
+
+  // Consumers: warp `warp` owns rows 16 warp .. 16 warp + 15 of every unit's tile.
+  detail::grid_dependency_wait();
+  detail::launch_dependents();
+  const int g = lane >> 2;  // fragment row group: weight rows g and g + 8, x row g
+  const int c = lane & 3;   // which 8 of a 32-wide k chunk this thread feeds
+  const int row = warp * 16 + g;
+  int32_t i = 0;
+  int64_t u = u_begin;
+  while (u < u_end) {
+    const int64_t tile = u / units_per_tile;
+    const int64_t tile_first = tile * units_per_tile;
+    const int64_t tile_last = tile_first + units_per_tile;
+    const int64_t seg_end = min(u_end, tile_last);
+    float acc[MT][4];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+    }
+    for (; u < seg_end; ++u, ++i) {
+      const int s = i % kStages;
+      detail::mbarrier_wait(&full[s], (i / kStages) & 1);
+      const unsigned char* wa = stages + s * kStageBytes + row * kRowPitch + c * 16;
+      const unsigned char* xb = stages + s * kStageBytes + (kTileRows + g) * kRowPitch + c * 16;
+#pragma unroll
+      for (int j = 0; j < kUnitK / 32; ++j) {
+        const uint4 lo = *reinterpret_cast<const uint4*>(wa + j * 64);
+        const uint4 hi = *reinterpret_cast<const uint4*>(wa + 8 * kRowPitch + j * 64);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          const uint4 b = *reinterpret_cast<const uint4*>(xb + t * 8 * kRowPitch + j * 64);
+          // k16 step 0: the first 4 of the thread's 8 k; step 1: the last 4.
+          detail::mma_m16n8k16(acc[t], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+          detail::mma_m16n8k16(acc[t], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+        }
+      }
+      __syncwarp();
+      if (lane == 0) detail::mbarrier_arrive(&empty[s]);
+    }
+    const int64_t slot = int64_t{blockIdx.x} * kConsumerWarps + warp;
+    if (tile_first < u_begin) {
+      // This block starts inside the tile: hand the partial to the tile's owner.
+      float4* p = reinterpret_cast<float4*>(partials + slot * kPartialFloats) + 2 * lane;
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        __stcg(p + t, make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+      }
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence();
+        store_release(flags + slot, 1);
+      }
+      continue;
+    }
+    if (tile_last > u_end) {
+      // The owner, with the tile continued by the next blocks: their partials, in block order.
+      for (int64_t b2 = int64_t{blockIdx.x} + 1;
+           b2 < gridDim.x && first_unit(b2, units, gridDim.x) < tile_last; ++b2) {
+        const int64_t slot2 = b2 * kConsumerWarps + warp;
+        while (load_acquire(flags + slot2) == 0) __nanosleep(64);
+        const float4* p =
+            reinterpret_cast<const float4*>(partials + slot2 * kPartialFloats) + 2 * lane;
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          const float4 v = __ldcg(p + t);
+          acc[t][0] += v.x;
+          acc[t][1] += v.y;
+          acc[t][2] += v.z;
+          acc[t][3] += v.w;
+        }
+        __syncwarp();
+        if (lane == 0) flags[slot2] = 0;  // read: ready for the next launch
+      }
+    }
+    // C fragment: rows g, g + 8 (output columns of the tile), columns 2c, 2c + 1 (x rows).
+    const int64_t col = tile * kTileRows + row;
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = 8 * t + 2 * c + e;
+        if (r >= m) continue;
+        if (col < n) store_out(y + int64_t{r} * n + col, acc[t][e]);
+        if (col + 8 < n) store_out(y + int64_t{r} * n + col + 8, acc[t][2 + e]);
+      }
+    }
+  }
+}
+
+template <int MT, typename Out>
+KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
+                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
+  static std::once_flag once;
+  static cudaError_t attr_err = cudaSuccess;
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, Out>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  });
+  if (attr_err != cudaSuccess) {
+    return cuda_status(attr_err, "cudaFuncSetAttribute(stream_gemm_kernel)");
+  }
+  const int64_t units = (int64_t{n} + kTileRows - 1) / kTileRows * (k / kUnitK);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(ws.blocks, units)));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = how == SkinnyLaunch::kProgrammatic ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, Out>, x, w, y, m, n, k,
+                                             ws.partials, ws.flags);
+  if (err != cudaSuccess) return cuda_status(err, "cudaLaunchKernelEx(stream_gemm_kernel)");
+  return detail::launch_status("stream_gemm_kernel");
+}
+
+template <typename Out>
+KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
+                    const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
+  if (!stream_gemm_supported(m, n, k)) {
+    return detail::bad_argument("stream_gemm: need 1 <= m <= " + std::to_string(kSkinnyMaxRows) +
+                                ", n >= 1, k % 128 == 0, got m=" + std::to_string(m) +
+                                " n=" + std::to_string(n) + " k=" + std::to_string(k));
+  }
+  if (!detail::aligned16(x) || !detail::aligned16(w) || y == nullptr) {
+    return detail::bad_argument("stream_gemm: x and w must be 16-byte aligned device pointers");
+  }
+  if (ws.partials == nullptr || ws.flags == nullptr || ws.blocks < 1) {
+    return detail::bad_argument("stream_gemm: no workspace (stream_gemm_workspace)");
+  }
+  return m <= 8 ? launch_grid<1>(x, w, y, m, n, k, ws, stream, how)
+                : launch_grid<2>(x, w, y, m, n, k, ws, stream, how);
+}
+
+constexpr int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace
+
+int64_t stream_gemm_workspace_bytes(int32_t blocks) {
+  const int64_t slots = int64_t{blocks} * kConsumerWarps;
+  return align256(slots * kPartialFloats * int64_t{sizeof(float)}) +
+         align256(slots * int64_t{sizeof(int32_t)});
+}
+
+StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks) {
+  const int64_t slots = int64_t{blocks} * kConsumerWarps;
+  StreamGemmWorkspace ws;
+  ws.partials = static_cast<float*>(base);
+  ws.flags = reinterpret_cast<int32_t*>(static_cast<char*>(base) +
+                                        align256(slots * kPartialFloats * int64_t{sizeof(float)}));
+  ws.blocks = blocks;
+  return ws;
+}
+
+bool stream_gemm_supported(int32_t m, int32_t n, int32_t k) {
+  return m >= 1 && m <= kSkinnyMaxRows && n >= 1 && k > 0 && k % kUnitK == 0;
+}
+
+KernelStatus stream_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
+                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
+  return launch(x, w, y, m, n, k, ws, stream, how);
+}
+KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
+                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
+  return launch(x, w, y, m, n, k, ws, stream, how);
+}
+
+}  // namespace twinstep::kernels

@@ -1,0 +1,66 @@
+// kernels/gemm_stream.h: y[m, n] = x[m, k] . w[n, k]^T for the few-row GEMMs of decode
+// (m <= kSkinnyMaxRows) as one even stream of the weights per SM.
+//
+// Why another kernel beside gemm_skinny.h: at m = 1..16 the GEMM is a read of w, and what
+// keeps cuBLAS and the register-fed skinny kernel below the copy bandwidth is the grid, not the
+// arithmetic: cuBLAS reads the 12B's o_proj (31.5 MB) at 39% of copy because its grid covers a
+// fraction of the SMs; the skinny kernel's grid of 3.6 waves has a ramp and a tail per wave
+// (perf/NOTES.md, "Few-row decode GEMMs with programmatic dependent launch"). Here the grid is
+// one block per SM and the work is split EVENLY in units of 64 weight rows x 128 k:
+// - a producer warp streams each unit's 64 row segments (and the m x 128 slice of x) into a
+//   ring of shared-memory stages with 1-D bulk copies (cp.async.bulk, an mbarrier per stage;
+//   the weights with an L2 evict-first policy), so every SM has ~100 KB of reads in flight from
+//   its first microsecond to its last;
+// - four consumer warps, 16 weight rows each, multiply on the tensor cores (mma.sync m16n8k16,
+//   bf16 in, fp32 accumulate) with the k permutation of gemm_skinny.h (a thread feeds 8
+//   consecutive k of a weight row and of an x row to the fragment slots of two k16 steps);
+// - a block's range of units may start or end inside a 64-row tile: the block that holds the
+//   tile's first unit owns it; a block that starts inside it writes its partial sums to the
+//   workspace and raises a flag; the owner, which reaches that tile last in its range, adds the
+//   partials in block order and stores y. So each output is a fixed function of (its x row,
+//   its w row, n, k, the grid): bitwise independent of m and of the other rows of x (batch
+//   invariant), and repeated runs give the same bits. The grid is min(workspace blocks, units),
+//   so it is fixed per GPU (the SM count) and shape.
+// The owner waits only on blocks after it in the same grid, all resident (one block per SM,
+// grid <= SMs), so the wait cannot deadlock.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gemm_skinny.h"
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+// Device memory the kernel's cross-block sums use: per block and consumer warp, one 16 x 16 fp32
+// partial and one flag. Flags must be zero before the first launch (zeroed memory); every launch
+// leaves them zero. One workspace per stream: two launches may not run at once on one workspace.
+struct StreamGemmWorkspace {
+  float* partials = nullptr;
+  int32_t* flags = nullptr;
+  int32_t blocks = 0;  // the most blocks a launch uses (the SM count)
+};
+int64_t stream_gemm_workspace_bytes(int32_t blocks);
+// Lays a workspace for `blocks` blocks over stream_gemm_workspace_bytes(blocks) bytes of zeroed
+// device memory at `base` (256-byte aligned).
+StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks);
+
+// The shapes the kernel takes: 1 <= m <= kSkinnyMaxRows, n >= 1, k % 128 == 0; x and w 16-byte
+// aligned (checked at launch).
+bool stream_gemm_supported(int32_t m, int32_t n, int32_t k);
+
+// Same contract as Blas::gemm (row-major x [m, k], w [n, k], y [m, n]; y overwritten).
+// `how`: SkinnyLaunch::kProgrammatic launches with programmatic dependent launch: the producer
+// starts streaming the first stages' weights (which never depend on the kernel before) before
+// its griddepcontrol.wait; x is copied, y, the partials and the flags are touched only after
+// every thread's wait, so the bits are the plain launch's. Returns kBadArgument, naming what is
+// wrong, for a shape stream_gemm_supported refuses, a misaligned pointer or an empty workspace.
+// Never allocates, never synchronises.
+KernelStatus stream_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
+                         const StreamGemmWorkspace& ws, cudaStream_t stream,
+                         SkinnyLaunch how = SkinnyLaunch::kPlain);
+KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
+                         const StreamGemmWorkspace& ws, cudaStream_t stream,
+                         SkinnyLaunch how = SkinnyLaunch::kPlain);
+
+}  // namespace twinstep::kernels
