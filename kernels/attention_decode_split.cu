@@ -10,6 +10,7 @@
 #include "kernels/attention_decode_split.h"
 #include "kernels/common.cuh"
 #include "kernels/paged_keys.cuh"
+#include "kernels/sm90.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -22,16 +23,12 @@ constexpr int kHeads = 16;     // query heads per block: the mma M
 constexpr int kScorePad = 40;  // floats per score row (conflict-free float2 accesses)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Programmatic dependent launch (sm_90): lets the next kernel of the stream, if it was launched
-// with cudaLaunchAttributeProgrammaticStreamSerialization (the skinny o_proj GEMM,
-// kernels/gemm_skinny.h), start now instead of at this grid's end. Only when it may start: that
-// kernel's griddepcontrol.wait still waits for this whole grid to complete and flush, so no
-// result depends on where this sits. A no-op when the next kernel is a plain launch.
-__device__ __forceinline__ void allow_dependents_to_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (kernels/sm90.cuh): lets the next kernel of the stream, if it
+// was launched with cudaLaunchAttributeProgrammaticStreamSerialization (the few-row o_proj GEMM,
+// kernels/gemm_stream.h / gemm_skinny.h), start now instead of at this grid's end. Only when it
+// may start: that kernel's griddepcontrol.wait still waits for this whole grid to complete and
+// flush, so no result depends on where this sits. A no-op when the next kernel is a plain launch.
+using detail::launch_dependents;
 
 // Shape of the split kernel for one head dim. Warp w scores key group w % 4 over the dim
 // part w / 4 (HD / kDimParts dims; the parts are summed in shared memory), then owns HD /
@@ -513,7 +510,7 @@ template <int HD>
 __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBlocks)
     decode_split_kernel(SplitArgs a) {
   using G = Geometry<HD>;
-  allow_dependents_to_launch();  // with one split, the next kernel is the o_proj GEMM
+  launch_dependents();  // with one split, the next kernel is the o_proj GEMM
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);                // [stages][K, V][32][HD]
   bf16* q_s = ring + G::kStages * 2 * G::kTileElems;         // [16][HD]
@@ -582,7 +579,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   __shared__ float w_s[kDecodeSplitsMax];
   __shared__ float l_s[kDecodeSplitsMax];
   __shared__ float stats[2];     // active splits, weighted sum
-  allow_dependents_to_launch();  // the next kernel is the o_proj GEMM
+  launch_dependents();  // the next kernel is the o_proj GEMM
   const int64_t rh = blockIdx.x;
   if (threadIdx.x < kWarp) merge_weights(part_ml + rh * splits, splits, w_s, l_s, stats);
   __syncthreads();

@@ -4,6 +4,7 @@
 #include "kernels/common.cuh"
 #include "kernels/fused_norms.h"
 #include "kernels/row_group.cuh"
+#include "kernels/sm90.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -69,6 +70,9 @@ __global__ void __launch_bounds__(kThreadsMax)
     residual_norm_kernel(const bf16* __restrict__ delta, const bf16* __restrict__ delta_weight,
                          bf16* __restrict__ x, float scalar, const bf16* __restrict__ out_weight,
                          bf16* __restrict__ out, int32_t rows, int32_t dim, float eps, int group) {
+  // The next kernel, if launched programmatically (the streamed few-row GEMM), may start its
+  // weight stream now; its griddepcontrol.wait still waits for this grid (kernels/sm90.cuh).
+  detail::launch_dependents();
   __shared__ float scratch[kThreadsMax / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
@@ -131,6 +135,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                                   float scalar, const bf16* __restrict__ out_weight,
                                   bf16* __restrict__ out, int32_t rows, int32_t dim, float eps,
                                   int group) {
+  detail::launch_dependents();  // as residual_norm_kernel
   __shared__ float scratch[kMaxThreads / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier

@@ -10,6 +10,7 @@
 #include "kernels/norm_rope_reference.h"
 #include "kernels/ops.h"
 #include "kernels/row_group.cuh"
+#include "kernels/sm90.cuh"
 
 namespace twinstep::kernels {
 namespace {
@@ -49,6 +50,9 @@ __global__ void embed_gather_kernel(const int32_t* __restrict__ tokens,
 __global__ void __launch_bounds__(kNormThreadsMax)
     rms_norm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ weight,
                     bf16* __restrict__ out, int32_t rows, int32_t dim, float eps, int group) {
+  // The next kernel, if launched programmatically (the streamed few-row GEMM), may start its
+  // weight stream now; its griddepcontrol.wait still waits for this grid (kernels/sm90.cuh).
+  detail::launch_dependents();
   __shared__ float scratch[kNormThreadsMax / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
@@ -362,6 +366,7 @@ __device__ __forceinline__ float gelu_tanh(float x) {
 __global__ void gelu_tanh_mul_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
                                      int64_t in_row_stride, bf16* __restrict__ out, int32_t rows,
                                      int32_t cols) {
+  detail::launch_dependents();  // as rms_norm_kernel: the down GEMM's weights may start
   const int64_t chunks_per_row = cols / 8;
   const int64_t total = chunks_per_row * rows;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
