@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gates/bench_util.h"
@@ -25,19 +27,37 @@ constexpr int kRepeats = 21;
 
 // TWINSTEP_BW_PROFILE=1: each kernel launched twice (one warm-up, one timed), for ncu to
 // profile every kernel of the run once (its timings then mean nothing).
+// TWINSTEP_BW_ONLY=qkv: the copy and the q norm + rope + KV write sections only (with the
+// profile mode: the 8192-row shapes alone, so ncu reaches them in seconds).
 template <class F>
 double median_ms(cudaStream_t stream, F&& launch) {
   static const bool profile = std::getenv("TWINSTEP_BW_PROFILE") != nullptr;
   return twinstep::gates::median_ms(stream, profile ? 1 : kWarmup, profile ? 1 : kRepeats, launch);
 }
 
-// Random bf16 in [-1, 1) filled on the host (never zeros: zeros can run faster).
+bool qkv_only() {
+  static const bool only = [] {
+    const char* v = std::getenv("TWINSTEP_BW_ONLY");
+    return v != nullptr && std::string(v) == "qkv";
+  }();
+  return only;
+}
+
+// Random bf16 in [-1, 1) (never zeros: zeros can run faster): up to kFillBlock elements filled
+// on the host, larger buffers tiled with copies of that block on the device (the host fill of
+// gigabytes took most of a device call).
+constexpr size_t kFillBlock = size_t{1} << 22;
 bf16* random_device(twinstep::sim::Rng& rng, size_t n) {
-  std::vector<bf16> host(n);
+  std::vector<bf16> host(std::min(n, kFillBlock));
   for (auto& v : host) v = __float2bfloat16(static_cast<float>(rng.unit() * 2.0 - 1.0));
   bf16* d = nullptr;
   BENCH_CUDA(cudaMalloc(&d, n * sizeof(bf16)));
-  BENCH_CUDA(cudaMemcpy(d, host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(d, host.data(), host.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  for (size_t done = host.size(); done < n;) {  // double the filled prefix
+    const size_t step = std::min(done, n - done);
+    BENCH_CUDA(cudaMemcpy(d + done, d, step * sizeof(bf16), cudaMemcpyDeviceToDevice));
+    done += step;
+  }
   return d;
 }
 
@@ -126,6 +146,12 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
     BENCH_OK(k::qkv_norm_rope_write(qkv, cols, qw, qh, kp, cols, vp, cols, qw, 1e-6f, rope, view, 0,
                                     rv, pv, stream));
   };
+  auto items = [&](k::QkvWriteKernel kernel) {
+    return [&, kernel] {
+      BENCH_OK(k::qkv_norm_rope_write(qkv, cols, qw, qh, kp, cols, vp, cols, qw, 1e-6f, rope, view,
+                                      0, rv, pv, stream, kernel));
+    };
+  };
   const double q_bytes = 2.0 * R * q_out * 2 + R * 4.0;
   const double kv_bytes = (k_eq_v ? 3.0 : 4.0) * R * kv_out * 2 + R * 12.0;
   char label[96];
@@ -133,16 +159,29 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
   report(label, q_bytes, median_ms(stream, q_only), copy_gbs);
   std::snprintf(label, sizeof(label), "%s kv_write", name);
   report(label, kv_bytes, median_ms(stream, kv_only), copy_gbs);
+  const bool profile = std::getenv("TWINSTEP_BW_PROFILE") != nullptr;
   std::snprintf(label, sizeof(label), "%s both (before)", name);
-  report(label, q_bytes + kv_bytes,
-         median_ms(stream,
-                   [&] {
-                     q_only();
-                     kv_only();
-                   }),
-         copy_gbs);
-  std::snprintf(label, sizeof(label), "%s fused", name);
+  if (!profile)
+    report(label, q_bytes + kv_bytes,
+           median_ms(stream,
+                     [&] {
+                       q_only();
+                       kv_only();
+                     }),
+           copy_gbs);
+  std::snprintf(label, sizeof(label), "%s fused row block", name);
   report(label, q_bytes + kv_bytes, median_ms(stream, fused), copy_gbs);
+  const std::pair<k::QkvWriteKernel, const char*> variants[] = {
+      {k::QkvWriteKernel::kWarpItems, "warp items"},
+      {k::QkvWriteKernel::kWarpItemsHalf, "items, half G"},
+      {k::QkvWriteKernel::kWarpItemsDouble, "items, double G"},
+      {k::QkvWriteKernel::kWarpItemsCapped, "items, capped regs"}};
+  for (const auto& [kernel, what] : variants) {
+    // The A/B at prefill sizes; ncu profiles the default alone.
+    if (kernel != k::QkvWriteKernel::kWarpItems && (R < 2048 || profile)) continue;
+    std::snprintf(label, sizeof(label), "%s %s", name, what);
+    report(label, q_bytes + kv_bytes, median_ms(stream, items(kernel)), copy_gbs);
+  }
   BENCH_CUDA(cudaFree(qkv));
   BENCH_CUDA(cudaFree(qw));
   BENCH_CUDA(cudaFree(pool));
@@ -163,6 +202,8 @@ int main() {
   twinstep::sim::Rng rng(7);
 
   // 512 MiB in, 512 MiB out everywhere: ~9x the L2 each way.
+  const bool only_qkv = qkv_only();
+  const bool profile = std::getenv("TWINSTEP_BW_PROFILE") != nullptr;
   const int32_t rows = 65536, dim = 4096;
   const size_t n = size_t(rows) * dim;
   bf16* x = random_device(rng, n);
@@ -178,6 +219,7 @@ int main() {
   report("cudaMemcpy D2D (read + write)", copy_bytes, copy_ms, copy_gbs);
 
   for (int32_t d : {4096, 3840, 256}) {
+    if (only_qkv) break;
     const int32_t r = static_cast<int32_t>(n / d);
     const double ms = median_ms(
         stream, [&] { BENCH_OK(twinstep::kernels::rms_norm(x, w, y, r, d, 1e-6f, stream)); });
@@ -188,7 +230,7 @@ int main() {
 
   // KV write: local family of the 12B (8 KV heads x 256), K and V from separate inputs, rows
   // of one seq over shuffled pages of 16 tokens. Reads k, v; writes K, V.
-  {
+  if (!only_qkv) {
     const int32_t hd = 256, kvh = 8, page = 16;
     const int32_t kv_rows = static_cast<int32_t>(n / (size_t(kvh) * hd));  // 65536 * 4096 / 2048
     const int32_t pages = kv_rows / page + 1;
@@ -220,7 +262,7 @@ int main() {
   // from the same rows (k and v at the fused stride). Inputs fresh from the earlier buffers'
   // region are not L2-resident between repeats only when larger than the L2: gelu and the
   // norm are (755 and 252 MB); the rope and KV write moves (134 MB) are about twice the L2.
-  {
+  if (!only_qkv) {
     const int32_t R = 8192, H = 3840, I = 15360, hd = 256, qh = 16, kvh = 8, page = 16;
     bf16* gu = random_device(rng, size_t(R) * 2 * I);
     bf16* act = random_device(rng, size_t(R) * I);
@@ -284,9 +326,18 @@ int main() {
     const auto global = k::Rope::proportional(512, 1e6f, 0.25);
     bench_qkv_write(rng, "local 8192", 8192, 16, 8, 256, false, local, copy_gbs, stream);
     bench_qkv_write(rng, "global 8192", 8192, 16, 1, 512, true, global, copy_gbs, stream);
+    if (only_qkv && profile) {
+      BENCH_CUDA(cudaDeviceSynchronize());
+      return 0;
+    }
+    // Session 7: between decode and prefill (the forward's rule picks a kernel by rows).
+    bench_qkv_write(rng, "local 2048", 2048, 16, 8, 256, false, local, copy_gbs, stream);
+    bench_qkv_write(rng, "global 2048", 2048, 16, 1, 512, true, global, copy_gbs, stream);
+    bench_qkv_write(rng, "local 512", 512, 16, 8, 256, false, local, copy_gbs, stream);
     bench_qkv_write(rng, "local 128", 128, 16, 8, 256, false, local, copy_gbs, stream);
     bench_qkv_write(rng, "global 128", 128, 16, 1, 512, true, global, copy_gbs, stream);
     bench_qkv_write(rng, "local 1", 1, 16, 8, 256, false, local, copy_gbs, stream);
+    bench_qkv_write(rng, "global 1", 1, 16, 1, 512, true, global, copy_gbs, stream);
   }
   BENCH_CUDA(cudaDeviceSynchronize());
   return 0;

@@ -618,10 +618,11 @@ std::vector<FusedCase> fused_cases() {
 
 // One case: fused q|k|v rows (padding columns between rows) over shuffled pages with spare
 // pages (holes), the padding page 0, rows at a long position (the angle's slow path), and rows
-// marked kNoKvWrite (a graph bucket's padding rows). The fused launcher against
-// qk_norm_rope_reference then kv_write: the whole q|k|v buffer and the whole pool bitwise; and the
-// fused result against the fp64 host model.
-void run_fused_case(const FusedCase& fc, cudaStream_t stream, sim::Rng& rng, size_t* compared) {
+// marked kNoKvWrite (a graph bucket's padding rows). The fused launcher (each of its kernels)
+// against qk_norm_rope_reference then kv_write: the whole q|k|v buffer and the whole pool
+// bitwise; and the fused result against the fp64 host model.
+void run_fused_case(const FusedCase& fc, kernels::QkvWriteKernel kernel, cudaStream_t stream,
+                    sim::Rng& rng, size_t* compared) {
   const float eps = 1e-6f;
   const int32_t hd = fc.head_dim, qh = fc.q_heads, kvh = fc.kv_heads, layers = 2, layer = 1;
   PagedScenario sc = make_scenario(rng, {{0, 37}, {40, 3}, {5, 1}, {131000, 2}, {70, 1}}, 16, kvh,
@@ -653,7 +654,7 @@ void run_fused_case(const FusedCase& fc, cudaStream_t stream, sim::Rng& rng, siz
     KERNEL_OK(kernels::qkv_norm_rope_write(d_x.get(), stride, d_qw.get(), qh, d_x.get() + q_out,
                                            stride, d_x.get() + v_col, stride, d_kw.get(), eps,
                                            fc.rope, pool_view(sc, pool.get()), layer,
-                                           plan.rows_view(), plan.paging_view(), stream));
+                                           plan.rows_view(), plan.paging_view(), stream, kernel));
     const auto got_x = d_x.download(), got_pool = pool.download();
     EXPECT_EQ(bitwise_diffs(got_x, 0, want_x, 0, x.size()), 0u) << "q|k|v rows differ";
     EXPECT_EQ(bitwise_diffs(got_pool, 0, want_pool, 0, got_pool.size()), 0u) << "pools differ";
@@ -706,16 +707,21 @@ TEST_F(KernelGates, FusedQkvWriteMatchesTheTwoKernelsBitwise) {
   sim::Rng rng(31);
   size_t compared = 0;
   int cases = 0;
-  for (const FusedCase& fc : fused_cases()) {
-    SCOPED_TRACE("head_dim=" + std::to_string(fc.head_dim) + " q=" + std::to_string(fc.q_heads) +
-                 " kv=" + std::to_string(fc.kv_heads) + (fc.k_eq_v ? " k==v" : "") +
-                 " pairs=" + std::to_string(fc.pairs));
-    ASSERT_NO_FATAL_FAILURE(run_fused_case(fc, stream_, rng, &compared));
-    cases += 1;
+  using K = kernels::QkvWriteKernel;
+  for (const K kernel :
+       {K::kRowBlock, K::kWarpItems, K::kWarpItemsHalf, K::kWarpItemsDouble, K::kWarpItemsCapped}) {
+    for (const FusedCase& fc : fused_cases()) {
+      SCOPED_TRACE("kernel " + std::to_string(static_cast<int>(kernel)) +
+                   " head_dim=" + std::to_string(fc.head_dim) + " q=" + std::to_string(fc.q_heads) +
+                   " kv=" + std::to_string(fc.kv_heads) + (fc.k_eq_v ? " k==v" : "") +
+                   " pairs=" + std::to_string(fc.pairs));
+      ASSERT_NO_FATAL_FAILURE(run_fused_case(fc, kernel, stream_, rng, &compared));
+      cases += 1;
+    }
   }
   std::printf(
-      "[gate] fused q norm + rope + KV write vs qk_norm_rope_reference + kv_write: %d "
-      "cases, %zu elements compared, bitwise\n",
+      "[gate] fused q norm + rope + KV write (row block and 4 warp-items kernels) vs "
+      "qk_norm_rope_reference + kv_write: %d cases, %zu elements compared, bitwise\n",
       cases, compared);
 }
 
@@ -727,11 +733,12 @@ TEST_F(KernelGates, FusedQkvWriteRefusesBadArguments) {
   DeviceBuffer<bf16> pool(sc.pool_elems()), qkv(size_t(3) * (qh + 2 * kvh) * hd);
   DevicePlan plan(sc);
   const int64_t stride = int64_t{qh + 2 * kvh} * hd;
-  auto call = [&](int32_t q_heads, int64_t q_stride, int32_t layer) {
-    return kernels::qkv_norm_rope_write(qkv.get(), q_stride, nullptr, q_heads, qkv.get() + qh * hd,
-                                        stride, qkv.get() + (qh + kvh) * hd, stride, nullptr, 1e-6f,
-                                        Rope::default_rope(hd, 1e4f), pool_view(sc, pool.get()),
-                                        layer, plan.rows_view(), plan.paging_view(), stream_);
+  auto call = [&](int32_t q_heads, int64_t q_stride, int32_t layer,
+                  kernels::QkvWriteKernel kernel = kernels::QkvWriteKernel::kRowBlock) {
+    return kernels::qkv_norm_rope_write(
+        qkv.get(), q_stride, nullptr, q_heads, qkv.get() + qh * hd, stride,
+        qkv.get() + (qh + kvh) * hd, stride, nullptr, 1e-6f, Rope::default_rope(hd, 1e4f),
+        pool_view(sc, pool.get()), layer, plan.rows_view(), plan.paging_view(), stream_, kernel);
   };
   auto message = [](const kernels::KernelStatus& s) {
     return s.ok() ? std::string("ok") : s.error().message;
@@ -740,6 +747,12 @@ TEST_F(KernelGates, FusedQkvWriteRefusesBadArguments) {
   EXPECT_NE(message(call(qh, hd, 0)).find("q_row_stride"), std::string::npos);
   EXPECT_NE(message(call(qh, stride, 1)).find("layer 1"), std::string::npos);
   EXPECT_TRUE(call(qh, stride, 0).ok());
+  EXPECT_NE(message(call(qh, hd, 0, kernels::QkvWriteKernel::kWarpItems)).find("q_row_stride"),
+            std::string::npos);
+  EXPECT_TRUE(call(qh, stride, 0, kernels::QkvWriteKernel::kWarpItems).ok());
+  EXPECT_NE(message(call(qh, stride, 0, static_cast<kernels::QkvWriteKernel>(99)))
+                .find("not a QkvWriteKernel"),
+            std::string::npos);
 }
 
 }  // namespace

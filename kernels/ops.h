@@ -138,12 +138,25 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
 // A row whose slot is kNoKvWrite gets its q done and writes no K/V; traps as kv_write.
 // q must not overlap k_raw or v_raw. Faster than the two launches for few rows (decode), slower
 // for thousands (prefill): the forward picks by rows (model_forward.cc).
+// kernel: kRowBlock, a block per row sharing the row's rope angles through shared memory;
+// kWarpItems, a warp per G heads of a row (the pair's layout, one launch, the angles once per
+// G heads). Each is gated bitwise against the two kernels (the warp-items values not yet run on
+// a GPU: session 7 had none). kWarpItemsHalf / Double / Capped: session 7's A/B of the
+// warp-items kernel (half or double its heads an item, its registers capped).
+enum class QkvWriteKernel {
+  kRowBlock,
+  kWarpItems,
+  kWarpItemsHalf,
+  kWarpItemsDouble,
+  kWarpItemsCapped
+};
 KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
                                  int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
                                  const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,
                                  float eps, Rope rope, const KvPoolView& pool, int32_t layer,
                                  const RowsView& rows, const PagingView& paging,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream,
+                                 QkvWriteKernel kernel = QkvWriteKernel::kRowBlock);
 
 // Paged attention of one layer, causal over absolute positions: the row at position p of seq
 // s attends keys [max(0, p - window + 1), p] (window <= 0: keys [0, p]) of its own seq, read

@@ -356,6 +356,118 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
   }
 }
 
+// ---- q norm + rope and the paged KV write, a warp per (row, G heads) item --------------
+// The row-block kernel above shares a row's angles through shared memory at the price of two
+// block barriers a row and a block's worth of rows in flight. This one keeps the pair's
+// layout (a warp per item, blocks of independent items, no barrier but the inv_freq table's
+// at the start) and fuses the two launches: an item is G of a row's virtual heads (q, then k,
+// then v), every load of the item (its heads, the row's position and slot) is issued before
+// any math, and the item's rope angles are computed once for its G heads (they share the
+// row's position and the lane's pairs) instead of once a head. The per-head math is
+// norm_rope_head's norm, then its rotate_half expression over the same sincosf values: the
+// pair's bits by construction, gated (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise), but
+// neither that gate nor any timing of this kernel has run on a GPU yet (session 7 had none;
+// perf/NOTES.md). The forward runs it only with TWINSTEP_QKV_WRITE=items.
+
+// norm_rope_head's angles for the lane's E elements of one head (c[i], s[i] for element i),
+// computed the same way (H = E/2 sincosf a lane, swapped with the partner lane l ^ 16).
+template <int HD>
+__device__ __forceinline__ void rope_angles(int position, const float* inv_freq,
+                                            float (&c)[HD / kWarp], float (&s)[HD / kWarp]) {
+  constexpr int E = HD / kWarp;
+  constexpr int H = E / 2;
+  const int lane = threadIdx.x % kWarp;
+  const bool upper = lane >= kWarp / 2;
+  const int first_pair = (lane % (kWarp / 2)) * E + (upper ? H : 0);
+#pragma unroll
+  for (int j = 0; j < H; ++j) {
+    float mine_c, mine_s;
+    sincosf(static_cast<float>(position) * inv_freq[first_pair + j], &mine_s, &mine_c);
+    const float other_c = __shfl_xor_sync(kFullMask, mine_c, kWarp / 2);
+    const float other_s = __shfl_xor_sync(kFullMask, mine_s, kWarp / 2);
+    c[j] = upper ? other_c : mine_c;
+    s[j] = upper ? other_s : mine_s;
+    c[j + H] = upper ? mine_c : other_c;
+    s[j + H] = upper ? mine_s : other_s;
+  }
+}
+
+// norm_rope_head's rotation of a normed head with the angles of rope_angles.
+template <int HD>
+__device__ __forceinline__ void rope_rotate(float (&x)[HD / kWarp], const float (&c)[HD / kWarp],
+                                            const float (&s)[HD / kWarp]) {
+  constexpr int E = HD / kWarp;
+  const bool upper = threadIdx.x % kWarp >= kWarp / 2;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
+    x[i] = upper ? x[i] * c[i] + partner * s[i] : x[i] * c[i] - partner * s[i];
+  }
+}
+
+// Where virtual head h of a row is read from (qkv_head's src, without the slot).
+__device__ __forceinline__ const bf16* qkv_src(const QkvWriteArgs& a, int32_t row, int32_t h,
+                                               int head_dim) {
+  if (h < a.q_heads) return a.q + row * a.q_row_stride + static_cast<int64_t>(h) * head_dim;
+  h -= a.q_heads;
+  if (h < a.kv_heads) return a.k_raw + row * a.k_row_stride + static_cast<int64_t>(h) * head_dim;
+  h -= a.kv_heads;
+  return a.v_raw + row * a.v_row_stride + static_cast<int64_t>(h) * head_dim;
+}
+
+template <int HD, int G, int kMinBlocks>
+__global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
+    qkv_items_kernel(QkvWriteArgs a) {
+  constexpr int E = HD / kWarp;
+  __shared__ float inv_freq[HD / 2];
+  const int lane = threadIdx.x % kWarp;
+  const int32_t heads_max = a.q_heads + 2 * a.kv_heads;
+  const int32_t groups = (heads_max + G - 1) / G;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+  const bool active = item < static_cast<int64_t>(a.rows) * groups;  // all reach the barrier
+  const int32_t row = active ? static_cast<int32_t>(item / groups) : 0;
+  const int32_t h0 = active ? static_cast<int32_t>(item % groups) * G : heads_max;
+  float f[G][E];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {  // k and v heads of a kNoKvWrite row too: read, never written
+    if (h0 + g < heads_max) load_bf16<E>(qkv_src(a, row, h0 + g, HD) + lane * E, f[g]);
+  }
+  const int32_t position = active ? a.positions[row] : 0;
+  const int64_t slot = active ? a.row_slot[row] : kNoKvWrite;
+  const bool roped = a.rotary_pairs > 0;
+  if (roped) {
+    fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
+    __syncthreads();
+  }
+  if (!active) return;
+  TS_DEVICE_REQUIRE(position >= 0);
+  const bool write_kv = slot != kNoKvWrite;  // a graph bucket's padding row: q only
+  int64_t page = 0;
+  int32_t offset = 0;
+  if (write_kv) {
+    TS_DEVICE_REQUIRE(slot >= 0);
+    page = slot / a.page_size;
+    offset = static_cast<int32_t>(slot % a.page_size);
+    TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
+    TS_DEVICE_REQUIRE(offset == position % a.page_size);
+  }
+  const int32_t heads = write_kv ? heads_max : a.q_heads;
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+  bf16* const k_slot = a.layer_base + (page * 2 * a.page_size + offset) * token_elems;
+  const bool rotates = roped && h0 < a.q_heads + a.kv_heads && h0 < heads;  // warp-uniform
+  float c[E], s[E];
+  if (rotates) rope_angles<HD>(position, inv_freq, c, s);
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const int32_t h = h0 + g;
+    if (h >= heads) break;  // warp-uniform
+    const QkvHead hd = qkv_head(a, row, h, k_slot, token_elems, HD);
+    norm_rope_head<HD>(f[g], hd.weight, a.eps, position, nullptr);  // the norm alone
+    if (rotates && hd.rotate) rope_rotate<HD>(f[g], c, s);
+    store_bf16<E>(hd.dst + lane * E, f[g]);
+  }
+}
+
 // ---- elementwise ----------------------------------------------------------------------
 
 __device__ __forceinline__ float gelu_tanh(float x) {
@@ -533,6 +645,39 @@ struct QkvWriteLaunch {
     qkv_write_kernel<HD, heads_per_warp(HD)><<<blocks, threads, 0, stream>>>(args);
   }
 };
+
+// Session 7's A/B of the warp-items kernel (kernel_bandwidth_bench): G = heads_per_warp(HD),
+// half and double that, and the default G with registers capped for 3 blocks an SM.
+template <int HD>
+struct QkvItemsLaunch {
+  static void run(int blocks, cudaStream_t stream, QkvWriteKernel kernel,
+                  const QkvWriteArgs& args) {
+    constexpr int G = heads_per_warp(HD), T = kWarpsPerBlock * kWarp;
+    if constexpr (HD >= 256) {
+      if (kernel == QkvWriteKernel::kWarpItemsHalf) {
+        qkv_items_kernel<HD, G / 2, 1><<<blocks, T, 0, stream>>>(args);
+        return;
+      }
+      if (kernel == QkvWriteKernel::kWarpItemsDouble) {
+        qkv_items_kernel<HD, G * 2, 1><<<blocks, T, 0, stream>>>(args);
+        return;
+      }
+      if (kernel == QkvWriteKernel::kWarpItemsCapped) {  // 64 registers at 256, 80 at 512
+        qkv_items_kernel<HD, G, HD == 256 ? 4 : 3><<<blocks, T, 0, stream>>>(args);
+        return;
+      }
+    }
+    qkv_items_kernel<HD, G, 1><<<blocks, T, 0, stream>>>(args);
+  }
+};
+// Items of G heads a launch of the warp-items kernel runs (its blocks cover them).
+int qkv_items_heads(QkvWriteKernel kernel, int32_t head_dim) {
+  const int g = heads_per_warp(head_dim);
+  if (head_dim < 256) return g;
+  if (kernel == QkvWriteKernel::kWarpItemsHalf) return g / 2;
+  if (kernel == QkvWriteKernel::kWarpItemsDouble) return g * 2;
+  return g;
+}
 
 template <int HD>
 struct KvWriteLaunch {
@@ -739,7 +884,7 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
                                  const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,
                                  float eps, Rope rope, const KvPoolView& pool, int32_t layer,
                                  const RowsView& rows, const PagingView& paging,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, QkvWriteKernel kernel) {
   const std::string who = "qkv_norm_rope_write";
   if (auto s = check_kv_write(who, k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight, eps,
                               rope, pool, layer, rows, paging);
@@ -764,6 +909,20 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
   const int64_t groups = (int64_t{q_heads} + 2 * int64_t{pool.kv_heads} + g - 1) / g;
   const int32_t warps_per_row = static_cast<int32_t>(std::min<int64_t>(groups, kQkvWarpsPerRowMax));
   const int32_t rows_per_block = std::max(1, kQkvWarpsPerBlock / warps_per_row);
+  if (kernel != QkvWriteKernel::kRowBlock && kernel != QkvWriteKernel::kWarpItems &&
+      kernel != QkvWriteKernel::kWarpItemsHalf && kernel != QkvWriteKernel::kWarpItemsDouble &&
+      kernel != QkvWriteKernel::kWarpItemsCapped) {
+    return bad_argument(who + ": kernel " + str(static_cast<int>(kernel)) +
+                        " is not a QkvWriteKernel value");
+  }
+  const bool items = kernel != QkvWriteKernel::kRowBlock;
+  const int items_g = qkv_items_heads(kernel, pool.head_dim);
+  const int64_t item_groups =
+      (int64_t{q_heads} + 2 * int64_t{pool.kv_heads} + items_g - 1) / items_g;
+  if (items && int64_t{rows.rows} * item_groups > INT32_MAX / 2) {
+    return bad_argument(who + ": " + str(rows.rows) + " rows x " + str(item_groups) +
+                        " head groups is too many items for one launch");
+  }
   QkvWriteArgs args{};
   args.q = q;
   args.q_row_stride = q_row_stride;
@@ -773,6 +932,15 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
   args.rows_per_block = rows_per_block;
   set_kv_write_fields(args, k_raw, k_row_stride, v_raw, v_row_stride, k_norm_weight, eps, rope,
                       pool, layer, rows, paging);
+  if (items) {
+    const int64_t n = int64_t{rows.rows} * item_groups;
+    const int blocks = static_cast<int>((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    if (auto s = dispatch_head_dim<QkvItemsLaunch>(pool.head_dim, blocks, stream, kernel, args);
+        !s.ok()) {
+      return s;
+    }
+    return launch_status("qkv_items_kernel");
+  }
   const int blocks = static_cast<int>((int64_t{rows.rows} + rows_per_block - 1) / rows_per_block);
   if (auto s = dispatch_head_dim<QkvWriteLaunch>(pool.head_dim, blocks, stream, args); !s.ok()) {
     return s;
