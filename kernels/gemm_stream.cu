@@ -7,6 +7,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/gemm_stream.h"
+#include "kernels/gemm_stream_split.h"
 #include "kernels/sm90.cuh"
 
 namespace twinstep::kernels {
@@ -14,8 +15,10 @@ namespace {
 
 using detail::kWarp;
 
-constexpr int kTileRows = 64;              // weight rows of a unit: 4 consumer warps x 16
-constexpr int kUnitK = 128;                // k of a unit
+namespace split = stream_split;
+constexpr int kTileRows = split::kTileRows;  // weight rows of a unit: 4 consumer warps x 16
+constexpr int kUnitK = split::kUnitK;        // k of a unit
+static_assert(kTileRows == 4 * 16, "four consumer warps of 16 rows");
 constexpr int kSegBytes = kUnitK * 2;      // one row's slice of a unit: 256 bytes
 constexpr int kRowPitch = kSegBytes + 64;  // rows g and g + 1 of a fragment load fall in
                                            // different halves of the 32 banks
@@ -29,9 +32,6 @@ constexpr int kSmemBytes = kBarrierBytes + kStages * kStageBytes;
 constexpr int kPartialFloats = 16 * 16;  // a consumer warp's partial: 32 lanes x 2 float4
 static_assert(2 * kStages * 8 <= kBarrierBytes, "mbarriers overflow their slot");
 
-__device__ __forceinline__ int64_t first_unit(int64_t block, int64_t units, int64_t grid) {
-  return block * units / grid;
-}
 __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
   int32_t v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
@@ -57,9 +57,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int32_t units_per_tile = k / kUnitK;
-  const int64_t units = (int64_t{n} + kTileRows - 1) / kTileRows * units_per_tile;
-  const int64_t u_begin = first_unit(blockIdx.x, units, gridDim.x);
-  const int64_t u_end = first_unit(blockIdx.x + 1, units, gridDim.x);
+  const int64_t units = split::units(n, k);
+  const int64_t u_begin = split::first_unit(blockIdx.x, units, gridDim.x);
+  const int64_t u_end = split::first_unit(blockIdx.x + 1, units, gridDim.x);
   const int32_t count = static_cast<int32_t>(u_end - u_begin);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -128,17 +128,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t i = 0;
   int64_t u = u_begin;
   while (u < u_end) {
-    const int64_t tile = u / units_per_tile;
-    const int64_t tile_first = tile * units_per_tile;
-    const int64_t tile_last = tile_first + units_per_tile;
-    const int64_t seg_end = min(u_end, tile_last);
+    const split::Segment seg = split::segment_at(u, u_begin, u_end, units_per_tile);
+    const int64_t tile = seg.tile;
     float acc[MT][4];
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
     }
-    for (; u < seg_end; ++u, ++i) {
+    for (; u < seg.end; ++u, ++i) {
       const int s = i % kStages;
       detail::mbarrier_wait(&full[s], (i / kStages) & 1);
       const unsigned char* wa = stages + s * kStageBytes + row * kRowPitch + c * 16;
@@ -159,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane == 0) detail::mbarrier_arrive(&empty[s]);
     }
     const int64_t slot = int64_t{blockIdx.x} * kConsumerWarps + warp;
-    if (tile_first < u_begin) {
+    if (!seg.owner) {
       // This block starts inside the tile: hand the partial to the tile's owner.
       float4* p = reinterpret_cast<float4*>(partials + slot * kPartialFloats) + 2 * lane;
 #pragma unroll
@@ -173,10 +171,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
-    if (tile_last > u_end) {
+    if (seg.has_followers) {
       // The owner, with the tile continued by the next blocks: their partials, in block order.
-      for (int64_t b2 = int64_t{blockIdx.x} + 1;
-           b2 < gridDim.x && first_unit(b2, units, gridDim.x) < tile_last; ++b2) {
+      const int64_t tile_last = (tile + 1) * units_per_tile;
+      for (int64_t b2 = int64_t{blockIdx.x} + 1; split::follows(b2, tile_last, units, gridDim.x);
+           ++b2) {
         const int64_t slot2 = b2 * kConsumerWarps + warp;
         while (load_acquire(flags + slot2) == 0) __nanosleep(64);
         const float4* p =
@@ -220,12 +219,12 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
   if (attr_err != cudaSuccess) {
     return cuda_status(attr_err, "cudaFuncSetAttribute(stream_gemm_kernel)");
   }
-  const int64_t units = (int64_t{n} + kTileRows - 1) / kTileRows * (k / kUnitK);
+  const int64_t units = split::units(n, k);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(std::min<int64_t>(ws.blocks, units)));
+  config.gridDim = dim3(static_cast<unsigned>(split::grid(units, ws.blocks)));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
