@@ -175,10 +175,15 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
       {k::QkvWriteKernel::kWarpItems, "warp items"},
       {k::QkvWriteKernel::kWarpItemsHalf, "items, half G"},
       {k::QkvWriteKernel::kWarpItemsDouble, "items, double G"},
-      {k::QkvWriteKernel::kWarpItemsCapped, "items, capped regs"}};
+      {k::QkvWriteKernel::kWarpItemsCapped, "items, capped regs"},
+      {k::QkvWriteKernel::kWarpItemsPacked, "items, packed, double G"}};
   for (const auto& [kernel, what] : variants) {
-    // The A/B at prefill sizes; ncu profiles the default alone.
-    if (kernel != k::QkvWriteKernel::kWarpItems && (R < 2048 || profile)) continue;
+    // The A/B at prefill sizes; ncu profiles the default and the packed values alone.
+    const bool main_two =
+        kernel == k::QkvWriteKernel::kWarpItems || kernel == k::QkvWriteKernel::kWarpItemsPacked;
+    if (!(kernel == k::QkvWriteKernel::kWarpItems || (R >= 2048 && (!profile || main_two)))) {
+      continue;
+    }
     std::snprintf(label, sizeof(label), "%s %s", name, what);
     report(label, q_bytes + kv_bytes, median_ms(stream, items(kernel)), copy_gbs);
   }

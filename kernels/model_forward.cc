@@ -97,9 +97,9 @@ constexpr int32_t kFusedQkvWriteMaxRows = 128;
 
 // A layer's q norm + rope and KV write from its fused q|k|v rows (row stride qkv_stride): the
 // same bits either way (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise).
-// TWINSTEP_QKV_WRITE (read once; the benches' A/B): "split", "fused" (the row-block kernel) or
-// "items" (the warp-items kernel) for every step; any other value fails the step with an error
-// that names it.
+// TWINSTEP_QKV_WRITE (read once; the benches' A/B): "split", "fused" (the row-block kernel),
+// "items" or "items-packed" (two values of the warp-items kernel) for every step; any other
+// value fails the step with an error that names it.
 KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_t q_heads,
                        const bf16* k_raw, const bf16* v_raw, const bf16* k_norm, float eps,
                        Rope rope, const KvPoolView& pool, int32_t layer, const RowsView& rows,
@@ -108,14 +108,16 @@ KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_
     const char* v = std::getenv("TWINSTEP_QKV_WRITE");
     return std::string(v != nullptr ? v : "");
   }();
-  if (!mode.empty() && mode != "fused" && mode != "split" && mode != "items") {
+  if (!mode.empty() && mode != "fused" && mode != "split" && mode != "items" &&
+      mode != "items-packed") {
     return bad("TWINSTEP_QKV_WRITE=\"" + mode +
-               "\": expected \"fused\", \"split\", \"items\" or unset");
+               "\": expected \"fused\", \"split\", \"items\", \"items-packed\" or unset");
   }
-  if (mode == "items") {
-    return qkv_norm_rope_write(qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw,
-                               qkv_stride, k_norm, eps, rope, pool, layer, rows, paging, stream,
-                               QkvWriteKernel::kWarpItems);
+  if (mode == "items" || mode == "items-packed") {
+    return qkv_norm_rope_write(
+        qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope,
+        pool, layer, rows, paging, stream,
+        mode == "items" ? QkvWriteKernel::kWarpItems : QkvWriteKernel::kWarpItemsPacked);
   }
   const bool fused = mode == "fused" || (mode != "split" && rows.rows <= kFusedQkvWriteMaxRows);
   if (fused) {

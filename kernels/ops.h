@@ -141,14 +141,16 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
 // kernel: kRowBlock, a block per row sharing the row's rope angles through shared memory;
 // kWarpItems, a warp per G heads of a row (the pair's layout, one launch, the angles once per
 // G heads). Each is gated bitwise against the two kernels (the warp-items values not yet run on
-// a GPU: session 7 had none). kWarpItemsHalf / Double / Capped: session 7's A/B of the
-// warp-items kernel (half or double its heads an item, its registers capped).
+// a GPU: session 7 had none). kWarpItemsHalf / Double / Capped / Packed: session 7's A/B of the
+// warp-items kernel (half or double its heads an item, its registers capped, double its heads
+// held as raw bf16 until used).
 enum class QkvWriteKernel {
   kRowBlock,
   kWarpItems,
   kWarpItemsHalf,
   kWarpItemsDouble,
-  kWarpItemsCapped
+  kWarpItemsCapped,
+  kWarpItemsPacked
 };
 KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
                                  int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/common.cuh"
 #include "kernels/norm_rope_reference.h"
@@ -367,7 +368,7 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
 // norm_rope_head's norm, then its rotate_half expression over the same sincosf values: the
 // pair's bits by construction, gated (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise), but
 // neither that gate nor any timing of this kernel has run on a GPU yet (session 7 had none;
-// perf/NOTES.md). The forward runs it only with TWINSTEP_QKV_WRITE=items.
+// perf/NOTES.md). The forward runs it only with TWINSTEP_QKV_WRITE=items or items-packed.
 
 // norm_rope_head's angles for the lane's E elements of one head (c[i], s[i] for element i),
 // computed the same way (H = E/2 sincosf a lane, swapped with the partner lane l ^ 16).
@@ -415,10 +416,42 @@ __device__ __forceinline__ const bf16* qkv_src(const QkvWriteArgs& a, int32_t ro
   return a.v_raw + row * a.v_row_stride + static_cast<int64_t>(h) * head_dim;
 }
 
-template <int HD, int G, int kMinBlocks>
+// load_bf16's loads of E bf16, kept as the raw bf16 pairs (E/2 words) until unpack_bf16 turns
+// them into load_bf16's floats: half the registers while the loads are in flight.
+template <int E>
+__device__ __forceinline__ void load_raw_bf16(const bf16* __restrict__ p, uint32_t (&w)[E / 2]) {
+  if constexpr (E % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < E / 8; ++i) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
+    }
+  } else if constexpr (E == 4) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = u.x;
+    w[1] = u.y;
+  } else {
+    static_assert(E == 2, "E must be 2, 4 or a multiple of 8");
+    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+  }
+}
+template <int E>
+__device__ __forceinline__ void unpack_bf16(const uint32_t (&w)[E / 2], float (&f)[E]) {
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) unpack2(w[i], f + 2 * i);
+}
+
+// kPacked: the item's heads wait for their loads as raw bf16 pairs (load_raw_bf16), each
+// unpacked just before its math: the same floats, fewer registers, so more heads an item (more
+// bytes in flight a warp) at the same occupancy.
+template <int HD, int G, int kMinBlocks, bool kPacked = false>
 __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
     qkv_items_kernel(QkvWriteArgs a) {
   constexpr int E = HD / kWarp;
+  using HeadRegs = std::conditional_t<kPacked, uint32_t[E / 2], float[E]>;
   __shared__ float inv_freq[HD / 2];
   const int lane = threadIdx.x % kWarp;
   const int32_t heads_max = a.q_heads + 2 * a.kv_heads;
@@ -427,10 +460,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
   const bool active = item < static_cast<int64_t>(a.rows) * groups;  // all reach the barrier
   const int32_t row = active ? static_cast<int32_t>(item / groups) : 0;
   const int32_t h0 = active ? static_cast<int32_t>(item % groups) * G : heads_max;
-  float f[G][E];
+  HeadRegs f[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {  // k and v heads of a kNoKvWrite row too: read, never written
-    if (h0 + g < heads_max) load_bf16<E>(qkv_src(a, row, h0 + g, HD) + lane * E, f[g]);
+    if (h0 + g >= heads_max) continue;
+    const bf16* src = qkv_src(a, row, h0 + g, HD) + lane * E;
+    if constexpr (kPacked) {
+      load_raw_bf16<E>(src, f[g]);
+    } else {
+      load_bf16<E>(src, f[g]);
+    }
   }
   const int32_t position = active ? a.positions[row] : 0;
   const int64_t slot = active ? a.row_slot[row] : kNoKvWrite;
@@ -462,9 +501,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
     const int32_t h = h0 + g;
     if (h >= heads) break;  // warp-uniform
     const QkvHead hd = qkv_head(a, row, h, k_slot, token_elems, HD);
-    norm_rope_head<HD>(f[g], hd.weight, a.eps, position, nullptr);  // the norm alone
-    if (rotates && hd.rotate) rope_rotate<HD>(f[g], c, s);
-    store_bf16<E>(hd.dst + lane * E, f[g]);
+    auto run = [&](float(&x)[E]) {
+      norm_rope_head<HD>(x, hd.weight, a.eps, position, nullptr);  // the norm alone
+      if (rotates && hd.rotate) rope_rotate<HD>(x, c, s);
+      store_bf16<E>(hd.dst + lane * E, x);
+    };
+    if constexpr (kPacked) {
+      float x[E];
+      unpack_bf16<E>(f[g], x);
+      run(x);
+    } else {
+      run(f[g]);
+    }
   }
 }
 
@@ -666,6 +714,10 @@ struct QkvItemsLaunch {
         qkv_items_kernel<HD, G, HD == 256 ? 4 : 3><<<blocks, T, 0, stream>>>(args);
         return;
       }
+      if (kernel == QkvWriteKernel::kWarpItemsPacked) {  // 80 registers (18 B spill) / 128
+        qkv_items_kernel<HD, G * 2, HD == 256 ? 3 : 2, true><<<blocks, T, 0, stream>>>(args);
+        return;
+      }
     }
     qkv_items_kernel<HD, G, 1><<<blocks, T, 0, stream>>>(args);
   }
@@ -675,7 +727,9 @@ int qkv_items_heads(QkvWriteKernel kernel, int32_t head_dim) {
   const int g = heads_per_warp(head_dim);
   if (head_dim < 256) return g;
   if (kernel == QkvWriteKernel::kWarpItemsHalf) return g / 2;
-  if (kernel == QkvWriteKernel::kWarpItemsDouble) return g * 2;
+  if (kernel == QkvWriteKernel::kWarpItemsDouble || kernel == QkvWriteKernel::kWarpItemsPacked) {
+    return g * 2;
+  }
   return g;
 }
 
@@ -911,7 +965,7 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
   const int32_t rows_per_block = std::max(1, kQkvWarpsPerBlock / warps_per_row);
   if (kernel != QkvWriteKernel::kRowBlock && kernel != QkvWriteKernel::kWarpItems &&
       kernel != QkvWriteKernel::kWarpItemsHalf && kernel != QkvWriteKernel::kWarpItemsDouble &&
-      kernel != QkvWriteKernel::kWarpItemsCapped) {
+      kernel != QkvWriteKernel::kWarpItemsCapped && kernel != QkvWriteKernel::kWarpItemsPacked) {
     return bad_argument(who + ": kernel " + str(static_cast<int>(kernel)) +
                         " is not a QkvWriteKernel value");
   }

@@ -9,7 +9,8 @@
 #     bw      kernel_bandwidth_bench, q/k norm + rope + KV write sections (TWINSTEP_BW_ONLY=qkv)
 #     kernel  every KernelGates test; trap: the q/k/v write's trap gate
 #     engine  engine_throughput_bench with TWINSTEP_BENCH_QUICK=1 (prefill, phases, decode);
-#             ENGINE_QKV: TWINSTEP_QKV_WRITE for it ("" = the forward's rule)
+#             ENGINE_QKV: TWINSTEP_QKV_WRITE for it ("" = the forward's rule; "pick": "items" or
+#             "items-packed", whichever the bw part just timed faster at local 8192 rows)
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 bin=$PWD/.prefill7-carry/bin
@@ -47,6 +48,11 @@ for part in ${PARTS:-ncu bw kernel trap engine}; do
     summary "$OUT/trap.log"
     ;;
   engine)
+    if [ "$ENGINE_QKV" = pick ]; then
+      ENGINE_QKV=$(awk '/^local 8192 warp items /{a=$(NF-6)} /^local 8192 items, packed/{b=$(NF-6)}
+        END{print (b != "" && a != "" && b + 0 < a + 0) ? "items-packed" : "items"}' "$OUT/bw.log")
+      t "picked TWINSTEP_QKV_WRITE=$ENGINE_QKV"
+    fi
     env TWINSTEP_BENCH_QUICK=1 ${ENGINE_QKV:+TWINSTEP_QKV_WRITE=$ENGINE_QKV} \
       timeout "${ENGINE_S:-100}" "$bin/engine_throughput_bench" > "$OUT/engine.log" 2>&1
     t "engine_throughput_bench (TWINSTEP_QKV_WRITE=${ENGINE_QKV:-unset}) rc $?"
