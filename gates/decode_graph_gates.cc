@@ -477,15 +477,17 @@ TEST_F(DecodeGraphGates, LargerStepDropsTheGraphsAndDecodeStaysCorrect) {
 }
 
 // The streamed few-row GEMM (kernels/gemm_stream.h) in the real decode forward, launched with
-// programmatic dependent launch behind the norm, gelu and attention kernels' early triggers:
-// graphs captured with it, and every decode step (batch 1..4, each its own bucket) run five
+// programmatic dependent launch behind the norm, gelu and attention kernels' early triggers,
+// and those short kernels launched programmatically too (CudaDevice::set_programmatic_decode):
+// graphs captured with both, and every decode step (batch 1..4, each its own bucket) run six
 // ways on the same KV state: cuBLAS (the few-row path off), the register-fed kernel, the
-// streamed kernel plain, streamed + PDL eagerly, then the graph replay (streamed + PDL), whose
-// output the engine continues with. Bitwise: replay == streamed + PDL eager == streamed plain
-// (PDL and graphs change no bits). Against cuBLAS: the streamed logits' RMS and max distance
-// to cuBLAS's stay within 1.5x / 3x the register-fed kernel's (gated against fp64 in
-// skinny_gemm_gates): the noise of reordering a GEMM's fp32 sum, measured in the same run.
-TEST_F(DecodeGraphGates, StreamedFewRowGemmWithPdlMatchesPlainAndEagerBitwise) {
+// streamed kernel plain, streamed + PDL, streamed + PDL with the short kernels programmatic
+// (all eagerly), then the graph replay of the last, whose output the engine continues with.
+// Bitwise: replay == each of the three streamed eager runs (PDL and graphs change no bits). Against
+// cuBLAS: the streamed logits' RMS and max distance to cuBLAS's stay within 1.5x / 3x the
+// register-fed kernel's (gated against fp64 in skinny_gemm_gates): the noise of reordering a GEMM's
+// fp32 sum, measured in the same run.
+TEST_F(DecodeGraphGates, StreamedFewRowGemmAndProgrammaticDecodeMatchPlainBitwise) {
   auto d = device();
   ASSERT_NE(d, nullptr);
   kernels::Blas& blas = d->blas();
@@ -494,7 +496,8 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmWithPdlMatchesPlainAndEagerBitwise) {
     blas.set_skinny_streamed(streamed);
     blas.set_skinny_programmatic(programmatic);
   };
-  use(16, true, true);  // what the graphs capture
+  use(16, true, true);  // what the graphs capture, with the short kernels programmatic
+  d->set_programmatic_decode(true);
   const engine::EngineConfig ec = engine_config(4, 512);
   auto enabled = d->enable_decode_graphs(graph_config(ec, {1, 2, 3, 4}));
   ASSERT_TRUE(enabled.ok()) << enabled.error().message;
@@ -510,8 +513,9 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmWithPdlMatchesPlainAndEagerBitwise) {
       dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
       return dev.execute(plan);
     }
-    const auto eager = [&](int32_t rows, bool streamed, bool programmatic) {
+    const auto eager = [&](int32_t rows, bool streamed, bool programmatic, bool chain = false) {
       use(rows, streamed, programmatic);
+      dev.set_programmatic_decode(chain);
       dev.set_decode_graph_mode(DecodeGraphMode::kOff);
       auto out = dev.execute(plan);
       EXPECT_TRUE(out.ok()) << out.error().message;
@@ -521,6 +525,7 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmWithPdlMatchesPlainAndEagerBitwise) {
     const auto registers = eager(16, false, false);
     const auto plain = eager(16, true, false);
     const auto pdl = eager(16, true, true);
+    const auto chained = eager(16, true, true, /*chain=*/true);
     use(16, true, true);
     dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
     const uint64_t replays = dev.decode_graph_stats().replays;
@@ -531,8 +536,11 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmWithPdlMatchesPlainAndEagerBitwise) {
     const std::vector<float>& lr = dev.last_logits();
     const size_t n = lr.size();
     EXPECT_EQ(n, size_t{1} * plan.num_logits * config_.vocab_size);
+    EXPECT_TRUE(chained.second.size() == n &&
+                std::memcmp(chained.second.data(), lr.data(), n * 4) == 0)
+        << plan.num_rows() << " rows: replay logits != the same forward run eagerly";
     EXPECT_TRUE(pdl.second.size() == n && std::memcmp(pdl.second.data(), lr.data(), n * 4) == 0)
-        << plan.num_rows() << " rows: replay logits != the streamed + PDL eager forward";
+        << plan.num_rows() << " rows: replay logits != streamed + PDL with plain short kernels";
     EXPECT_TRUE(plain.second.size() == n &&
                 std::memcmp(plain.second.data(), pdl.second.data(), n * 4) == 0)
         << plan.num_rows() << " rows: streamed + PDL logits != streamed plain";
@@ -563,8 +571,9 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmWithPdlMatchesPlainAndEagerBitwise) {
   const double rms_stream = std::sqrt(sq_stream / logits_compared);
   const double rms_registers = std::sqrt(sq_registers / logits_compared);
   std::printf(
-      "[gate] streamed few-row GEMM + PDL: %d decode steps, replay == PDL eager == plain "
-      "bitwise; vs cuBLAS: RMS %.3g max %.3g (register-fed kernel: RMS %.3g max %.3g), %d "
+      "[gate] streamed few-row GEMM + PDL, short kernels programmatic: %d decode steps, replay "
+      "== eager == GEMM PDL only == plain bitwise; vs cuBLAS: RMS %.3g max %.3g (register-fed "
+      "kernel: RMS %.3g max %.3g), %d "
       "argmax differ\n",
       steps, rms_stream, max_stream, rms_registers, max_registers, argmax_differ);
   EXPECT_GE(steps, 10);

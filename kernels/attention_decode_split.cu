@@ -510,7 +510,8 @@ template <int HD>
 __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBlocks)
     decode_split_kernel(SplitArgs a) {
   using G = Geometry<HD>;
-  launch_dependents();  // with one split, the next kernel is the o_proj GEMM
+  launch_dependents();             // with one split, the next kernel is the o_proj GEMM
+  detail::grid_dependency_wait();  // programmatic launch: the q/k/v write has finished
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);                // [stages][K, V][32][HD]
   bf16* q_s = ring + G::kStages * 2 * G::kTileElems;         // [16][HD]
@@ -578,8 +579,9 @@ __global__ void __launch_bounds__(kMergeThreads)
     decode_merge_kernel(const float* part_acc, const float2* part_ml, bf16* out, int32_t splits) {
   __shared__ float w_s[kDecodeSplitsMax];
   __shared__ float l_s[kDecodeSplitsMax];
-  __shared__ float stats[2];     // active splits, weighted sum
-  launch_dependents();  // the next kernel is the o_proj GEMM
+  __shared__ float stats[2];       // active splits, weighted sum
+  launch_dependents();             // the next kernel is the o_proj GEMM
+  detail::grid_dependency_wait();  // programmatic launch: the split kernel has finished
   const int64_t rh = blockIdx.x;
   if (threadIdx.x < kWarp) merge_weights(part_ml + rh * splits, splits, w_s, l_s, stats);
   __syncthreads();
@@ -649,13 +651,21 @@ KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
       decode_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmemBytes);
   if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(decode_split_kernel)");
   const dim3 grid(a.splits, a.kv_heads * a.head_blocks, a.rows);
-  decode_split_kernel<HD><<<grid, G::kThreads, G::kSmemBytes, stream>>>(a);
+  if (cudaError_t err = detail::launch_short(decode_split_kernel<HD>, grid, G::kThreads,
+                                             G::kSmemBytes, stream, a);
+      err != cudaSuccess) {
+    return cuda_status(err, "cudaLaunchKernelEx(decode_split_kernel)");
+  }
   if (auto st = launch_status("decode_split_kernel");
       !st.ok() || a.splits == 1 || a.counters != nullptr) {
     return st;
   }
-  decode_merge_kernel<HD>
-      <<<a.rows * a.q_heads, kMergeThreads, 0, stream>>>(a.part_acc, a.part_ml, a.out, a.splits);
+  if (cudaError_t err =
+          detail::launch_short(decode_merge_kernel<HD>, a.rows * a.q_heads, kMergeThreads, 0,
+                               stream, a.part_acc, a.part_ml, a.out, a.splits);
+      err != cudaSuccess) {
+    return cuda_status(err, "cudaLaunchKernelEx(decode_merge_kernel)");
+  }
   return launch_status("decode_merge_kernel");
 }
 

@@ -20,6 +20,15 @@ KernelStatus cuda_status(cudaError_t err, const char* what) {
                                                             " (" + cudaGetErrorString(err) + ")"});
 }
 
+namespace {
+thread_local bool programmatic_launch_on = false;
+}  // namespace
+bool programmatic_launches() { return programmatic_launch_on; }
+ProgrammaticLaunchScope::ProgrammaticLaunchScope(bool on) : previous_(programmatic_launch_on) {
+  programmatic_launch_on = on;
+}
+ProgrammaticLaunchScope::~ProgrammaticLaunchScope() { programmatic_launch_on = previous_; }
+
 float embed_scale_bf16(int32_t hidden) {
   TS_CHECK(hidden > 0) << "hidden=" << hidden;
   return __bfloat162float(__float2bfloat16(std::sqrt(static_cast<float>(hidden))));

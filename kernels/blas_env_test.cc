@@ -1,9 +1,11 @@
-// kernels/blas_env_test.cc: TWINSTEP_SKINNY's parser (parse_skinny_choice, gemm_skinny.h), host
-// only: every accepted form and the refusals, each naming the value.
+// kernels/blas_env_test.cc: the decode A/B switches' parsers, host only: TWINSTEP_SKINNY
+// (parse_skinny_choice, gemm_skinny.h) and TWINSTEP_DECODE_PDL (resolve_programmatic_decode,
+// cuda_device.h): every accepted form and the refusals, each naming the value.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "kernels/cuda_device.h"
 #include "kernels/gemm_skinny.h"
 
 namespace twinstep::kernels {
@@ -40,6 +42,27 @@ TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
               std::string::npos)
         << got.error().message;
     EXPECT_NE(got.error().message.find("ROWS[,plain][,registers]"), std::string::npos)
+        << got.error().message;
+  }
+}
+
+TEST(ProgrammaticDecodeOption, EnvironmentOverridesTheOptionBothWays) {
+  CudaDeviceOptions off;
+  CudaDeviceOptions on;
+  on.programmatic_decode = true;
+  EXPECT_FALSE(CudaDeviceOptions{}.programmatic_decode) << "off by default until measured";
+  EXPECT_FALSE(resolve_programmatic_decode(off, nullptr).value());
+  EXPECT_TRUE(resolve_programmatic_decode(on, nullptr).value());
+  EXPECT_FALSE(resolve_programmatic_decode(off, "").value()) << "empty is unset";
+  EXPECT_TRUE(resolve_programmatic_decode(on, "").value()) << "empty is unset";
+  EXPECT_TRUE(resolve_programmatic_decode(off, "1").value());
+  EXPECT_FALSE(resolve_programmatic_decode(on, "0").value());
+  for (const char* bad : {"on", "2", "true", " 1", "1 "}) {
+    auto got = resolve_programmatic_decode(on, bad);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_DECODE_PDL=") + bad + ":"),
+              std::string::npos)
         << got.error().message;
   }
 }

@@ -222,6 +222,10 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (auto s = d->forward_->set_l2_prefetch(prefetch.value()); !s.ok()) {
     return unexpected(from_kernel(s.error()));
   }
+  auto programmatic = resolve_programmatic_decode(options, std::getenv("TWINSTEP_DECODE_PDL"));
+  if (!programmatic) return unexpected(programmatic.error());
+  d->options_.programmatic_decode = programmatic.value();
+  d->forward_->set_programmatic_decode(programmatic.value());
   if (options.time_steps) {
     for (cudaEvent_t& e : d->step_events_) {
       if (cudaError_t err = cudaEventCreate(&e); err != cudaSuccess) {
@@ -443,6 +447,23 @@ engine::Status<engine::DeviceError> CudaDevice::set_l2_prefetch(const L2Prefetch
   }
   graphs_generation_ = forward_->generation();
   return engine::Ok{};
+}
+
+Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOptions& options,
+                                                              const char* env) {
+  if (env == nullptr || env[0] == '\0') return options.programmatic_decode;
+  const std::string value = env;
+  if (value == "1") return true;
+  if (value == "0") return false;
+  return unexpected(engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                                        "TWINSTEP_DECODE_PDL=" + value +
+                                            ": expected 1 (programmatic launch of the decode "
+                                            "steps' short kernels) or 0 (off), or unset"});
+}
+
+void CudaDevice::set_programmatic_decode(bool on) {
+  options_.programmatic_decode = on;
+  forward_->set_programmatic_decode(on);
 }
 
 void CudaDevice::drop_graphs() {

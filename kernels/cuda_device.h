@@ -106,7 +106,17 @@ struct CudaDeviceOptions {
   // TWINSTEP_L2_PREFETCH overrides it in create() (l2_prefetch_from_env: "0" off,
   // "MB[,ROWS[,beside]]" on).
   L2PrefetchConfig l2_prefetch{};
+  // Programmatic dependent launch of decode steps' short kernels
+  // (ModelForward::set_programmatic_decode). Off by default: not yet measured on the H200.
+  // TWINSTEP_DECODE_PDL overrides it in create() (resolve_programmatic_decode).
+  bool programmatic_decode = false;
 };
+
+// CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of
+// TWINSTEP_DECODE_PDL (nullptr when unset): "1" on, "0" off, unset or empty the option; another
+// value is kBadLayout naming it and the expected values.
+Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOptions& options,
+                                                              const char* env);
 inline constexpr int32_t kCudnnDefaultMaxSeqs = 256;
 
 // CudaDeviceOptions::cudnn_local_prefill as create() resolves it, `env` being the value of
@@ -187,6 +197,9 @@ class CudaDevice final : public engine::Device {
   // Benchmarks (A/B in one process): a new L2 prefetch config for the forward; bound graphs
   // are re-captured with it (instantiated anew where the update refuses the new topology).
   engine::Status<engine::DeviceError> set_l2_prefetch(const L2PrefetchConfig& config);
+  // ModelForward::set_programmatic_decode for the eager decode steps from now on; the decode
+  // graphs keep what they were captured with (set it before enable_decode_graphs for them).
+  void set_programmatic_decode(bool on);
   DecodeGraphStats decode_graph_stats() const;
   engine::DeviceStats stats() const override;
   // cudaMemGetInfo's free bytes on this device now.

@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(kThreadsMax)
   // The next kernel, if launched programmatically (the streamed few-row GEMM), may start its
   // weight stream now; its griddepcontrol.wait still waits for this grid (kernels/sm90.cuh).
   detail::launch_dependents();
+  detail::grid_dependency_wait();  // programmatic launch: the previous kernel has finished
   __shared__ float scratch[kThreadsMax / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                                   bf16* __restrict__ out, int32_t rows, int32_t dim, float eps,
                                   int group) {
   detail::launch_dependents();  // as residual_norm_kernel
+  detail::grid_dependency_wait();
   __shared__ float scratch[kMaxThreads / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
@@ -242,11 +244,19 @@ KernelStatus residual_norm_launch(const bf16* delta, const bf16* delta_weight, b
     group = threads;
   }
   if (!reference && threads <= kPrefetchThreadsMax) {
-    residual_norm_prefetch_kernel<kPrefetchThreadsMax><<<blocks, threads, 0, stream>>>(
-        delta, delta_weight, x, scalar, out_weight, out, rows, dim, eps, group);
+    if (cudaError_t err = detail::launch_short(residual_norm_prefetch_kernel<kPrefetchThreadsMax>,
+                                               blocks, threads, 0, stream, delta, delta_weight, x,
+                                               scalar, out_weight, out, rows, dim, eps, group);
+        err != cudaSuccess) {
+      return cuda_status(err, "cudaLaunchKernelEx(residual_norm_prefetch_kernel)");
+    }
   } else {
-    residual_norm_kernel<<<blocks, threads, 0, stream>>>(delta, delta_weight, x, scalar, out_weight,
-                                                         out, rows, dim, eps, group);
+    if (cudaError_t err =
+            detail::launch_short(residual_norm_kernel, blocks, threads, 0, stream, delta,
+                                 delta_weight, x, scalar, out_weight, out, rows, dim, eps, group);
+        err != cudaSuccess) {
+      return cuda_status(err, "cudaLaunchKernelEx(residual_norm_kernel)");
+    }
   }
   return launch_status("residual_norm_kernel");
 }

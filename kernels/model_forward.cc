@@ -569,6 +569,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   const Buffers b = reserved.value();
   const float eps = static_cast<float>(c.rms_norm_eps);
   CudnnPrefill* const cudnn = prepare_cudnn(step);
+  const ProgrammaticLaunchScope programmatic(programmatic_decode_ && step.decode_only);
   mark(ForwardPhase::kEmbed, stream);
   TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
                       embed_scale_bf16(c.hidden_size), stream));

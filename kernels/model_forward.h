@@ -175,6 +175,12 @@ class ModelForward {
   // captured before keep what they were captured with.
   KernelStatus set_l2_prefetch(const L2PrefetchConfig& config) { return prefetch_.set(config); }
   const L2PrefetchConfig& l2_prefetch() const { return prefetch_.config(); }
+  // Decode-only steps launch their short kernels with programmatic dependent launch
+  // (ProgrammaticLaunchScope, ops.h): each becomes resident while the kernel in front of it
+  // runs and waits for it in griddepcontrol.wait. Changes no value. Graphs captured before keep
+  // what they were captured with. Off by default (not yet measured on the H200).
+  void set_programmatic_decode(bool on) { programmatic_decode_ = on; }
+  bool programmatic_decode() const { return programmatic_decode_; }
 
  private:
   const DeviceModel& model_;
@@ -189,6 +195,7 @@ class ModelForward {
   // (row_seq[i] == i), per family, in the arena; a step of R such rows uses the first
   // R * ceil(group / kPrefillTileM) of them (the plan of a prefix of rows is a prefix).
   bool batch_invariant_ = false;
+  bool programmatic_decode_ = false;
   PrefillVariant invariant_variant_256_ = PrefillVariant::kWgmma;
   // The variant a layer's attention runs: kDefault outside the mode.
   PrefillVariant prefill_variant(int32_t head_dim) const;

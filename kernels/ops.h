@@ -289,6 +289,26 @@ class Blas {
   bool batch_invariant_ = false;
 };
 
+// Programmatic dependent launch of the short kernels of a decode step (rms_norm,
+// residual_norm, gelu_tanh_mul, the split-KV decode attention and its merge, softcap, argmax):
+// while a scope that is on lives on this thread, their launchers set
+// cudaLaunchAttributeProgrammaticStreamSerialization, so each may be resident before the
+// kernel in front of it ends (that kernel calls griddepcontrol.launch_dependents early) and
+// waits in griddepcontrol.wait, its first statement, for it to complete: the launch latency
+// hides behind the previous kernel and no value changes. Scopes nest (the innermost wins);
+// under stream capture the edges are the graph's programmatic edges.
+bool programmatic_launches();
+class ProgrammaticLaunchScope {
+ public:
+  explicit ProgrammaticLaunchScope(bool on);
+  ~ProgrammaticLaunchScope();
+  ProgrammaticLaunchScope(const ProgrammaticLaunchScope&) = delete;
+  ProgrammaticLaunchScope& operator=(const ProgrammaticLaunchScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // The error of a failed CUDA call as a KernelStatus (ok for cudaSuccess). `what` names the
 // call, e.g. "cudaMemcpyAsync(positions)".
 KernelStatus cuda_status(cudaError_t err, const char* what);

@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(kNormThreadsMax)
   // The next kernel, if launched programmatically (the streamed few-row GEMM), may start its
   // weight stream now; its griddepcontrol.wait still waits for this grid (kernels/sm90.cuh).
   detail::launch_dependents();
+  detail::grid_dependency_wait();  // programmatic launch: the previous kernel has finished
   __shared__ float scratch[kNormThreadsMax / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
@@ -527,6 +528,7 @@ __global__ void gelu_tanh_mul_kernel(const bf16* __restrict__ gate, const bf16* 
                                      int64_t in_row_stride, bf16* __restrict__ out, int32_t rows,
                                      int32_t cols) {
   detail::launch_dependents();  // as rms_norm_kernel: the down GEMM's weights may start
+  detail::grid_dependency_wait();
   const int64_t chunks_per_row = cols / 8;
   const int64_t total = chunks_per_row * rows;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -585,6 +587,8 @@ __device__ __forceinline__ void from_float(float v, bf16* out) { *out = __float2
 
 template <class T>
 __global__ void softcap_kernel(T* x, float cap, int64_t n) {
+  detail::launch_dependents();
+  detail::grid_dependency_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     from_float(cap * tanhf(to_float(x[i]) / cap), &x[i]);
@@ -603,6 +607,8 @@ __device__ __forceinline__ void argmax_merge(float& best, int32_t& idx, float v,
 template <class T>
 __global__ void __launch_bounds__(kRowThreads)
     argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ out, int32_t cols) {
+  detail::launch_dependents();
+  detail::grid_dependency_wait();
   __shared__ float best_s[kRowThreads / kWarp];
   __shared__ int32_t idx_s[kRowThreads / kWarp];
   const T* row = x + static_cast<int64_t>(blockIdx.x) * cols;
@@ -790,12 +796,20 @@ KernelStatus rms_norm(const bf16* x, const bf16* weight, bf16* out, int32_t rows
   const int chunks = dim / 8;
   if (chunks <= kWarp * kNormChunks) {  // a warp per row, 8 rows per block
     constexpr int kRowsPerBlock = 8;
-    rms_norm_kernel<<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kRowsPerBlock * kWarp, 0,
-                      stream>>>(x, weight, out, rows, dim, eps, kWarp);
+    if (cudaError_t err = detail::launch_short(
+            rms_norm_kernel, (rows + kRowsPerBlock - 1) / kRowsPerBlock, kRowsPerBlock * kWarp, 0,
+            stream, x, weight, out, rows, dim, eps, int{kWarp});
+        err != cudaSuccess) {
+      return cuda_status(err, "cudaLaunchKernelEx(rms_norm_kernel)");
+    }
   } else {  // a block per row: just enough threads to hold the row in registers
     const int per_thread = (chunks + kNormChunks - 1) / kNormChunks;
     const int threads = std::min(kNormThreadsMax, (per_thread + kWarp - 1) / kWarp * kWarp);
-    rms_norm_kernel<<<rows, threads, 0, stream>>>(x, weight, out, rows, dim, eps, threads);
+    if (cudaError_t err = detail::launch_short(rms_norm_kernel, rows, threads, 0, stream, x, weight,
+                                               out, rows, dim, eps, threads);
+        err != cudaSuccess) {
+      return cuda_status(err, "cudaLaunchKernelEx(rms_norm_kernel)");
+    }
   }
   return launch_status("rms_norm_kernel");
 }
@@ -1020,8 +1034,12 @@ KernelStatus gelu_tanh_mul(const bf16* gate, const bf16* up, int64_t in_row_stri
     return bad_argument("gelu_tanh_mul: gate, up and out must be 16-byte aligned");
   }
   if (rows == 0) return Ok{};
-  gelu_tanh_mul_kernel<<<flat_blocks(static_cast<int64_t>(rows) * cols / 8), kFlatThreads, 0,
-                         stream>>>(gate, up, in_row_stride, out, rows, cols);
+  if (cudaError_t err = detail::launch_short(
+          gelu_tanh_mul_kernel, flat_blocks(static_cast<int64_t>(rows) * cols / 8), kFlatThreads, 0,
+          stream, gate, up, in_row_stride, out, rows, cols);
+      err != cudaSuccess) {
+    return cuda_status(err, "cudaLaunchKernelEx(gelu_tanh_mul_kernel)");
+  }
   return launch_status("gelu_tanh_mul_kernel");
 }
 
@@ -1048,7 +1066,11 @@ KernelStatus softcap_impl(T* x, float cap, int64_t n, cudaStream_t stream) {
   if (n < 0) return bad_argument("softcap_inplace: n must be >= 0, got " + str(n));
   if (!(cap > 0.0f)) return bad_argument("softcap_inplace: cap must be > 0");
   if (n == 0) return Ok{};
-  softcap_kernel<T><<<flat_blocks(n), kFlatThreads, 0, stream>>>(x, cap, n);
+  if (cudaError_t err = detail::launch_short(softcap_kernel<T>, flat_blocks(n), kFlatThreads, 0,
+                                             stream, x, cap, n);
+      err != cudaSuccess) {
+    return cuda_status(err, "cudaLaunchKernelEx(softcap_kernel)");
+  }
   return launch_status("softcap_kernel");
 }
 KernelStatus softcap_inplace(float* x, float cap, int64_t n, cudaStream_t stream) {
@@ -1066,7 +1088,11 @@ KernelStatus argmax_impl(const T* x, int32_t* out, int32_t rows, int32_t cols,
                         " cols=" + str(cols));
   }
   if (rows == 0) return Ok{};
-  argmax_kernel<T><<<rows, kRowThreads, 0, stream>>>(x, out, cols);
+  if (cudaError_t err =
+          detail::launch_short(argmax_kernel<T>, rows, kRowThreads, 0, stream, x, out, cols);
+      err != cudaSuccess) {
+    return cuda_status(err, "cudaLaunchKernelEx(argmax_kernel)");
+  }
   return launch_status("argmax_kernel");
 }
 KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream) {

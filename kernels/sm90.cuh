@@ -7,6 +7,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "kernels/ops.h"
 
 namespace twinstep::kernels::detail {
 
@@ -83,6 +86,27 @@ __device__ __forceinline__ void launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Host: launches `kernel` with cudaLaunchKernelEx, programmatically (the PDL attribute: it may
+// start once the previous kernel of the stream lets it, see launch_dependents) while a
+// ProgrammaticLaunchScope is on on this thread (ops.h), plainly otherwise. For the short kernels
+// whose first statement is grid_dependency_wait(), so the attribute changes when they start,
+// never what they read.
+template <typename... Params, typename... Args>
+cudaError_t launch_short(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = programmatic_launches() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // d += a . b, mma.sync m16n8k16 (A row-major 16 x 16, B column-major 16 x 8), bf16 in, fp32
