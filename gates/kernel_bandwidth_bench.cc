@@ -173,8 +173,6 @@ void bench_qkv_write(twinstep::sim::Rng& rng, const char* name, int32_t R, int32
   report(label, q_bytes + kv_bytes, median_ms(stream, fused), copy_gbs);
   const std::pair<k::QkvWriteKernel, const char*> variants[] = {
       {k::QkvWriteKernel::kWarpItems, "warp items"},
-      {k::QkvWriteKernel::kWarpItemsHalf, "items, half G"},
-      {k::QkvWriteKernel::kWarpItemsDouble, "items, double G"},
       {k::QkvWriteKernel::kWarpItemsCapped, "items, capped regs"},
       {k::QkvWriteKernel::kWarpItemsPacked, "items, packed, double G"}};
   for (const auto& [kernel, what] : variants) {

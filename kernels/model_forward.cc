@@ -91,15 +91,18 @@ Placement place(const engine::ModelConfig& c) {
 // Steps of at most this many rows run the fused q norm + rope + KV write; larger ones the two
 // kernels it fuses. H200, kernel_bandwidth_bench (session 6): fused 0.010-0.011 ms against
 // 0.014-0.016 at 128 rows and at 1 (the decode graphs' buckets are <= 128 rows), 0.149 against
-// 0.120 ms at 8192 local rows and 0.193 against 0.149 global. Between 128 and 8192: not measured,
-// so the known-faster split keeps them.
+// 0.120 ms at 8192 local rows and 0.193 against 0.149 global. Session 7 (same bench, two calls):
+// 512 local rows 0.017 against the pair's 0.017-0.018, 2048 rows 0.045-0.046 against 0.039-0.040
+// (local) and 0.051-0.052 against 0.043-0.044 (global). The warp-items kernel (ops.h) is within
+// 0.001 ms of the row block at <= 128 rows and ties the pair at 8192 local rows only when capped
+// (0.120 / 0.120 ms; 0.144 against 0.149 global): not enough to move this rule.
 constexpr int32_t kFusedQkvWriteMaxRows = 128;
 
 // A layer's q norm + rope and KV write from its fused q|k|v rows (row stride qkv_stride): the
 // same bits either way (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise).
 // TWINSTEP_QKV_WRITE (read once; the benches' A/B): "split", "fused" (the row-block kernel),
-// "items" or "items-packed" (two values of the warp-items kernel) for every step; any other
-// value fails the step with an error that names it.
+// "items", "items-capped" or "items-packed" (values of the warp-items kernel) for every step;
+// any other value fails the step with an error that names it.
 KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_t q_heads,
                        const bf16* k_raw, const bf16* v_raw, const bf16* k_norm, float eps,
                        Rope rope, const KvPoolView& pool, int32_t layer, const RowsView& rows,
@@ -108,16 +111,19 @@ KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_
     const char* v = std::getenv("TWINSTEP_QKV_WRITE");
     return std::string(v != nullptr ? v : "");
   }();
-  if (!mode.empty() && mode != "fused" && mode != "split" && mode != "items" &&
-      mode != "items-packed") {
+  const bool items = mode == "items" || mode == "items-capped" || mode == "items-packed";
+  if (!mode.empty() && mode != "fused" && mode != "split" && !items) {
     return bad("TWINSTEP_QKV_WRITE=\"" + mode +
-               "\": expected \"fused\", \"split\", \"items\", \"items-packed\" or unset");
+               "\": expected \"fused\", \"split\", \"items\", \"items-capped\", "
+               "\"items-packed\" or unset");
   }
-  if (mode == "items" || mode == "items-packed") {
-    return qkv_norm_rope_write(
-        qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw, qkv_stride, k_norm, eps, rope,
-        pool, layer, rows, paging, stream,
-        mode == "items" ? QkvWriteKernel::kWarpItems : QkvWriteKernel::kWarpItemsPacked);
+  if (items) {
+    const QkvWriteKernel kernel = mode == "items"          ? QkvWriteKernel::kWarpItems
+                                  : mode == "items-capped" ? QkvWriteKernel::kWarpItemsCapped
+                                                           : QkvWriteKernel::kWarpItemsPacked;
+    return qkv_norm_rope_write(qkv, qkv_stride, q_norm, q_heads, k_raw, qkv_stride, v_raw,
+                               qkv_stride, k_norm, eps, rope, pool, layer, rows, paging, stream,
+                               kernel);
   }
   const bool fused = mode == "fused" || (mode != "split" && rows.rows <= kFusedQkvWriteMaxRows);
   if (fused) {

@@ -140,18 +140,11 @@ KernelStatus kv_write(const bf16* k_raw, int64_t k_row_stride, const bf16* v_raw
 // for thousands (prefill): the forward picks by rows (model_forward.cc).
 // kernel: kRowBlock, a block per row sharing the row's rope angles through shared memory;
 // kWarpItems, a warp per G heads of a row (the pair's layout, one launch, the angles once per
-// G heads). Each is gated bitwise against the two kernels (the warp-items values not yet run on
-// a GPU: session 7 had none). kWarpItemsHalf / Double / Capped / Packed: session 7's A/B of the
-// warp-items kernel (half or double its heads an item, its registers capped, double its heads
-// held as raw bf16 until used).
-enum class QkvWriteKernel {
-  kRowBlock,
-  kWarpItems,
-  kWarpItemsHalf,
-  kWarpItemsDouble,
-  kWarpItemsCapped,
-  kWarpItemsPacked
-};
+// G heads); kWarpItemsCapped, the same with its registers capped for more warps an SM;
+// kWarpItemsPacked, twice the heads an item held as raw bf16 until used. All gated bitwise
+// against the two kernels on the H200 (session 7); none is faster than the two kernels at the
+// 12B's 8192-row local layers (perf/NOTES.md, session 7).
+enum class QkvWriteKernel { kRowBlock, kWarpItems, kWarpItemsCapped, kWarpItemsPacked };
 KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_norm_weight,
                                  int32_t q_heads, const bf16* k_raw, int64_t k_row_stride,
                                  const bf16* v_raw, int64_t v_row_stride, const bf16* k_norm_weight,

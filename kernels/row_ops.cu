@@ -367,9 +367,12 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
 // any math, and the item's rope angles are computed once for its G heads (they share the
 // row's position and the lane's pairs) instead of once a head. The per-head math is
 // norm_rope_head's norm, then its rotate_half expression over the same sincosf values: the
-// pair's bits by construction, gated (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise), but
-// neither that gate nor any timing of this kernel has run on a GPU yet (session 7 had none;
-// perf/NOTES.md). The forward runs it only with TWINSTEP_QKV_WRITE=items or items-packed.
+// pair's bits (gated: KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise, on the H200).
+// Measured (H200, session 7; perf/NOTES.md): it cuts the pair's instructions by ~17% (local) but
+// runs ~22 warps an SM where the pair runs 30-36, and the pair was already latency-hidden at
+// 61-76% issue: at 8192 rows 0.134 ms against the pair's 0.120 (local), 0.177 against 0.149
+// (global); capped, 0.120 / 0.144. The forward runs it only with TWINSTEP_QKV_WRITE=items,
+// items-capped or items-packed.
 
 // norm_rope_head's angles for the lane's E elements of one head (c[i], s[i] for element i),
 // computed the same way (H = E/2 sincosf a lane, swapped with the partner lane l ^ 16).
@@ -457,10 +460,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
   const int lane = threadIdx.x % kWarp;
   const int32_t heads_max = a.q_heads + 2 * a.kv_heads;
   const int32_t groups = (heads_max + G - 1) / G;
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
-  const bool active = item < static_cast<int64_t>(a.rows) * groups;  // all reach the barrier
-  const int32_t row = active ? static_cast<int32_t>(item / groups) : 0;
-  const int32_t h0 = active ? static_cast<int32_t>(item % groups) * G : heads_max;
+  // 32-bit index math (the launcher bounds rows * groups by 2^30): a 64-bit division is a
+  // long integer routine, and this kernel is issue-bound enough for it to show (ncu, session 7).
+  const uint32_t item = blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp;
+  const uint32_t items = static_cast<uint32_t>(a.rows) * static_cast<uint32_t>(groups);
+  const bool active = item < items;  // every warp reaches the barrier below
+  const uint32_t row_u = active ? item / static_cast<uint32_t>(groups) : 0u;
+  const int32_t row = static_cast<int32_t>(row_u);
+  const int32_t h0 =
+      active ? static_cast<int32_t>(item - row_u * static_cast<uint32_t>(groups)) * G : heads_max;
   HeadRegs f[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {  // k and v heads of a kNoKvWrite row too: read, never written
@@ -486,10 +494,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
   int32_t offset = 0;
   if (write_kv) {
     TS_DEVICE_REQUIRE(slot >= 0);
-    page = slot / a.page_size;
-    offset = static_cast<int32_t>(slot % a.page_size);
+    const uint32_t page_size = static_cast<uint32_t>(a.page_size);
+    if (slot <= static_cast<int64_t>(UINT32_MAX)) {  // every pool of fewer than 2^32 slots
+      const uint32_t slot_u = static_cast<uint32_t>(slot);
+      const uint32_t page_u = slot_u / page_size;
+      page = page_u;
+      offset = static_cast<int32_t>(slot_u - page_u * page_size);
+    } else {
+      page = slot / a.page_size;
+      offset = static_cast<int32_t>(slot % a.page_size);
+    }
     TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
-    TS_DEVICE_REQUIRE(offset == position % a.page_size);
+    TS_DEVICE_REQUIRE(static_cast<uint32_t>(offset) == static_cast<uint32_t>(position) % page_size);
   }
   const int32_t heads = write_kv ? heads_max : a.q_heads;
   const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
@@ -700,22 +716,15 @@ struct QkvWriteLaunch {
   }
 };
 
-// Session 7's A/B of the warp-items kernel (kernel_bandwidth_bench): G = heads_per_warp(HD),
-// half and double that, and the default G with registers capped for 3 blocks an SM.
+// Session 7's A/B of the warp-items kernel (kernel_bandwidth_bench, H200): G = heads_per_warp(HD);
+// that G with registers capped (4 blocks an SM at 256, 3 at 512); twice that G packed. Half and
+// double G (unpacked) were slower everywhere they were timed and are gone.
 template <int HD>
 struct QkvItemsLaunch {
   static void run(int blocks, cudaStream_t stream, QkvWriteKernel kernel,
                   const QkvWriteArgs& args) {
     constexpr int G = heads_per_warp(HD), T = kWarpsPerBlock * kWarp;
     if constexpr (HD >= 256) {
-      if (kernel == QkvWriteKernel::kWarpItemsHalf) {
-        qkv_items_kernel<HD, G / 2, 1><<<blocks, T, 0, stream>>>(args);
-        return;
-      }
-      if (kernel == QkvWriteKernel::kWarpItemsDouble) {
-        qkv_items_kernel<HD, G * 2, 1><<<blocks, T, 0, stream>>>(args);
-        return;
-      }
       if (kernel == QkvWriteKernel::kWarpItemsCapped) {  // 64 registers at 256, 80 at 512
         qkv_items_kernel<HD, G, HD == 256 ? 4 : 3><<<blocks, T, 0, stream>>>(args);
         return;
@@ -732,11 +741,7 @@ struct QkvItemsLaunch {
 int qkv_items_heads(QkvWriteKernel kernel, int32_t head_dim) {
   const int g = heads_per_warp(head_dim);
   if (head_dim < 256) return g;
-  if (kernel == QkvWriteKernel::kWarpItemsHalf) return g / 2;
-  if (kernel == QkvWriteKernel::kWarpItemsDouble || kernel == QkvWriteKernel::kWarpItemsPacked) {
-    return g * 2;
-  }
-  return g;
+  return kernel == QkvWriteKernel::kWarpItemsPacked ? g * 2 : g;
 }
 
 template <int HD>
@@ -978,7 +983,6 @@ KernelStatus qkv_norm_rope_write(bf16* q, int64_t q_row_stride, const bf16* q_no
   const int32_t warps_per_row = static_cast<int32_t>(std::min<int64_t>(groups, kQkvWarpsPerRowMax));
   const int32_t rows_per_block = std::max(1, kQkvWarpsPerBlock / warps_per_row);
   if (kernel != QkvWriteKernel::kRowBlock && kernel != QkvWriteKernel::kWarpItems &&
-      kernel != QkvWriteKernel::kWarpItemsHalf && kernel != QkvWriteKernel::kWarpItemsDouble &&
       kernel != QkvWriteKernel::kWarpItemsCapped && kernel != QkvWriteKernel::kWarpItemsPacked) {
     return bad_argument(who + ": kernel " + str(static_cast<int>(kernel)) +
                         " is not a QkvWriteKernel value");

@@ -9,8 +9,9 @@
 #     bw      kernel_bandwidth_bench, q/k norm + rope + KV write sections (TWINSTEP_BW_ONLY=qkv)
 #     kernel  every KernelGates test; trap: the q/k/v write's trap gate
 #     engine  engine_throughput_bench with TWINSTEP_BENCH_QUICK=1 (prefill, phases, decode);
-#             ENGINE_QKV: TWINSTEP_QKV_WRITE for it ("" = the forward's rule; "pick": "items" or
-#             "items-packed", whichever the bw part just timed faster at local 8192 rows)
+#             ENGINE_QKV: TWINSTEP_QKV_WRITE for it ("" = the forward's rule; "pick": "items",
+#             "items-capped" or "items-packed", whichever the bw part just timed fastest at local
+#             8192 rows, if faster than the pair, else the rule)
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 bin=$PWD/.prefill7-carry/bin
@@ -22,7 +23,7 @@ for part in ${PARTS:-ncu bw kernel trap engine}; do
     details=""  # the sections' bodies (the stall reasons' table) where this ncu has the option
     "$ncu_bin" --help 2>/dev/null | grep -q -- "--print-details" && details="--print-details all"
     TWINSTEP_BW_PROFILE=1 TWINSTEP_BW_ONLY=qkv timeout "${NCU_S:-90}" "$ncu_bin" \
-      --clock-control none -k regex:"qkv_items_kernel|qkv_write_kernel|kv_write_kernel|qk_norm_rope_kernel" \
+      --clock-control none -k regex:"${NCU_K:-qkv_items_kernel|qkv_write_kernel|kv_write_kernel|qk_norm_rope_kernel}" \
       --launch-count "${NCU_COUNT:-40}" $details \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats \
@@ -48,10 +49,13 @@ for part in ${PARTS:-ncu bw kernel trap engine}; do
     summary "$OUT/trap.log"
     ;;
   engine)
-    if [ "$ENGINE_QKV" = pick ]; then
-      ENGINE_QKV=$(awk '/^local 8192 warp items /{a=$(NF-6)} /^local 8192 items, packed/{b=$(NF-6)}
-        END{print (b != "" && a != "" && b + 0 < a + 0) ? "items-packed" : "items"}' "$OUT/bw.log")
-      t "picked TWINSTEP_QKV_WRITE=$ENGINE_QKV"
+    if [ "$ENGINE_QKV" = pick ]; then  # the fastest at local 8192 rows, if faster than the pair
+      ENGINE_QKV=$(awk '/^local 8192 both \(before\)/{best=$(NF-6); pick=""}
+        /^local 8192 warp items /{if ($(NF-6) + 0 < best + 0) {best=$(NF-6); pick="items"}}
+        /^local 8192 items, capped/{if ($(NF-6) + 0 < best + 0) {best=$(NF-6); pick="items-capped"}}
+        /^local 8192 items, packed/{if ($(NF-6) + 0 < best + 0) {best=$(NF-6); pick="items-packed"}}
+        END{print pick}' "$OUT/bw.log")
+      t "picked TWINSTEP_QKV_WRITE=${ENGINE_QKV:-unset (the pair was fastest)}"
     fi
     env TWINSTEP_BENCH_QUICK=1 ${ENGINE_QKV:+TWINSTEP_QKV_WRITE=$ENGINE_QKV} \
       timeout "${ENGINE_S:-100}" "$bin/engine_throughput_bench" > "$OUT/engine.log" 2>&1
