@@ -223,8 +223,9 @@ double bf16_peak(kernels::Blas& blas, cudaStream_t stream) {
 // ---- --pdl ----------------------------------------------------------------------------
 namespace pdl {
 
-enum Arm { kTunedArm, kPlainArm, kPdlArm, kStreamArm, kStreamPdlArm, kArms };
-constexpr const char* kArmNames[kArms] = {"tuned", "skinny", "skinny+PDL", "stream", "stream+PDL"};
+enum Arm { kTunedArm, kPlainArm, kPdlArm, kStreamArm, kStreamPdlArm, kStream256PdlArm, kArms };
+constexpr const char* kArmNames[kArms] = {"tuned",  "skinny",     "skinny+PDL",
+                                          "stream", "stream+PDL", "stream256+PDL"};
 kernels::StreamGemmWorkspace stream_ws;  // set up in report()
 constexpr int kNumGemms = static_cast<int>(sizeof(kGemms) / sizeof(kGemms[0]));
 constexpr int kCopies = 4;  // of each layer weight; layer l uses copy l % kCopies
@@ -236,14 +237,16 @@ kernels::KernelStatus gemm(Arm arm, kernels::Blas& blas, const bf16* x, const bf
     return g.fp32_out ? blas.gemm(x, w, static_cast<float*>(y), m, g.n, g.k)
                       : blas.gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k);
   }
-  const kernels::SkinnyLaunch how = arm == kPdlArm || arm == kStreamPdlArm
-                                        ? kernels::SkinnyLaunch::kProgrammatic
-                                        : kernels::SkinnyLaunch::kPlain;
-  if (arm == kStreamArm || arm == kStreamPdlArm) {
+  const kernels::SkinnyLaunch how =
+      arm == kPdlArm || arm == kStreamPdlArm || arm == kStream256PdlArm
+          ? kernels::SkinnyLaunch::kProgrammatic
+          : kernels::SkinnyLaunch::kPlain;
+  if (arm == kStreamArm || arm == kStreamPdlArm || arm == kStream256PdlArm) {
+    const int32_t unit_k = arm == kStream256PdlArm ? 256 : 0;
     return g.fp32_out ? kernels::stream_gemm(x, w, static_cast<float*>(y), m, g.n, g.k, stream_ws,
-                                             stream, how)
+                                             stream, how, unit_k)
                       : kernels::stream_gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k, stream_ws,
-                                             stream, how);
+                                             stream, how, unit_k);
   }
   return g.fp32_out ? kernels::skinny_gemm(x, w, static_cast<float*>(y), m, g.n, g.k, stream, how)
                     : kernels::skinny_gemm(x, w, static_cast<bf16*>(y), m, g.n, g.k, stream, how);
@@ -375,9 +378,11 @@ void report(double copy_gbs, cudaStream_t stream) {
   for (int r = 0; r < 3; ++r) {
     std::printf("  m=%2d:", kRows[r]);
     for (int a = 0; a < kArms; ++a) std::printf(" %s %.3f,", kArmNames[a], sum[a][r]);
-    std::printf(" skinny+PDL/tuned %.3f, stream/tuned %.3f, stream+PDL/tuned %.3f\n",
-                sum[kPdlArm][r] / sum[kTunedArm][r], sum[kStreamArm][r] / sum[kTunedArm][r],
-                sum[kStreamPdlArm][r] / sum[kTunedArm][r]);
+    std::printf(
+        " skinny+PDL/tuned %.3f, stream/tuned %.3f, stream+PDL/tuned %.3f, stream256+PDL/tuned "
+        "%.3f\n",
+        sum[kPdlArm][r] / sum[kTunedArm][r], sum[kStreamArm][r] / sum[kTunedArm][r],
+        sum[kStreamPdlArm][r] / sum[kTunedArm][r], sum[kStream256PdlArm][r] / sum[kTunedArm][r]);
   }
 
   std::printf(
@@ -417,11 +422,12 @@ void report(double copy_gbs, cudaStream_t stream) {
       for (size_t i = 0; i < n; ++i) finite += std::isfinite(logits[kStreamPdlArm][i]) ? 1 : 0;
       std::printf(
           "  %-24s m=%2d: tuned %.3f, skinny %.3f, skinny+PDL %.3f, stream %.3f, stream+PDL "
-          "%.3f; stream/tuned %.3f, stream+PDL/tuned %.3f; PDL logits bitwise equal: skinny %s, "
-          "stream %s (%d of %zu finite)\n",
+          "%.3f, stream256+PDL %.3f; stream/tuned %.3f, stream+PDL/tuned %.3f, "
+          "stream256+PDL/tuned %.3f; PDL logits bitwise equal: skinny %s, stream %s (%d of %zu "
+          "finite)\n",
           with_small ? "norm/GEMM/gelu chain" : "GEMMs back to back", m, ms[0], ms[1], ms[2], ms[3],
-          ms[4], ms[3] / ms[0], ms[4] / ms[0], same ? "yes" : "NO", same_stream ? "yes" : "NO",
-          finite, n);
+          ms[4], ms[5], ms[3] / ms[0], ms[4] / ms[0], ms[5] / ms[0], same ? "yes" : "NO",
+          same_stream ? "yes" : "NO", finite, n);
     }
   }
   for (auto& ws : b.w) {

@@ -57,7 +57,7 @@ double max_rel(const std::vector<float>& out, const std::vector<double>& ref, si
   return worst;
 }
 
-enum class Kernel { kRegisters, kStreamed };
+enum class Kernel { kRegisters, kStreamed, kStreamed256 };
 
 // The fixture: the streamed kernel's workspace (one slot per SM, zeroed, as Blas makes it).
 class FewRowGemmGate : public GpuGate {
@@ -77,9 +77,9 @@ class FewRowGemmGate : public GpuGate {
   kernels::KernelStatus gemm(Kernel kernel, const bf16* x, const bf16* w, Out* y, int32_t m,
                              int32_t n, int32_t k,
                              kernels::SkinnyLaunch how = kernels::SkinnyLaunch::kPlain) {
-    return kernel == Kernel::kRegisters
-               ? kernels::skinny_gemm(x, w, y, m, n, k, stream_, how)
-               : kernels::stream_gemm(x, w, y, m, n, k, workspace(sms_), stream_, how);
+    if (kernel == Kernel::kRegisters) return kernels::skinny_gemm(x, w, y, m, n, k, stream_, how);
+    return kernels::stream_gemm(x, w, y, m, n, k, workspace(sms_), stream_, how,
+                                kernel == Kernel::kStreamed256 ? 256 : 0);
   }
   // Every cross-block flag is zero (the state each launch must leave).
   int32_t flags_set() {
@@ -100,7 +100,11 @@ class FewRowGemmGate : public GpuGate {
 class SkinnyGemmGates : public FewRowGemmGate {};
 class StreamGemmGates : public FewRowGemmGate {};
 
-const char* name(Kernel kernel) { return kernel == Kernel::kRegisters ? "registers" : "streamed"; }
+const char* name(Kernel kernel) {
+  return kernel == Kernel::kRegisters  ? "registers"
+         : kernel == Kernel::kStreamed ? "streamed"
+                                       : "stream256";
+}
 
 void FewRowGemmGate::matches_fp64(Kernel kernel) {
   auto blas = kernels::Blas::create(stream_);
@@ -144,7 +148,10 @@ void FewRowGemmGate::matches_fp64(Kernel kernel) {
 }
 
 TEST_F(SkinnyGemmGates, MatchesFp64WithinCublasNoise) { matches_fp64(Kernel::kRegisters); }
-TEST_F(StreamGemmGates, MatchesFp64WithinCublasNoise) { matches_fp64(Kernel::kStreamed); }
+TEST_F(StreamGemmGates, MatchesFp64WithinCublasNoise) {
+  matches_fp64(Kernel::kStreamed);
+  matches_fp64(Kernel::kStreamed256);  // every 12B shape has k % 256 == 0
+}
 
 // Row r of a product does not depend on which other rows share the launch, nor on where the
 // row sits: bitwise, for every row count (so a decode graph bucket's padding, or the batch a
@@ -183,6 +190,7 @@ TEST_F(SkinnyGemmGates, RowsDoNotDependOnTheBatch) {
 }
 TEST_F(StreamGemmGates, RowsDoNotDependOnTheBatch) {
   rows_do_not_depend_on_the_batch(Kernel::kStreamed);
+  rows_do_not_depend_on_the_batch(Kernel::kStreamed256);
   EXPECT_EQ(flags_set(), 0) << "a launch left cross-block flags raised";
 }
 
@@ -315,37 +323,44 @@ TEST_F(StreamGemmGates, SplitTilesAndEveryGridMatchFp64) {
     const double floor32 = max_rel(yc.download(), ref, ref.size());
     const int64_t units = (cs.n + 63) / 64 * (cs.k / 128);
     double worst = 0;
-    for (const int32_t blocks : {1, 2, 3, 7, 64, sms_}) {
-      for (const int32_t m : {1, 7, 16}) {
-        SCOPED_TRACE("n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k) +
-                     " blocks=" + std::to_string(blocks) + " m=" + std::to_string(m));
-        const size_t count = static_cast<size_t>(m) * cs.n;
-        CUDA_OK(cudaMemset(y.get(), 0xff, y.size() * sizeof(float)));
-        KERNEL_OK(kernels::stream_gemm(x.get(), w.get(), y.get(), m, cs.n, cs.k, workspace(blocks),
-                                       stream_));
-        const std::vector<float> first = y.download();
-        ASSERT_EQ(flags_set(), 0) << "flags left raised";
-        const double e = max_rel(first, ref, count);
-        worst = std::max(worst, e);
-        EXPECT_LE(e, 2.0 * floor32 + 1e-7) << "beyond cuBLAS's error";
-        KERNEL_OK(kernels::stream_gemm(x.get(), w.get(), y.get(), m, cs.n, cs.k, workspace(blocks),
-                                       stream_));
-        EXPECT_EQ(std::memcmp(y.download().data(), first.data(), count * sizeof(float)), 0)
-            << "a repeated launch gave other bits";
-        // Rows past m are not written.
-        const std::vector<float> after = y.download();
-        for (size_t i = count; i < after.size(); ++i) {
-          if (!std::isnan(after[i])) {
-            ADD_FAILURE() << "element " << i << " past the m rows was written";
-            break;
+    for (const int32_t unit_k : {128, 256}) {
+      if (cs.k % unit_k != 0) continue;
+      for (const int32_t blocks : {1, 2, 3, 7, 64, sms_}) {
+        for (const int32_t m : {1, 7, 16}) {
+          SCOPED_TRACE("n=" + std::to_string(cs.n) + " k=" + std::to_string(cs.k) +
+                       " unit_k=" + std::to_string(unit_k) + " blocks=" + std::to_string(blocks) +
+                       " m=" + std::to_string(m));
+          const size_t count = static_cast<size_t>(m) * cs.n;
+          CUDA_OK(cudaMemset(y.get(), 0xff, y.size() * sizeof(float)));
+          KERNEL_OK(kernels::stream_gemm(x.get(), w.get(), y.get(), m, cs.n, cs.k,
+                                         workspace(blocks), stream_, kernels::SkinnyLaunch::kPlain,
+                                         unit_k));
+          const std::vector<float> first = y.download();
+          ASSERT_EQ(flags_set(), 0) << "flags left raised";
+          const double e = max_rel(first, ref, count);
+          worst = std::max(worst, e);
+          EXPECT_LE(e, 2.0 * floor32 + 1e-7) << "beyond cuBLAS's error";
+          KERNEL_OK(kernels::stream_gemm(x.get(), w.get(), y.get(), m, cs.n, cs.k,
+                                         workspace(blocks), stream_, kernels::SkinnyLaunch::kPlain,
+                                         unit_k));
+          EXPECT_EQ(std::memcmp(y.download().data(), first.data(), count * sizeof(float)), 0)
+              << "a repeated launch gave other bits";
+          // Rows past m are not written.
+          const std::vector<float> after = y.download();
+          for (size_t i = count; i < after.size(); ++i) {
+            if (!std::isnan(after[i])) {
+              ADD_FAILURE() << "element " << i << " past the m rows was written";
+              break;
+            }
           }
+          launches += 2;
         }
-        launches += 2;
       }
     }
     std::printf(
-        "[gate] streamed n=%5d k=%5d (%lld units): grids 1..%d, m = 1, 7, 16: worst error %.3g "
-        "(cuBLAS %.3g), repeat bitwise, flags zero\n",
+        "[gate] streamed n=%5d k=%5d (%lld units of 128 k): unit k 128 and 256 where k takes "
+        "it, grids 1..%d, m = 1, 7, 16: worst error %.3g (cuBLAS %.3g), repeat bitwise, flags "
+        "zero\n",
         cs.n, cs.k, static_cast<long long>(units), sms_, worst, floor32);
   }
   std::printf("[gate] streamed: %d launches checked\n", launches);
@@ -357,19 +372,23 @@ TEST_F(StreamGemmGates, RefusesShapesItDoesNotTake) {
     int32_t m, n, k;
     int64_t x_offset;
     bool workspace;
+    int32_t unit_k;
     const char* expect;
   };
-  const Case cases[] = {{0, 64, 512, 0, true, "need 1 <= m <= 16"},
-                        {17, 64, 512, 0, true, "need 1 <= m <= 16"},
-                        {4, 0, 512, 0, true, "n >= 1"},
-                        {4, 64, 480, 0, true, "k % 128 == 0"},
-                        {4, 64, 512, 1, true, "16-byte aligned"},
-                        {4, 64, 512, 0, false, "no workspace"}};
+  const Case cases[] = {{0, 64, 512, 0, true, 0, "need 1 <= m <= 16"},
+                        {17, 64, 512, 0, true, 0, "need 1 <= m <= 16"},
+                        {4, 0, 512, 0, true, 0, "n >= 1"},
+                        {4, 64, 480, 0, true, 0, "k % 128 == 0"},
+                        {4, 64, 384, 0, true, 256, "k % 256 == 0"},
+                        {4, 64, 512, 0, true, 64, "unit_k must be 0 (128), 128 or 256"},
+                        {4, 64, 512, 1, true, 0, "16-byte aligned"},
+                        {4, 64, 512, 0, false, 0, "no workspace"}};
   for (const Case& c : cases) {
-    EXPECT_FALSE(c.x_offset == 0 && c.workspace && kernels::stream_gemm_supported(c.m, c.n, c.k));
+    EXPECT_FALSE(c.x_offset == 0 && c.workspace &&
+                 kernels::stream_gemm_supported(c.m, c.n, c.k, c.unit_k));
     auto s = kernels::stream_gemm(x.get() + c.x_offset, w.get(), y.get(), c.m, c.n, c.k,
                                   c.workspace ? workspace(sms_) : kernels::StreamGemmWorkspace{},
-                                  stream_);
+                                  stream_, kernels::SkinnyLaunch::kPlain, c.unit_k);
     ASSERT_FALSE(s.ok()) << c.expect;
     EXPECT_EQ(s.error().code, kernels::KernelErrorCode::kBadArgument);
     EXPECT_NE(s.error().message.find(c.expect), std::string::npos) << s.error().message;

@@ -44,6 +44,7 @@ KernelStatus apply_skinny_env(Blas& blas) {
   blas.set_skinny_max_rows(choice.value().max_rows);
   blas.set_skinny_programmatic(choice.value().programmatic);
   blas.set_skinny_streamed(choice.value().streamed);
+  blas.set_skinny_unit_k(choice.value().unit_k);
   return Ok{};
 }
 
@@ -60,7 +61,7 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
   size_t comma = s.find(',');
   const std::string rows = s.substr(0, comma);
   SkinnyChoice choice;
-  bool plain = false, registers = false, bad = false;
+  bool plain = false, registers = false, k256 = false, bad = false;
   while (comma != std::string::npos) {
     const size_t next = s.find(',', comma + 1);
     const std::string flag =
@@ -69,6 +70,8 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
       plain = true;
     } else if (flag == "registers" && !registers) {
       registers = true;
+    } else if (flag == "k256" && !k256) {
+      k256 = true;
     } else {
       bad = true;
     }
@@ -76,15 +79,17 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
   }
   char* end = nullptr;
   const long n = std::strtol(rows.c_str(), &end, 10);
-  if (rows.empty() || *end != '\0' || n < 0 || n > kSkinnyMaxRows || bad) {
+  if (rows.empty() || *end != '\0' || n < 0 || n > kSkinnyMaxRows || bad || (k256 && registers)) {
     return unexpected(KernelError{KernelErrorCode::kBadArgument,
                                   "TWINSTEP_SKINNY=\"" + s +
-                                      "\": expected ROWS[,plain][,registers] with ROWS in 0.." +
+                                      "\": expected ROWS[,plain][,registers][,k256] (k256 not with "
+                                      "registers) with ROWS in 0.." +
                                       std::to_string(kSkinnyMaxRows)});
   }
   choice.max_rows = static_cast<int32_t>(n);
   choice.programmatic = !plain;
   choice.streamed = !registers;
+  choice.unit_k = k256 ? 256 : 0;
   return choice;
 }
 
@@ -165,6 +170,7 @@ Blas::Blas(Blas&& other) noexcept
       skinny_max_rows_(other.skinny_max_rows_),
       skinny_programmatic_(other.skinny_programmatic_),
       skinny_streamed_(other.skinny_streamed_),
+      skinny_unit_k_(other.skinny_unit_k_),
       batch_invariant_(other.batch_invariant_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
@@ -182,6 +188,7 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     skinny_max_rows_ = other.skinny_max_rows_;
     skinny_programmatic_ = other.skinny_programmatic_;
     skinny_streamed_ = other.skinny_streamed_;
+    skinny_unit_k_ = other.skinny_unit_k_;
     batch_invariant_ = other.batch_invariant_;
   }
   return *this;
@@ -234,7 +241,8 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
 
 bool Blas::skinny_applies(int32_t m, int32_t n, int32_t k) const {
   if (m > skinny_max_rows_) return false;
-  return skinny_streamed_ ? stream_gemm_supported(m, n, k) : skinny_gemm_supported(m, n, k);
+  return skinny_streamed_ ? stream_gemm_supported(m, n, k, skinny_unit_k_)
+                          : skinny_gemm_supported(m, n, k);
 }
 
 KernelStatus Blas::gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,
@@ -244,9 +252,10 @@ KernelStatus Blas::gemm_default(const bf16* x, const bf16* w, void* y, cudaDataT
         skinny_programmatic_ ? SkinnyLaunch::kProgrammatic : SkinnyLaunch::kPlain;
     if (skinny_streamed_) {
       const StreamGemmWorkspace ws = stream_gemm_workspace(stream_ws_, sm_count_);
-      return y_type == CUDA_R_32F
-                 ? stream_gemm(x, w, static_cast<float*>(y), m, n, k, ws, stream_, how)
-                 : stream_gemm(x, w, static_cast<bf16*>(y), m, n, k, ws, stream_, how);
+      return y_type == CUDA_R_32F ? stream_gemm(x, w, static_cast<float*>(y), m, n, k, ws, stream_,
+                                                how, skinny_unit_k_)
+                                  : stream_gemm(x, w, static_cast<bf16*>(y), m, n, k, ws, stream_,
+                                                how, skinny_unit_k_);
     }
     return y_type == CUDA_R_32F ? skinny_gemm(x, w, static_cast<float*>(y), m, n, k, stream_, how)
                                 : skinny_gemm(x, w, static_cast<bf16*>(y), m, n, k, stream_, how);

@@ -16,32 +16,37 @@ TEST(SkinnyChoice, AcceptsRowsAndFlagsInAnyOrder) {
     const char* value;
     int32_t rows;
     bool programmatic, streamed;
+    int32_t unit_k;
   };
-  const Case cases[] = {{"0", 0, true, true},
-                        {"16", 16, true, true},
-                        {"8,plain", 8, false, true},
-                        {"16,registers", 16, true, false},
-                        {"1,plain,registers", 1, false, false},
-                        {"4,registers,plain", 4, false, false}};
+  const Case cases[] = {{"0", 0, true, true, 0},
+                        {"16", 16, true, true, 0},
+                        {"8,plain", 8, false, true, 0},
+                        {"16,registers", 16, true, false, 0},
+                        {"1,plain,registers", 1, false, false, 0},
+                        {"4,registers,plain", 4, false, false, 0},
+                        {"16,k256", 16, true, true, 256},
+                        {"2,k256,plain", 2, false, true, 256}};
   for (const Case& c : cases) {
     auto got = parse_skinny_choice(c.value);
     ASSERT_TRUE(got.ok()) << c.value << ": " << got.error().message;
     EXPECT_EQ(got.value().max_rows, c.rows) << c.value;
     EXPECT_EQ(got.value().programmatic, c.programmatic) << c.value;
     EXPECT_EQ(got.value().streamed, c.streamed) << c.value;
+    EXPECT_EQ(got.value().unit_k, c.unit_k) << c.value;
   }
 }
 
 TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
   for (const char* value : {"", "17", "-1", "x", "16,", "16,plain,plain", "16,stream", "16 ",
-                            ",plain", "16,registers,registers", "99999999999999999999"}) {
+                            ",plain", "16,registers,registers", "99999999999999999999",
+                            "16,k256,k256", "16,k256,registers", "16,k128"}) {
     auto got = parse_skinny_choice(value);
     ASSERT_FALSE(got.ok()) << "accepted \"" << value << "\"";
     EXPECT_EQ(got.error().code, KernelErrorCode::kBadArgument);
     EXPECT_NE(got.error().message.find(std::string("TWINSTEP_SKINNY=\"") + value + "\""),
               std::string::npos)
         << got.error().message;
-    EXPECT_NE(got.error().message.find("ROWS[,plain][,registers]"), std::string::npos)
+    EXPECT_NE(got.error().message.find("ROWS[,plain][,registers][,k256]"), std::string::npos)
         << got.error().message;
   }
 }

@@ -46,15 +46,17 @@ KernelStatus skinny_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
                          cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
 
-// What TWINSTEP_SKINNY asks of Blas (ops.h): "ROWS[,plain][,registers]", ROWS in
+// What TWINSTEP_SKINNY asks of Blas (ops.h): "ROWS[,plain][,registers][,k256]", ROWS in
 // 0..kSkinnyMaxRows: the few-row kernel for GEMMs of <= ROWS rows (0: never), launched with
 // programmatic dependent launch unless ",plain", the streamed kernel (gemm_stream.h) unless
-// ",registers" (this file's). Anything else (an empty or non-numeric ROWS, ROWS out of range, an
-// unknown or repeated flag) is kBadArgument naming the value and the expected form. Host only.
+// ",registers" (this file's), the streamed kernel's 256-k units with ",k256". Anything else (an
+// empty or non-numeric ROWS, ROWS out of range, an unknown or repeated flag, k256 with
+// registers) is kBadArgument naming the value and the expected form. Host only.
 struct SkinnyChoice {
   int32_t max_rows = 0;
   bool programmatic = true;
   bool streamed = true;
+  int32_t unit_k = 0;  // the streamed kernel's (0: its default, 128)
 };
 Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value);
 

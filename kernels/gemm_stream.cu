@@ -17,20 +17,28 @@ using detail::kWarp;
 
 namespace split = stream_split;
 constexpr int kTileRows = split::kTileRows;  // weight rows of a unit: 4 consumer warps x 16
-constexpr int kUnitK = split::kUnitK;        // k of a unit
 static_assert(kTileRows == 4 * 16, "four consumer warps of 16 rows");
-constexpr int kSegBytes = kUnitK * 2;      // one row's slice of a unit: 256 bytes
-constexpr int kRowPitch = kSegBytes + 64;  // rows g and g + 1 of a fragment load fall in
-                                           // different halves of the 32 banks
-constexpr int kXRows = 16;                 // x rows of a stage (m <= 16)
-constexpr int kStageBytes = (kTileRows + kXRows) * kRowPitch;  // 25600
-constexpr int kStages = 6;
+constexpr int kXRows = 16;  // x rows of a stage (m <= 16)
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = (kConsumerWarps + 1) * kWarp;  // the last warp feeds the ring
 constexpr int kBarrierBytes = 128;                      // 2 * kStages mbarriers, padded
-constexpr int kSmemBytes = kBarrierBytes + kStages * kStageBytes;
 constexpr int kPartialFloats = 16 * 16;  // a consumer warp's partial: 32 lanes x 2 float4
-static_assert(2 * kStages * 8 <= kBarrierBytes, "mbarriers overflow their slot");
+
+// The ring for units of UK k: a row's slice is one bulk copy of 2 UK bytes (256 or 512), rows
+// at a pitch 64 bytes longer (rows g and g + 1 of a fragment load fall in different halves of
+// the 32 banks); 6 stages of 25.6 KB at UK 128, 4 of 46 KB at UK 256.
+template <int UK>
+struct Ring {
+  static constexpr int kUnitK = UK;
+  static constexpr int kSegBytes = UK * 2;
+  static constexpr int kRowPitch = kSegBytes + 64;
+  static constexpr int kStageBytes = (kTileRows + kXRows) * kRowPitch;
+  static constexpr int kStages = UK == 128 ? 6 : 4;
+  static constexpr int kSmemBytes = kBarrierBytes + kStages * kStageBytes;
+  static_assert(UK == 128 || UK == 256, "unit k 128 or 256");
+  static_assert(2 * kStages * 8 <= kBarrierBytes, "mbarriers overflow their slot");
+  static_assert(kSmemBytes <= 227 * 1024, "one block per SM must fit");
+};
 
 __device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
   int32_t v;
@@ -44,12 +52,15 @@ __device__ __forceinline__ void store_release(int32_t* p, int32_t v) {
 __device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
 
-// MT: n8 tiles of x rows (m <= 8 * MT).
-template <int MT, typename Out>
+// MT: n8 tiles of x rows (m <= 8 * MT); UK: k of a unit (Ring).
+template <int MT, int UK, typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_gemm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y,
                        int32_t m, int32_t n, int32_t k, float* __restrict__ partials,
                        int32_t* __restrict__ flags) {
+  using R = Ring<UK>;
+  constexpr int kUnitK = R::kUnitK, kSegBytes = R::kSegBytes, kRowPitch = R::kRowPitch;
+  constexpr int kStageBytes = R::kStageBytes, kStages = R::kStages;
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   uint64_t* empty = full + kStages;
@@ -57,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int32_t units_per_tile = k / kUnitK;
-  const int64_t units = split::units(n, k);
+  const int64_t units = split::units(n, k, kUnitK);
   const int64_t u_begin = split::first_unit(blockIdx.x, units, gridDim.x);
   const int64_t u_end = split::first_unit(blockIdx.x + 1, units, gridDim.x);
   const int32_t count = static_cast<int32_t>(u_end - u_begin);
@@ -207,19 +218,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int MT, typename Out>
+template <int MT, int UK, typename Out>
 KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
+  constexpr int kSmemBytes = Ring<UK>::kSmemBytes;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, Out>,
+    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, UK, Out>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   });
   if (attr_err != cudaSuccess) {
     return cuda_status(attr_err, "cudaFuncSetAttribute(stream_gemm_kernel)");
   }
-  const int64_t units = split::units(n, k);
+  const int64_t units = split::units(n, k, UK);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -230,19 +242,26 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = how == SkinnyLaunch::kProgrammatic ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, Out>, x, w, y, m, n, k,
-                                             ws.partials, ws.flags);
+  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out>, x, w, y, m,
+                                             n, k, ws.partials, ws.flags);
   if (err != cudaSuccess) return cuda_status(err, "cudaLaunchKernelEx(stream_gemm_kernel)");
   return detail::launch_status("stream_gemm_kernel");
 }
 
 template <typename Out>
 KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
-                    const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
-  if (!stream_gemm_supported(m, n, k)) {
+                    const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
+                    int32_t unit_k) {
+  if (unit_k != 0 && unit_k != 128 && unit_k != 256) {
+    return detail::bad_argument("stream_gemm: unit_k must be 0 (128), 128 or 256, got " +
+                                std::to_string(unit_k));
+  }
+  const int32_t uk = unit_k == 0 ? split::kUnitK : unit_k;
+  if (!stream_gemm_supported(m, n, k, uk)) {
     return detail::bad_argument("stream_gemm: need 1 <= m <= " + std::to_string(kSkinnyMaxRows) +
-                                ", n >= 1, k % 128 == 0, got m=" + std::to_string(m) +
-                                " n=" + std::to_string(n) + " k=" + std::to_string(k));
+                                ", n >= 1, k % " + std::to_string(uk) +
+                                " == 0, got m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                " k=" + std::to_string(k));
   }
   if (!detail::aligned16(x) || !detail::aligned16(w) || y == nullptr) {
     return detail::bad_argument("stream_gemm: x and w must be 16-byte aligned device pointers");
@@ -250,8 +269,12 @@ KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, 
   if (ws.partials == nullptr || ws.flags == nullptr || ws.blocks < 1) {
     return detail::bad_argument("stream_gemm: no workspace (stream_gemm_workspace)");
   }
-  return m <= 8 ? launch_grid<1>(x, w, y, m, n, k, ws, stream, how)
-                : launch_grid<2>(x, w, y, m, n, k, ws, stream, how);
+  if (uk == 256) {
+    return m <= 8 ? launch_grid<1, 256>(x, w, y, m, n, k, ws, stream, how)
+                  : launch_grid<2, 256>(x, w, y, m, n, k, ws, stream, how);
+  }
+  return m <= 8 ? launch_grid<1, 128>(x, w, y, m, n, k, ws, stream, how)
+                : launch_grid<2, 128>(x, w, y, m, n, k, ws, stream, how);
 }
 
 constexpr int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
@@ -274,17 +297,21 @@ StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks) {
   return ws;
 }
 
-bool stream_gemm_supported(int32_t m, int32_t n, int32_t k) {
-  return m >= 1 && m <= kSkinnyMaxRows && n >= 1 && k > 0 && k % kUnitK == 0;
+bool stream_gemm_supported(int32_t m, int32_t n, int32_t k, int32_t unit_k) {
+  const int32_t uk = unit_k == 0 ? split::kUnitK : unit_k;
+  return (uk == 128 || uk == 256) && m >= 1 && m <= kSkinnyMaxRows && n >= 1 && k > 0 &&
+         k % uk == 0;
 }
 
 KernelStatus stream_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
-                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
-  return launch(x, w, y, m, n, k, ws, stream, how);
+                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
+                         int32_t unit_k) {
+  return launch(x, w, y, m, n, k, ws, stream, how, unit_k);
 }
 KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
-                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
-  return launch(x, w, y, m, n, k, ws, stream, how);
+                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
+                         int32_t unit_k) {
+  return launch(x, w, y, m, n, k, ws, stream, how, unit_k);
 }
 
 }  // namespace twinstep::kernels

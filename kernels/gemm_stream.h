@@ -6,7 +6,7 @@
 // arithmetic: cuBLAS reads the 12B's o_proj (31.5 MB) at 39% of copy because its grid covers a
 // fraction of the SMs; the skinny kernel's grid of 3.6 waves has a ramp and a tail per wave
 // (perf/NOTES.md, "Few-row decode GEMMs with programmatic dependent launch"). Here the grid is
-// one block per SM and the work is split EVENLY in units of 64 weight rows x 128 k:
+// one block per SM and the work is split EVENLY in units of 64 weight rows x 128 k (or 256):
 // - a producer warp streams each unit's 64 row segments (and the m x 128 slice of x) into a
 //   ring of shared-memory stages with 1-D bulk copies (cp.async.bulk, an mbarrier per stage;
 //   the weights with an L2 evict-first policy), so every SM has ~100 KB of reads in flight from
@@ -45,9 +45,9 @@ int64_t stream_gemm_workspace_bytes(int32_t blocks);
 // device memory at `base` (256-byte aligned).
 StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks);
 
-// The shapes the kernel takes: 1 <= m <= kSkinnyMaxRows, n >= 1, k % 128 == 0; x and w 16-byte
-// aligned (checked at launch).
-bool stream_gemm_supported(int32_t m, int32_t n, int32_t k);
+// The shapes the kernel takes: 1 <= m <= kSkinnyMaxRows, n >= 1, k % unit_k == 0 (unit_k 0 is
+// 128); x and w 16-byte aligned (checked at launch).
+bool stream_gemm_supported(int32_t m, int32_t n, int32_t k, int32_t unit_k = 0);
 
 // Same contract as Blas::gemm (row-major x [m, k], w [n, k], y [m, n]; y overwritten).
 // `how`: SkinnyLaunch::kProgrammatic launches with programmatic dependent launch: the producer
@@ -55,12 +55,15 @@ bool stream_gemm_supported(int32_t m, int32_t n, int32_t k);
 // its griddepcontrol.wait; x is copied, y, the partials and the flags are touched only after
 // every thread's wait, so the bits are the plain launch's. Returns kBadArgument, naming what is
 // wrong, for a shape stream_gemm_supported refuses, a misaligned pointer or an empty workspace.
+// `unit_k`: the k of a unit, 128 (0: the default; 256-byte row slices, 6 stages) or 256
+// (512-byte slices, 4 stages: fewer, larger bulk copies, coarser balance), an A/B of the bulk
+// copies' size not yet measured; the sum order within a unit differs between the two.
 // Never allocates, never synchronises.
 KernelStatus stream_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream,
-                         SkinnyLaunch how = SkinnyLaunch::kPlain);
+                         SkinnyLaunch how = SkinnyLaunch::kPlain, int32_t unit_k = 0);
 KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream,
-                         SkinnyLaunch how = SkinnyLaunch::kPlain);
+                         SkinnyLaunch how = SkinnyLaunch::kPlain, int32_t unit_k = 0);
 
 }  // namespace twinstep::kernels

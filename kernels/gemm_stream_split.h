@@ -2,7 +2,8 @@
 // over blocks, as plain integer functions shared by the kernel and its host test
 // (kernels/gemm_stream_split_test.cc).
 //
-// The work is `tiles` x `units_per_tile` units (a tile: 64 weight rows; a unit: 128 k of them),
+// The work is `tiles` x `units_per_tile` units (a tile: 64 weight rows; a unit: 128 or 256 k of
+// them),
 // numbered tile-major. Block b of `grid` takes the contiguous range [first_unit(b),
 // first_unit(b + 1)), so ranges differ in length by at most one unit. A tile's units may span
 // several blocks: the block holding its first unit owns it (adds the others' partial sums and
@@ -22,10 +23,12 @@
 namespace twinstep::kernels::stream_split {
 
 inline constexpr int32_t kTileRows = 64;  // weight rows of a tile
-inline constexpr int32_t kUnitK = 128;    // k of a unit
+inline constexpr int32_t kUnitK = 128;    // k of a unit by default (256: gemm_stream.h's unit_k)
 
 TS_STREAM_HD int64_t tiles(int64_t n) { return (n + kTileRows - 1) / kTileRows; }
-TS_STREAM_HD int64_t units(int64_t n, int64_t k) { return tiles(n) * (k / kUnitK); }
+TS_STREAM_HD int64_t units(int64_t n, int64_t k, int64_t unit_k = kUnitK) {
+  return tiles(n) * (k / unit_k);
+}
 // The grid for `units` units on at most `max_blocks` blocks: every block gets >= 1 unit.
 TS_STREAM_HD int64_t grid(int64_t units, int64_t max_blocks) {
   return units < max_blocks ? units : max_blocks;

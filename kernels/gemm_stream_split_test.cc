@@ -24,11 +24,11 @@ struct Walked {
   bool first_of_block, last_of_block;
 };
 
-void check_split(int64_t n, int64_t k, int64_t max_blocks) {
+void check_split(int64_t n, int64_t k, int64_t max_blocks, int64_t unit_k = kUnitK) {
   SCOPED_TRACE("n=" + std::to_string(n) + " k=" + std::to_string(k) +
-               " max_blocks=" + std::to_string(max_blocks));
-  const int64_t U = units(n, k);
-  const int64_t upt = k / kUnitK;
+               " max_blocks=" + std::to_string(max_blocks) + " unit_k=" + std::to_string(unit_k));
+  const int64_t U = units(n, k, unit_k);
+  const int64_t upt = k / unit_k;
   ASSERT_EQ(U, (n + 63) / 64 * upt);
   const int64_t G = grid(U, max_blocks);
   ASSERT_GE(G, 1);
@@ -106,7 +106,10 @@ TEST(StreamSplit, TwelveBShapesOnEveryGridUpToTheH200) {
   const int64_t shapes[][2] = {{8192, 3840},  {8704, 3840},  {3840, 4096},  {3840, 8192},
                                {30720, 3840}, {3840, 15360}, {262144, 3840}};
   for (const auto& s : shapes) {
-    for (int64_t blocks : {1, 2, 7, 64, 113, 132, 133, 264}) check_split(s[0], s[1], blocks);
+    for (int64_t blocks : {1, 2, 7, 64, 113, 132, 133, 264}) {
+      check_split(s[0], s[1], blocks);
+      check_split(s[0], s[1], blocks, 256);
+    }
   }
 }
 

@@ -230,8 +230,9 @@ class Blas {
   // of cuBLAS (0: always cuBLAS). Set before any graph capture: a graph keeps the kernel it saw.
   // Such GEMMs also take precedence over tuned plans. create() reads TWINSTEP_SKINNY: unset
   // keeps the defaults; "ROWS" (0..16) sets skinny_max_rows, with programmatic dependent launch;
-  // "ROWS,plain" without it (the A/B of issue 13's PDL); a trailing ",registers" picks the
-  // register-fed kernel (set_skinny_streamed(false)). A bad value is a create() error.
+  // "ROWS,plain" without it (the A/B of issue 13's PDL); ",registers" picks the register-fed
+  // kernel (set_skinny_streamed(false)), ",k256" the streamed kernel's 256-k units
+  // (set_skinny_unit_k). A bad value is a create() error (parse_skinny_choice, gemm_skinny.h).
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
   // The skinny kernel launched with programmatic dependent launch (kernels/gemm_skinny.h:
@@ -243,6 +244,9 @@ class Blas {
   // register-fed one (kernels/gemm_skinny.h). Set before any capture.
   void set_skinny_streamed(bool on) { skinny_streamed_ = on; }
   bool skinny_streamed() const { return skinny_streamed_; }
+  // The streamed kernel's unit k (gemm_stream.h: 0 its default 128, or 256). Before any capture.
+  void set_skinny_unit_k(int32_t unit_k) { skinny_unit_k_ = unit_k; }
+  int32_t skinny_unit_k() const { return skinny_unit_k_; }
   // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
   // cuBLASLt algorithm for every m, with no split-K or stream-K (split-K 1, no reduction
   // scheme, at most 1 KiB of workspace: kernels/blas_lt.h), so a row's
@@ -279,6 +283,7 @@ class Blas {
   int32_t skinny_max_rows_ = kDefaultSkinnyMaxRows;
   bool skinny_programmatic_ = true;
   bool skinny_streamed_ = true;
+  int32_t skinny_unit_k_ = 0;
   bool batch_invariant_ = false;
 };
 
