@@ -70,8 +70,11 @@ class FewRowGemmGate : public GpuGate {
     ws_mem_ = DeviceBuffer<char>(static_cast<size_t>(kernels::stream_gemm_workspace_bytes(sms_)));
     CUDA_OK(cudaMemset(ws_mem_.get(), 0, ws_mem_.size()));
   }
+  // The workspace as Blas lays it out (one slot per SM), launched on at most `blocks` blocks.
   kernels::StreamGemmWorkspace workspace(int32_t blocks) {
-    return kernels::stream_gemm_workspace(ws_mem_.get(), blocks);
+    kernels::StreamGemmWorkspace ws = kernels::stream_gemm_workspace(ws_mem_.get(), sms_);
+    ws.blocks = blocks;
+    return ws;
   }
   template <typename Out>
   kernels::KernelStatus gemm(Kernel kernel, const bf16* x, const bf16* w, Out* y, int32_t m,

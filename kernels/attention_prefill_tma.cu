@@ -21,6 +21,7 @@
 
 #include "kernels/attention_prefill_tma.cuh"
 #include "kernels/attention_prefill_wgmma.cuh"
+#include "kernels/sm90.cuh"
 
 namespace twinstep::kernels::tc {
 namespace {
@@ -778,20 +779,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- host: the tensor map and the launches --------------------------------------------------
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
 // The box (token rows per copy) for key tile bn, or 0 where the page size cannot be tiled.
 int32_t box_rows(int32_t page_size, int32_t bn) {
   if (page_size % 8 != 0) return 0;
@@ -803,7 +790,7 @@ int32_t box_rows(int32_t page_size, int32_t bn) {
 // 1 head x `box` rows, 128-byte swizzle.
 std::optional<KernelStatus> encode_kv_map(const TcArgs& a, int32_t head_dim, int32_t box,
                                           CUtensorMap* map) {
-  const auto encode = tensor_map_encoder();
+  const auto encode = detail::tensor_map_encoder();
   if (encode == nullptr || box == 0 || reinterpret_cast<uintptr_t>(a.layer_base) % 16 != 0) {
     return std::nullopt;
   }

@@ -21,22 +21,25 @@ static_assert(kTileRows == 4 * 16, "four consumer warps of 16 rows");
 constexpr int kXRows = 16;  // x rows of a stage (m <= 16)
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = (kConsumerWarps + 1) * kWarp;  // the last warp feeds the ring
-constexpr int kBarrierBytes = 128;                      // 2 * kStages mbarriers, padded
 constexpr int kPartialFloats = 16 * 16;  // a consumer warp's partial: 32 lanes x 2 float4
 
-// The ring for units of UK k: a row's slice is one bulk copy of 2 UK bytes (256 or 512), rows
-// at a pitch 64 bytes longer (rows g and g + 1 of a fragment load fall in different halves of
-// the 32 banks); 6 stages of 25.6 KB at UK 128, 4 of 46 KB at UK 256.
+// The ring for units of UK k. The weights and x arrive by 2-D tensor copies (TMA) of 64-k boxes
+// with the 128-byte swizzle: a unit is UK / 64 weight boxes of 64 rows (8 KB each, one copy
+// each) and as many x boxes of 16 rows (2 KB; rows past m are zero-filled by the copy). Within a
+// box row (128 bytes, eight 16-byte chunks) chunk q sits at q ^ (row % 8): lanes (g, c) read
+// chunk 2c + j of 32-k group j, so the two rows of one load phase fall in disjoint banks. 8
+// stages of 20 KB at UK 128, 4 of 40 KB at UK 256 (160 KB either way).
+constexpr int kBoxK = 64;
+constexpr int kWBoxBytes = kTileRows * kBoxK * 2;  // 8 KB
+constexpr int kXBoxBytes = kXRows * kBoxK * 2;     // 2 KB
 template <int UK>
 struct Ring {
   static constexpr int kUnitK = UK;
-  static constexpr int kSegBytes = UK * 2;
-  static constexpr int kRowPitch = kSegBytes + 64;
-  static constexpr int kStageBytes = (kTileRows + kXRows) * kRowPitch;
-  static constexpr int kStages = UK == 128 ? 6 : 4;
-  static constexpr int kSmemBytes = kBarrierBytes + kStages * kStageBytes;
+  static constexpr int kBoxes = UK / kBoxK;
+  static constexpr int kStageBytes = kBoxes * (kWBoxBytes + kXBoxBytes);
+  static constexpr int kStages = UK == 128 ? 8 : 4;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes;  // 1024: the alignment slack
   static_assert(UK == 128 || UK == 256, "unit k 128 or 256");
-  static_assert(2 * kStages * 8 <= kBarrierBytes, "mbarriers overflow their slot");
   static_assert(kSmemBytes <= 227 * 1024, "one block per SM must fit");
 };
 
@@ -52,19 +55,25 @@ __device__ __forceinline__ void store_release(int32_t* p, int32_t v) {
 __device__ __forceinline__ void store_out(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
 
+// A 16-byte chunk of a swizzled box: row `row`, chunk q of its 128 bytes.
+__device__ __forceinline__ uint4 box_chunk(const unsigned char* box, int row, int q) {
+  return *reinterpret_cast<const uint4*>(box + row * 128 + ((q ^ (row & 7)) << 4));
+}
+
 // MT: n8 tiles of x rows (m <= 8 * MT); UK: k of a unit (Ring).
 template <int MT, int UK, typename Out>
 __global__ void __launch_bounds__(kThreads, 1)
-    stream_gemm_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, Out* __restrict__ y,
-                       int32_t m, int32_t n, int32_t k, float* __restrict__ partials,
+    stream_gemm_kernel(const __grid_constant__ CUtensorMap w_map,
+                       const __grid_constant__ CUtensorMap x_map, Out* __restrict__ y, int32_t m,
+                       int32_t n, int32_t k, float* __restrict__ partials,
                        int32_t* __restrict__ flags) {
   using R = Ring<UK>;
-  constexpr int kUnitK = R::kUnitK, kSegBytes = R::kSegBytes, kRowPitch = R::kRowPitch;
+  constexpr int kUnitK = R::kUnitK, kBoxes = R::kBoxes;
   constexpr int kStageBytes = R::kStageBytes, kStages = R::kStages;
-  extern __shared__ __align__(128) unsigned char smem[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  uint64_t* empty = full + kStages;
-  unsigned char* stages = smem + kBarrierBytes;
+  __shared__ uint64_t full[kStages], empty[kStages];
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // The swizzled boxes want 1024-byte aligned destinations.
+  unsigned char* stages = smem + ((1024 - (detail::shared_u32(smem) & 1023)) & 1023);
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int32_t units_per_tile = k / kUnitK;
@@ -82,37 +91,37 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (warp == kConsumerWarps) {
-    // The feeder: stage i holds unit u_begin + i (64 weight row slices, then m x rows).
+    // The feeder (one thread): stage i holds unit u_begin + i, its weight boxes then x's.
+    detail::launch_dependents();
+    if (lane != 0) {
+      detail::grid_dependency_wait();
+      return;
+    }
     const uint64_t policy = detail::l2_evict_first_policy();
-    auto unit_of = [&](int32_t i, int64_t& tile, int32_t& kc) {
+    auto coords = [&](int32_t i, int32_t& k0, int32_t& row0) {
       const int64_t u = u_begin + i;
-      tile = u / units_per_tile;
-      kc = static_cast<int32_t>(u - tile * units_per_tile);
+      const int64_t tile = u / units_per_tile;
+      k0 = static_cast<int32_t>(u - tile * units_per_tile) * kUnitK;
+      row0 = static_cast<int32_t>(tile * kTileRows);
     };
     auto issue_w = [&](int32_t i) {
-      int64_t tile;
-      int32_t kc;
-      unit_of(i, tile, kc);
-      const int32_t rows = static_cast<int32_t>(min(int64_t{kTileRows}, n - tile * kTileRows));
+      int32_t k0, row0;
+      coords(i, k0, row0);
       unsigned char* st = stages + (i % kStages) * kStageBytes;
       uint64_t* bar = &full[i % kStages];
-      if (lane == 0) detail::mbarrier_arrive_expect_tx(bar, (rows + m) * kSegBytes);
-      __syncwarp();
-      const bf16* src = w + (tile * kTileRows) * k + int64_t{kc} * kUnitK;
-      for (int r = lane; r < rows; r += kWarp) {
-        detail::bulk_copy_to_shared(st + r * kRowPitch, src + int64_t{r} * k, kSegBytes, bar,
-                                    policy);
+      detail::mbarrier_arrive_expect_tx(bar, kStageBytes);
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) {
+        detail::tensor_copy_2d(st + b * kWBoxBytes, &w_map, k0 + b * kBoxK, row0, bar, policy);
       }
     };
     auto issue_x = [&](int32_t i) {
-      int64_t tile;
-      int32_t kc;
-      unit_of(i, tile, kc);
-      unsigned char* st = stages + (i % kStages) * kStageBytes;
-      if (lane < m) {
-        detail::bulk_copy_to_shared(st + (kTileRows + lane) * kRowPitch,
-                                    x + int64_t{lane} * k + int64_t{kc} * kUnitK, kSegBytes,
-                                    &full[i % kStages]);
+      int32_t k0, row0;
+      coords(i, k0, row0);
+      unsigned char* st = stages + (i % kStages) * kStageBytes + kBoxes * kWBoxBytes;
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) {
+        detail::tensor_copy_2d(st + b * kXBoxBytes, &x_map, k0 + b * kBoxK, 0, &full[i % kStages]);
       }
     };
     // The first stages' weights before the wait (they never depend on the kernel before);
@@ -120,7 +129,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t pre = min(kStages, count);
     for (int32_t i = 0; i < pre; ++i) issue_w(i);
     detail::grid_dependency_wait();
-    detail::launch_dependents();
     for (int32_t i = 0; i < pre; ++i) issue_x(i);
     for (int32_t i = pre; i < count; ++i) {
       detail::mbarrier_wait(&empty[i % kStages], ((i / kStages) & 1) ^ 1);
@@ -134,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   detail::grid_dependency_wait();
   detail::launch_dependents();
   const int g = lane >> 2;  // fragment row group: weight rows g and g + 8, x row g
-  const int c = lane & 3;   // which 8 of a 32-wide k chunk this thread feeds
+  const int c = lane & 3;   // which 8 of each 32-wide k group this thread feeds
   const int row = warp * 16 + g;
   int32_t i = 0;
   int64_t u = u_begin;
@@ -150,22 +158,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (; u < seg.end; ++u, ++i) {
       const int s = i % kStages;
       detail::mbarrier_wait(&full[s], (i / kStages) & 1);
-      const unsigned char* wa = stages + s * kStageBytes + row * kRowPitch + c * 16;
-      const unsigned char* xb = stages + s * kStageBytes + (kTileRows + g) * kRowPitch + c * 16;
+      const unsigned char* st = stages + s * kStageBytes;
+      // A unit's sum in its own accumulator, then added to the tile's: the fp32 error grows
+      // with the units, not with k.
+      float part[MT][4];
 #pragma unroll
-      for (int j = 0; j < kUnitK / 32; ++j) {
-        const uint4 lo = *reinterpret_cast<const uint4*>(wa + j * 64);
-        const uint4 hi = *reinterpret_cast<const uint4*>(wa + 8 * kRowPitch + j * 64);
+      for (int t = 0; t < MT; ++t) {
 #pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          const uint4 b = *reinterpret_cast<const uint4*>(xb + t * 8 * kRowPitch + j * 64);
-          // k16 step 0: the first 4 of the thread's 8 k; step 1: the last 4.
-          detail::mma_m16n8k16(acc[t], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-          detail::mma_m16n8k16(acc[t], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+        for (int e = 0; e < 4; ++e) part[t][e] = 0.0f;
+      }
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) {
+        const unsigned char* wb = st + b * kWBoxBytes;
+        const unsigned char* xb = st + kBoxes * kWBoxBytes + b * kXBoxBytes;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int q = 2 * c + j;
+          const uint4 lo = box_chunk(wb, row, q);
+          const uint4 hi = box_chunk(wb, row + 8, q);
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            const uint4 bx = box_chunk(xb, 8 * t + g, q);
+            // k16 step 0: the first 4 of the thread's 8 k; step 1: the last 4.
+            detail::mma_m16n8k16(part[t], lo.x, hi.x, lo.y, hi.y, bx.x, bx.y);
+            detail::mma_m16n8k16(part[t], lo.z, hi.z, lo.w, hi.w, bx.z, bx.w);
+          }
         }
       }
       __syncwarp();
       if (lane == 0) detail::mbarrier_arrive(&empty[s]);
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[t][e] += part[t][e];
+      }
     }
     const int64_t slot = int64_t{blockIdx.x} * kConsumerWarps + warp;
     if (!seg.owner) {
@@ -218,6 +244,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// A row-major [rows, k] bf16 matrix as a 2-D tensor map of (64 k) x box_rows boxes, 128-byte
+// swizzle; rows past `rows` read as zeros.
+KernelStatus encode_rows_map(const bf16* base, int64_t rows, int32_t k, int32_t box_rows,
+                             CUtensorMap* map, const char* what) {
+  const auto encode = detail::tensor_map_encoder();
+  if (encode == nullptr) {
+    return detail::bad_argument("stream_gemm: no cuTensorMapEncodeTiled in this driver");
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBoxK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return detail::bad_argument(std::string("stream_gemm: cuTensorMapEncodeTiled returned ") +
+                                std::to_string(static_cast<int>(r)) + " for " + what + " [" +
+                                std::to_string(rows) + ", " + std::to_string(k) + "]");
+  }
+  return Ok{};
+}
+
 template <int MT, int UK, typename Out>
 KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
@@ -231,6 +281,9 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
   if (attr_err != cudaSuccess) {
     return cuda_status(attr_err, "cudaFuncSetAttribute(stream_gemm_kernel)");
   }
+  CUtensorMap w_map, x_map;
+  if (auto s = encode_rows_map(w, n, k, kTileRows, &w_map, "w"); !s.ok()) return s;
+  if (auto s = encode_rows_map(x, m, k, kXRows, &x_map, "x"); !s.ok()) return s;
   const int64_t units = split::units(n, k, UK);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -242,8 +295,8 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = how == SkinnyLaunch::kProgrammatic ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out>, x, w, y, m,
-                                             n, k, ws.partials, ws.flags);
+  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out>, w_map, x_map,
+                                             y, m, n, k, ws.partials, ws.flags);
   if (err != cudaSuccess) return cuda_status(err, "cudaLaunchKernelEx(stream_gemm_kernel)");
   return detail::launch_status("stream_gemm_kernel");
 }

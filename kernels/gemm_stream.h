@@ -7,13 +7,16 @@
 // fraction of the SMs; the skinny kernel's grid of 3.6 waves has a ramp and a tail per wave
 // (perf/NOTES.md, "Few-row decode GEMMs with programmatic dependent launch"). Here the grid is
 // one block per SM and the work is split EVENLY in units of 64 weight rows x 128 k (or 256):
-// - a producer warp streams each unit's 64 row segments (and the m x 128 slice of x) into a
-//   ring of shared-memory stages with 1-D bulk copies (cp.async.bulk, an mbarrier per stage;
-//   the weights with an L2 evict-first policy), so every SM has ~100 KB of reads in flight from
-//   its first microsecond to its last;
+// - a producer thread streams each unit's weights (64 rows x 64 k boxes) and the matching boxes
+//   of x into a ring of shared-memory stages with 2-D tensor copies (TMA, an mbarrier per
+//   stage; the weights with an L2 evict-first policy), a few copies of 2-8 KB a unit, so every
+//   SM has ~100 KB of reads in flight from its first microsecond to its last (session 7's first
+//   version, one 1-D bulk copy per 256-byte row slice, ran at 16-20% of copy on the H200: the
+//   copies' count, not their bytes, bounded it);
 // - four consumer warps, 16 weight rows each, multiply on the tensor cores (mma.sync m16n8k16,
-//   bf16 in, fp32 accumulate) with the k permutation of gemm_skinny.h (a thread feeds 8
-//   consecutive k of a weight row and of an x row to the fragment slots of two k16 steps);
+//   bf16 in, fp32 accumulate) with a k permutation of the kind gemm_skinny.h uses (a thread
+//   feeds 8 consecutive k of a weight row and of an x row to the fragment slots of two k16
+//   steps), each unit summed in its own accumulator and then added to the tile's;
 // - a block's range of units may start or end inside a 64-row tile: the block that holds the
 //   tile's first unit owns it; a block that starts inside it writes its partial sums to the
 //   workspace and raises a flag; the owner, which reaches that tile last in its range, adds the
@@ -35,6 +38,8 @@ namespace twinstep::kernels {
 // Device memory the kernel's cross-block sums use: per block and consumer warp, one 16 x 16 fp32
 // partial and one flag. Flags must be zero before the first launch (zeroed memory); every launch
 // leaves them zero. One workspace per stream: two launches may not run at once on one workspace.
+// To launch on fewer blocks, lower `blocks` of the workspace as laid out; laying the same memory
+// out again for another block count moves the flags onto old partials.
 struct StreamGemmWorkspace {
   float* partials = nullptr;
   int32_t* flags = nullptr;
@@ -46,7 +51,7 @@ int64_t stream_gemm_workspace_bytes(int32_t blocks);
 StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks);
 
 // The shapes the kernel takes: 1 <= m <= kSkinnyMaxRows, n >= 1, k % unit_k == 0 (unit_k 0 is
-// 128); x and w 16-byte aligned (checked at launch).
+// 128); x and w 16-byte aligned (checked at launch; their tensor maps are encoded per launch).
 bool stream_gemm_supported(int32_t m, int32_t n, int32_t k, int32_t unit_k = 0);
 
 // Same contract as Blas::gemm (row-major x [m, k], w [n, k], y [m, n]; y overwritten).
@@ -55,9 +60,8 @@ bool stream_gemm_supported(int32_t m, int32_t n, int32_t k, int32_t unit_k = 0);
 // its griddepcontrol.wait; x is copied, y, the partials and the flags are touched only after
 // every thread's wait, so the bits are the plain launch's. Returns kBadArgument, naming what is
 // wrong, for a shape stream_gemm_supported refuses, a misaligned pointer or an empty workspace.
-// `unit_k`: the k of a unit, 128 (0: the default; 256-byte row slices, 6 stages) or 256
-// (512-byte slices, 4 stages: fewer, larger bulk copies, coarser balance), an A/B of the bulk
-// copies' size not yet measured; the sum order within a unit differs between the two.
+// `unit_k`: the k of a unit, 128 (0: the default; 8 stages) or 256 (4 stages, half the
+// barrier traffic, coarser balance); the sum order differs between the two.
 // Never allocates, never synchronises.
 KernelStatus stream_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream,

@@ -1,9 +1,12 @@
 // kernels/sm90.cuh: the Hopper (sm_90) primitives the few-row GEMMs share: shared memory
-// mbarriers (init, arrival with expected transaction bytes, parity wait), the 1-D bulk copy
-// global -> shared that completes on an mbarrier, an L2 evict-first policy for data read once,
-// programmatic dependent launch (griddepcontrol), and the m16n8k16 bf16 tensor-core product.
+// mbarriers (init, arrival with expected transaction bytes, parity wait), the 2-D tensor copy
+// (TMA) global -> shared that completes on an mbarrier and its host encoder, an L2 evict-first
+// policy for data read once, programmatic dependent launch (griddepcontrol, and the host launch
+// of the short kernels), and the m16n8k16 bf16 tensor-core product.
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -52,23 +55,39 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory,
-// completing that many transaction bytes on `bar`.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes,
-                                                    uint64_t* bar, uint64_t policy) {
+// The box of `map` at (c0, c1) (c0 the inner coordinate) into `dst` (shared memory, aligned as
+// the map's swizzle wants), completing its bytes on `bar`; with an L2 policy or without.
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int32_t c0,
+                                               int32_t c1, uint64_t* bar, uint64_t policy) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
-      "[%1], %2, [%3], %4;\n" ::"r"(shared_u32(dst)),
-      "l"(src), "r"(bytes), "r"(shared_u32(bar)), "l"(policy)
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(shared_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_u32(bar)), "l"(policy)
       : "memory");
 }
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes,
-                                                    uint64_t* bar) {
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int32_t c0,
+                                               int32_t c1, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(shared_u32(dst)),
-      "l"(src), "r"(bytes), "r"(shared_u32(bar))
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];\n" ::"r"(shared_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_u32(bar))
       : "memory");
+}
+
+// Host: the driver's cuTensorMapEncodeTiled (through the runtime's entry-point query, so no
+// libcuda link), or nullptr where the driver has none.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
 }
 
 // Programmatic dependent launch. wait: blocks until the grid this one programmatically depends
