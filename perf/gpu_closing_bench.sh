@@ -18,6 +18,22 @@ run() {  # run NAME LIMIT ARGS...: one bench, its table lines on stdout
   echo "== $name (engine_throughput_bench $*): exit $?, $(($(date +%s) - t0)) s"
   grep -E "^\| (prefill|decode)|cuDNN|ratio|invariant|host path|floor" "$OUT/bench_$name.log" | head -40
 }
+# DECODE_ARMS (default none): extra decode-only runs of the same binary for a same-machine A/B,
+# each engine_throughput_bench --decode with TWINSTEP_BENCH_QUICK=1: off (the defaults), stream
+# (TWINSTEP_SKINNY=16: the streamed few-row GEMM + PDL), chain (that and TWINSTEP_DECODE_PDL=1).
+arm() {  # arm NAME: one decode A/B arm, its per-batch medians on stdout
+  local name=$1
+  run "decode_$name" "${LIMIT_ARM:-40}" --decode > /dev/null
+  echo "== decode arm $name: $(grep -cE 'median .* ms/step' "$OUT/bench_decode_$name.log") medians"
+  grep -E "== decode batch|median .* ms/step" "$OUT/bench_decode_$name.log" | head -24
+}
+for a in ${DECODE_ARMS:-}; do
+  case $a in
+    off) TWINSTEP_BENCH_QUICK=1 arm off ;;
+    stream) TWINSTEP_SKINNY=16 TWINSTEP_BENCH_QUICK=1 arm stream ;;
+    chain) TWINSTEP_SKINNY=16 TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 arm chain ;;
+  esac
+done
 run default "${LIMIT_DEFAULT:-150}"
 run invariant_decode "${LIMIT_INV_DECODE:-90}" --decode-batch-invariant
 run invariant_prefill "${LIMIT_INV_PREFILL:-120}" --batch-invariant

@@ -24,8 +24,8 @@ for p in ${PARTS:-gates graphs bench engine_off engine_stream engine_chain engin
       --gtest_filter='*StreamedFewRowGemm*' ;;
     engine_chain) TWINSTEP_SKINNY=16 TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 part engine_chain \
       "${LIMIT_ENGINE:-25}" "$BIN/engine_throughput_bench" --decode ;;
-    engine_off) env -u TWINSTEP_SKINNY TWINSTEP_BENCH_QUICK=1 part engine_off \
-      "${LIMIT_ENGINE:-25}" "$BIN/engine_throughput_bench" --decode ;;
+    engine_off) (unset TWINSTEP_SKINNY TWINSTEP_DECODE_PDL; TWINSTEP_BENCH_QUICK=1 part engine_off \
+      "${LIMIT_ENGINE:-25}" "$BIN/engine_throughput_bench" --decode) ;;
     engine_stream) TWINSTEP_SKINNY=16 TWINSTEP_BENCH_QUICK=1 part engine_stream \
       "${LIMIT_ENGINE:-25}" "$BIN/engine_throughput_bench" --decode ;;
     engine_stream_plain) TWINSTEP_SKINNY=16,plain TWINSTEP_BENCH_QUICK=1 part engine_stream_plain \
