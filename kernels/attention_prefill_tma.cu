@@ -28,29 +28,7 @@ namespace {
 
 // ---- mbarrier, bulk tensor copy, register reallocation ------------------------------------
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-// One arrival that also announces `bytes` of copies completing on this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Returns once the phase of parity `parity` has completed (a fresh barrier counts phase 1 as
-// completed: the feeder's first pass over the ring does not wait).
-// The retry loop is inside the asm block (its label scoped by the braces).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nTS_MBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra TS_MBAR_WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
+// The mbarrier primitives are kernels/sm90.cuh's (detail::mbarrier_*).
 // Box at (c0, c1, c2) of the map into dst, completing `bar`'s transaction bytes.
 __device__ __forceinline__ void tma_load_3d(bf16* dst, const CUtensorMap* map, int32_t c0,
                                             int32_t c1, int32_t c2, uint64_t* bar) {
@@ -172,7 +150,8 @@ __device__ __forceinline__ void fill_stage(const TcArgs& a, const CUtensorMap* m
   const int32_t b_hi = min(boxes, (p.khi - j0 + box - 1) / box);
   uint64_t* bar = edge ? land : full;
   if (lane == 0) {
-    mbar_arrive_expect_tx(bar, static_cast<uint32_t>((b_hi - b_lo) * box) * HD * 2 * kRecs);
+    detail::mbarrier_arrive_expect_tx(bar,
+                                      static_cast<uint32_t>((b_hi - b_lo) * box) * HD * 2 * kRecs);
   }
   __syncwarp();
   for (int32_t item = lane; item < (b_hi - b_lo) * kRecs * kPanels; item += kWarp) {
@@ -190,7 +169,7 @@ __device__ __forceinline__ void fill_stage(const TcArgs& a, const CUtensorMap* m
                 kv_head, token_row, bar);
   }
   if (!edge) return;
-  mbar_wait(land, land_parity);
+  detail::mbarrier_wait(land, land_parity);
   bf16* v = stage + BN * HD;
   for (int32_t key = lane; key < BN; key += kWarp) {
     const int32_t j = j0 + key;
@@ -202,7 +181,7 @@ __device__ __forceinline__ void fill_stage(const TcArgs& a, const CUtensorMap* m
   }
   fence_async_shared();  // the zeros are read by the tensor cores (async proxy)
   __syncwarp();
-  if (lane == 0) mbar_arrive(full);
+  if (lane == 0) detail::mbarrier_arrive(full);
 }
 
 // Which tiles of its block pass `pass` attends (the kWgmmaPair* split: tiles of one seq share
@@ -246,7 +225,7 @@ __device__ __forceinline__ void feed_next(const TcArgs& a, const CUtensorMap* ma
                                           uint64_t* full, uint64_t* empty, uint64_t* land) {
   if (c.pass >= bt.passes) return;
   const uint32_t s = c.it % NS;
-  mbar_wait(&empty[s], ((c.it / NS) & 1) ^ 1);  // a fresh slot passes at once
+  detail::mbarrier_wait(&empty[s], ((c.it / NS) & 1) ^ 1);  // a fresh slot passes at once
   const int32_t j0 = c.p.j_start + c.i * BN;
   fill_stage<HD, BN, REC>(a, map, box, c.pb, c.count, c.first_page, blockIdx.y, c.p, j0,
                           stages + s * 2 * BN * HD, &full[s], &land[s], (c.land_parity >> s) & 1);
@@ -273,9 +252,9 @@ template <int NS>
 __device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, uint64_t* land) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
-      mbar_init(&land[s], 1);
+      detail::mbarrier_init(&full[s], 1);
+      detail::mbarrier_init(&empty[s], kConsumerWarps);
+      detail::mbarrier_init(&land[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -334,13 +313,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     for (int32_t i = 0; i < p.stages; ++i, ++it) {
       const uint32_t s = it % NS;
-      mbar_wait(&sm.full[s], (it / NS) & 1);
+      detail::mbarrier_wait(&sm.full[s], (it / NS) & 1);
       const bf16* k_st = sm.stages + s * 2 * BN * kHd256;
       float sc[BN / 8][4];
       scores_wg<BN>(my_q, k_st, sc);
       softmax_pv_wg<BN>(a, pr, p.j_start + i * BN, sc, k_st + BN * kHd256, m_run, l_run, o);
       __syncwarp();
-      if (lane == 0) mbar_arrive(&sm.empty[s]);
+      if (lane == 0) detail::mbarrier_arrive(&sm.empty[s]);
       if (feeder)
         feed_next<kHd256, BN, NS>(a, &kv_map, box, bt, fc, sm.stages, sm.full, sm.empty, sm.land);
     }
@@ -515,7 +494,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // No branch between the wgmma of a window (ptxas serialises them otherwise, C7520): the
     // first window (S only) and the last (P V only) are peeled.
     auto open_window = [&](int32_t i) {
-      if (i < p.stages) mbar_wait(&sm.full[(it + i) % NS], ((it + i) / NS) & 1);
+      if (i < p.stages) detail::mbarrier_wait(&sm.full[(it + i) % NS], ((it + i) / NS) & 1);
       named_barrier(kSchedBarrier0 + wg, kThreads);
       fence_operands(o);
       wgmma_fence();
@@ -529,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto release = [&](int32_t i) {  // stage i: its P V has landed
       __syncwarp();
-      if (lane == 0) mbar_arrive(&sm.empty[(it + i) % NS]);
+      if (lane == 0) detail::mbarrier_arrive(&sm.empty[(it + i) % NS]);
       if (feeder) {
         feed_next<kHd256, BN, NS>(a, &kv_map, box, bt, fc, sm.stages, sm.full, sm.empty, sm.land);
       }
@@ -590,8 +569,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty_v = v_bars + NS;
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
-      mbar_init(&full_v[s], 1);
-      mbar_init(&empty_v[s], kConsumerWarps);
+      detail::mbarrier_init(&full_v[s], 1);
+      detail::mbarrier_init(&empty_v[s], kConsumerWarps);
     }
   }
   init_ring<NS>(sm.full, sm.empty, sm.land);  // its __syncthreads covers the V barriers too
@@ -647,8 +626,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto stage_of = [&](int32_t i) { return sm.stages + slot(i) * 2 * BN * kHd256; };
     // Window i: P V(i - 1) (has_pv) and S(i) (has_s); no branch between its wgmma.
     auto open_window = [&](int32_t i, bool has_pv, bool has_s) {
-      if (has_s) mbar_wait(&full_k[slot(i)], parity(i));
-      if (has_pv) mbar_wait(&full_v[slot(i - 1)], parity(i - 1));
+      if (has_s) detail::mbarrier_wait(&full_k[slot(i)], parity(i));
+      if (has_pv) detail::mbarrier_wait(&full_v[slot(i - 1)], parity(i - 1));
       named_barrier(kSchedBarrier0 + wg, kThreads);
       fence_operands(o);
       wgmma_fence();
@@ -661,8 +640,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (wg == 0 || !last_of_block) named_arrive(kSchedBarrier0 + (wg ^ 1), kThreads);
       __syncwarp();
       if (lane == 0) {
-        if (has_s) mbar_arrive(&empty_k[slot(i)]);
-        if (has_pv) mbar_arrive(&empty_v[slot(i - 1)]);
+        if (has_s) detail::mbarrier_arrive(&empty_k[slot(i)]);
+        if (has_pv) detail::mbarrier_arrive(&empty_v[slot(i - 1)]);
       }
       if (feeder) {
         if (has_s) feed_k();
@@ -737,7 +716,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   for (int32_t i = 0; i < p.stages; ++i) {
     const uint32_t s = i % NS;
-    mbar_wait(&sm.full[s], (i / NS) & 1);
+    detail::mbarrier_wait(&sm.full[s], (i / NS) & 1);
     const bf16* k_st = sm.stages + s * 2 * BN * kHd512;
     float sc[BN / 8][4];
     scores_wg<BN>(sm.q + panel0 * kPrefillTileM * kPanel, k_st + panel0 * BN * kPanel, sc);
@@ -770,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax_pv_wg<BN>(a, pr, p.j_start + i * BN, sc, v_base, m_run, l_run, o);
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(&sm.empty[s]);
+    if (lane == 0) detail::mbarrier_arrive(&sm.empty[s]);
     if (feeder)
       feed_next<kHd512, BN, NS>(a, &kv_map, box, bt, fc, sm.stages, sm.full, sm.empty, sm.land);
   }
