@@ -14,7 +14,9 @@
 // at m = 1, 8, 16, each GEMM between its own events, then whole decode-step-like chains (48
 // layers of norm, qkv, o_proj, norm, gate|up, gelu, down, then the LM head; and the same GEMMs
 // back to back without the small kernels) captured in one CUDA graph per arm and replayed.
+// --profile: the streamed kernel alone, for ncu (pdl::profile).
 // Not a test: it prints figures (perf/NOTES.md).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -442,6 +444,52 @@ void report(double copy_gbs, cudaStream_t stream) {
   }
 }
 
+// --profile: the streamed kernel alone for ncu (cudaProfilerStart/Stop around the profiled
+// launches): local o_proj, down and gate|up at m = 1, unit k 128 then 256, each launched 3 times
+// (weights cycled over 2 copies), with events around each so the log also has their times.
+void profile(cudaStream_t stream) {
+  int device = 0, sms = 0;
+  BENCH_CUDA(cudaGetDevice(&device));
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  void* mem = nullptr;
+  BENCH_CUDA(cudaMalloc(&mem, kernels::stream_gemm_workspace_bytes(sms)));
+  BENCH_CUDA(cudaMemset(mem, 0, kernels::stream_gemm_workspace_bytes(sms)));
+  const kernels::StreamGemmWorkspace ws = kernels::stream_gemm_workspace(mem, sms);
+  const Gemm* shapes[] = {&kGemms[2], &kGemms[5], &kGemms[4]};
+  bf16 *x = nullptr, *y = nullptr;
+  BENCH_CUDA(cudaMalloc(&x, 15360 * 2));
+  BENCH_CUDA(cudaMalloc(&y, 30720 * 2));
+  fill_random(x, 15360, 7, 1.0f, stream);
+  cudaEvent_t e0, e1;
+  BENCH_CUDA(cudaEventCreate(&e0));
+  BENCH_CUDA(cudaEventCreate(&e1));
+  for (const Gemm* g : shapes) {
+    bf16* w[2] = {};
+    for (bf16*& p : w) {
+      BENCH_CUDA(cudaMalloc(&p, int64_t{g->n} * g->k * 2));
+      fill_random(p, int64_t{g->n} * g->k, 8, 0.02f, stream);
+    }
+    for (const int32_t unit_k : {128, 256}) {
+      BENCH_OK(kernels::stream_gemm(x, w[1], y, 1, g->n, g->k, ws, stream,
+                                    kernels::SkinnyLaunch::kPlain, unit_k));  // warm
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      BENCH_CUDA(cudaProfilerStart());
+      for (int r = 0; r < 3; ++r) {
+        BENCH_CUDA(cudaEventRecord(e0, stream));
+        BENCH_OK(kernels::stream_gemm(x, w[r % 2], y, 1, g->n, g->k, ws, stream,
+                                      kernels::SkinnyLaunch::kPlain, unit_k));
+        BENCH_CUDA(cudaEventRecord(e1, stream));
+        BENCH_CUDA(cudaEventSynchronize(e1));
+        float ms = 0;
+        BENCH_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        std::printf("profile %-13s m=1 unit_k=%d run %d: %.2f us\n", g->what, unit_k, r, ms * 1e3);
+      }
+      BENCH_CUDA(cudaProfilerStop());
+    }
+    for (bf16* p : w) BENCH_CUDA(cudaFree(p));
+  }
+}
+
 }  // namespace pdl
 
 }  // namespace
@@ -474,8 +522,12 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaFree(a));
   BENCH_CUDA(cudaFree(b));
   const bool pdl_only = argc == 2 && std::string(argv[1]) == "--pdl";
+  if (argc == 2 && std::string(argv[1]) == "--profile") {
+    pdl::profile(stream);
+    return 0;
+  }
   if (argc != 1 && !pdl_only) {
-    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl]\n");
+    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl | --profile]\n");
     return 2;
   }
   if (pdl_only) {
