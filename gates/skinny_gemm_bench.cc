@@ -229,6 +229,17 @@ enum Arm { kTunedArm, kPlainArm, kPdlArm, kStreamArm, kStreamPdlArm, kStream256P
 constexpr const char* kArmNames[kArms] = {"tuned",  "skinny",     "skinny+PDL",
                                           "stream", "stream+PDL", "stream256+PDL"};
 kernels::StreamGemmWorkspace stream_ws;  // set up in report()
+// The streamed kernel's workspace as Blas makes it: one slot per SM, zeroed (never freed: the
+// bench's process ends).
+kernels::StreamGemmWorkspace make_stream_ws() {
+  int device = 0, sms = 0;
+  BENCH_CUDA(cudaGetDevice(&device));
+  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  void* mem = nullptr;
+  BENCH_CUDA(cudaMalloc(&mem, kernels::stream_gemm_workspace_bytes(sms)));
+  BENCH_CUDA(cudaMemset(mem, 0, kernels::stream_gemm_workspace_bytes(sms)));
+  return kernels::stream_gemm_workspace(mem, sms);
+}
 constexpr int kNumGemms = static_cast<int>(sizeof(kGemms) / sizeof(kGemms[0]));
 constexpr int kCopies = 4;  // of each layer weight; layer l uses copy l % kCopies
 constexpr int32_t kRows[] = {1, 8, 16};
@@ -298,15 +309,7 @@ void report(double copy_gbs, cudaStream_t stream) {
     std::exit(1);
   }
   kernels::Blas& blas = made.value();
-  {
-    int device = 0, sms = 0;
-    BENCH_CUDA(cudaGetDevice(&device));
-    BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    void* mem = nullptr;
-    BENCH_CUDA(cudaMalloc(&mem, kernels::stream_gemm_workspace_bytes(sms)));
-    BENCH_CUDA(cudaMemset(mem, 0, kernels::stream_gemm_workspace_bytes(sms)));
-    stream_ws = kernels::stream_gemm_workspace(mem, sms);
-  }
+  stream_ws = make_stream_ws();
   {
     std::vector<kernels::GemmShape> shapes;
     for (const Gemm& g : kGemms) {
@@ -448,13 +451,7 @@ void report(double copy_gbs, cudaStream_t stream) {
 // launches): local o_proj, down and gate|up at m = 1, unit k 128 then 256, each launched 3 times
 // (weights cycled over 2 copies), with events around each so the log also has their times.
 void profile(cudaStream_t stream) {
-  int device = 0, sms = 0;
-  BENCH_CUDA(cudaGetDevice(&device));
-  BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  void* mem = nullptr;
-  BENCH_CUDA(cudaMalloc(&mem, kernels::stream_gemm_workspace_bytes(sms)));
-  BENCH_CUDA(cudaMemset(mem, 0, kernels::stream_gemm_workspace_bytes(sms)));
-  const kernels::StreamGemmWorkspace ws = kernels::stream_gemm_workspace(mem, sms);
+  const kernels::StreamGemmWorkspace ws = make_stream_ws();
   const Gemm* shapes[] = {&kGemms[2], &kGemms[5], &kGemms[4]};
   bf16 *x = nullptr, *y = nullptr;
   BENCH_CUDA(cudaMalloc(&x, 15360 * 2));
