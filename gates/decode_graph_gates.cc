@@ -522,6 +522,10 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmAndProgrammaticDecodeMatchPlainBitwis
       return std::make_pair(out.ok() ? out->sampled : std::vector<int32_t>{}, dev.last_logits());
     };
     const auto cublas = eager(0, true, true);
+    // cuBLAS GEMMs with the short kernels (and the q/k/v write) programmatic: the default GEMMs
+    // never let a dependent start early, the q/k/v write does (the split kernel copies its
+    // older keys before its wait).
+    const auto cublas_chained = eager(0, true, true, /*chain=*/true);
     const auto registers = eager(16, false, false);
     const auto plain = eager(16, true, false);
     const auto pdl = eager(16, true, true);
@@ -544,6 +548,9 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmAndProgrammaticDecodeMatchPlainBitwis
     EXPECT_TRUE(plain.second.size() == n &&
                 std::memcmp(plain.second.data(), pdl.second.data(), n * 4) == 0)
         << plan.num_rows() << " rows: streamed + PDL logits != streamed plain";
+    EXPECT_TRUE(cublas.second.size() == n && cublas_chained.second.size() == n &&
+                std::memcmp(cublas.second.data(), cublas_chained.second.data(), n * 4) == 0)
+        << plan.num_rows() << " rows: cuBLAS with programmatic short kernels != cuBLAS plain";
     if (cublas.second.size() == n && registers.second.size() == n) {
       for (size_t i = 0; i < n; ++i) {
         const double ds = double(lr[i]) - cublas.second[i];

@@ -523,8 +523,15 @@ int main(int argc, char** argv) {
     pdl::profile(stream);
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--prefill") {  // the default path's prefill only
+    const double peak = bf16_peak(blas[kDefault], stream);
+    std::printf("bf16 peak (8192^3 GEMM, random operands, default path): %.0f TFLOP/s\n",
+                peak / 1e12);
+    for (int rep = 0; rep < 3; ++rep) prefill_gemms(blas[kDefault], kPathNames[kDefault], stream);
+    return 0;
+  }
   if (argc != 1 && !pdl_only) {
-    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl | --profile]\n");
+    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl | --profile | --prefill]\n");
     return 2;
   }
   if (pdl_only) {

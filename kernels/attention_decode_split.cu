@@ -510,8 +510,7 @@ template <int HD>
 __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBlocks)
     decode_split_kernel(SplitArgs a) {
   using G = Geometry<HD>;
-  launch_dependents();             // with one split, the next kernel is the o_proj GEMM
-  detail::grid_dependency_wait();  // programmatic launch: the q/k/v write has finished
+  launch_dependents();  // with one split, the next kernel is the o_proj GEMM
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ring = reinterpret_cast<bf16*>(smem);                // [stages][K, V][32][HD]
   bf16* q_s = ring + G::kStages * 2 * G::kTileElems;         // [16][HD]
@@ -527,6 +526,7 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
   const int32_t chunk = (per_split + kTileKeys - 1) / kTileKeys * kTileKeys;
   const int64_t kb64 = keys.lo + static_cast<int64_t>(split) * chunk;
   if (kb64 >= keys.hi) {  // an empty split: the neutral state (only possible for splits > 1)
+    detail::grid_dependency_wait();  // programmatic launch: every write after the wait
     for (int i = threadIdx.x; i < heads; i += G::kThreads) {
       const int64_t rh = static_cast<int64_t>(row) * a.q_heads + head0 + i;
       a.part_ml[rh * a.splits + split] = make_float2(-INFINITY, 0.0f);
@@ -539,11 +539,26 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
   const int32_t tiles = (ke - kb + kTileKeys - 1) / kTileKeys;
   auto stage_k = [&](int st) { return ring + st * 2 * G::kTileElems; };
 
-  load_q<HD>(a, row, head0, heads, q_s);
   TileLoader<HD> loader(a, kv_head, keys.pages.first, kb);
+  // Under a programmatic launch the kernel in front is the decode step's q/k/v write: it writes
+  // q and each row's newest key (hi - 1; a decode-only step has one row a seq, in its own slot).
+  // The leading stages whose keys all come before that key are copied before the wait; they
+  // join group 0 with Q, so the ring's group count and waits are the same as without them.
+  // Before the wait the kernel reads only the plan's arrays and those keys, and writes nothing
+  // but its own shared memory.
+  int32_t early = 0;
+  while (early < G::kStages - 1 && early < tiles &&
+         min(ke, kb + (early + 1) * kTileKeys) <= keys.hi - 1) {
+    loader.load(a, keys.pages, ke, stage_k(early), stage_k(early) + G::kTileElems);
+    ++early;
+  }
+  detail::grid_dependency_wait();  // programmatic launch: the q/k/v write has finished
+  load_q<HD>(a, row, head0, heads, q_s);
 #pragma unroll
   for (int st = 0; st < G::kStages - 1; ++st) {
-    if (st < tiles) loader.load(a, keys.pages, ke, stage_k(st), stage_k(st) + G::kTileElems);
+    if (st >= early && st < tiles) {
+      loader.load(a, keys.pages, ke, stage_k(st), stage_k(st) + G::kTileElems);
+    }
     cp_async_commit();
   }
   float o[G::kNTiles][4];

@@ -288,12 +288,13 @@ class Blas {
 };
 
 // Programmatic dependent launch of the short kernels of a decode step (rms_norm,
-// residual_norm, gelu_tanh_mul, the split-KV decode attention and its merge, softcap, argmax):
-// while a scope that is on lives on this thread, their launchers set
+// residual_norm, gelu_tanh_mul, the fused q/k/v write, the split-KV decode attention and its
+// merge, softcap, argmax): while a scope that is on lives on this thread, their launchers set
 // cudaLaunchAttributeProgrammaticStreamSerialization, so each may be resident before the
 // kernel in front of it ends (that kernel calls griddepcontrol.launch_dependents early) and
 // waits in griddepcontrol.wait, its first statement, for it to complete: the launch latency
-// hides behind the previous kernel and no value changes. Scopes nest (the innermost wins);
+// hides behind the previous kernel and no value changes. (The split kernel first copies the
+// keys older than each row's newest, which the q/k/v write in front of it never writes.) Scopes nest (the innermost wins);
 // under stream capture the edges are the graph's programmatic edges.
 bool programmatic_launches();
 class ProgrammaticLaunchScope {

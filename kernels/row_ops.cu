@@ -295,6 +295,8 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
   __shared__ float inv_freq[HD / 2];
   __shared__ float cos_tab[kQkvRowsPerBlockMax][HD / 2];
   __shared__ float sin_tab[kQkvRowsPerBlockMax][HD / 2];
+  detail::launch_dependents();     // the decode attention may start loading its older keys
+  detail::grid_dependency_wait();  // programmatic launch: the q|k|v GEMM has finished
   const bool roped = a.rotary_pairs > 0;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_block;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -712,7 +714,10 @@ template <int HD>
 struct QkvWriteLaunch {
   static void run(int blocks, cudaStream_t stream, const QkvWriteArgs& args) {
     const int threads = args.warps_per_row * args.rows_per_block * kWarp;
-    qkv_write_kernel<HD, heads_per_warp(HD)><<<blocks, threads, 0, stream>>>(args);
+    // Programmatic under a ProgrammaticLaunchScope (decode steps), like the short kernels; a
+    // failed launch is also the last error, which the caller's launch_status reads.
+    (void)detail::launch_short(qkv_write_kernel<HD, heads_per_warp(HD)>, blocks, threads, 0,
+                               stream, args);
   }
 };
 

@@ -111,7 +111,8 @@ __device__ __forceinline__ void launch_dependents() {
 // start once the previous kernel of the stream lets it, see launch_dependents) while a
 // ProgrammaticLaunchScope is on on this thread (ops.h), plainly otherwise. For the short kernels
 // whose first statement is grid_dependency_wait(), so the attribute changes when they start,
-// never what they read.
+// never what they read; the decode split kernel reads before its wait only what the kernel in
+// front cannot write (the plan's arrays and keys older than each row's newest).
 template <typename... Params, typename... Args>
 cudaError_t launch_short(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                          cudaStream_t stream, Args&&... args) {
