@@ -20,7 +20,8 @@ run() {  # run NAME LIMIT ARGS...: one bench, its table lines on stdout
 }
 # DECODE_ARMS (default none): extra decode-only runs of the same binary for a same-machine A/B,
 # each engine_throughput_bench --decode with TWINSTEP_BENCH_QUICK=1: off (the defaults), stream
-# (TWINSTEP_SKINNY=16: the streamed few-row GEMM + PDL), chain (that and TWINSTEP_DECODE_PDL=1).
+# (TWINSTEP_SKINNY=16: the streamed few-row GEMM + PDL), chain (that and TWINSTEP_DECODE_PDL=1),
+# pdl (TWINSTEP_DECODE_PDL=1 with the default GEMMs), chain256 (chain with TWINSTEP_SKINNY=16,k256).
 arm() {  # arm NAME: one decode A/B arm, its per-batch medians on stdout
   local name=$1
   run "decode_$name" "${LIMIT_ARM:-40}" --decode > /dev/null
@@ -32,6 +33,8 @@ for a in ${DECODE_ARMS:-}; do
     off) TWINSTEP_BENCH_QUICK=1 arm off ;;
     stream) TWINSTEP_SKINNY=16 TWINSTEP_BENCH_QUICK=1 arm stream ;;
     chain) TWINSTEP_SKINNY=16 TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 arm chain ;;
+    pdl) TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 arm pdl ;;
+    chain256) TWINSTEP_SKINNY=16,k256 TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 arm chain256 ;;
   esac
 done
 run default "${LIMIT_DEFAULT:-150}"

@@ -9,13 +9,14 @@
 #   off / pdl / chain / chain256  engine_throughput_bench --decode (TWINSTEP_BENCH_QUICK), the
 #                          same binary: defaults; TWINSTEP_DECODE_PDL=1 (cuBLAS GEMMs); that with
 #                          TWINSTEP_SKINNY=16 (streamed few-row GEMM); with TWINSTEP_SKINNY=16,k256
+#   overlap                perf/probes/overlap_probe.py (prefill: two streams of row halves)
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # OUT, LD_LIBRARY_PATH (cuDNN), t, part, summary
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 { cmake --preset gpu-gates && cmake --build --preset gpu-gates -j16; } > /tmp/build.log 2>&1 ||
   { grep -m 30 -E "error|Error" /tmp/build.log; cp /tmp/build.log "$OUT"; exit 1; }
 t built
 BIN=build/gpu-gates/bin
-for p in ${PARTS:-split trap graph kbench off pdl chain chain256}; do
+for p in ${PARTS:-split trap graph kbench off pdl chain256 overlap}; do
   case $p in
     split) part split_gates "${LIMIT_GATES:-60}" "$BIN/decode_split_gates" ;;
     trap) part trap_gate 15 "$BIN/decode_split_trap_gate" ;;
@@ -28,6 +29,7 @@ for p in ${PARTS:-split trap graph kbench off pdl chain chain256}; do
       "${LIMIT_ENGINE:-30}" "$BIN/engine_throughput_bench" --decode ;;
     chain) TWINSTEP_SKINNY=16 TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 part engine_chain \
       "${LIMIT_ENGINE:-30}" "$BIN/engine_throughput_bench" --decode ;;
+    overlap) part overlap "${LIMIT_OVERLAP:-90}" python3 perf/probes/overlap_probe.py ;;
     chain256) TWINSTEP_SKINNY=16,k256 TWINSTEP_DECODE_PDL=1 TWINSTEP_BENCH_QUICK=1 \
       part engine_chain256 "${LIMIT_ENGINE:-30}" "$BIN/engine_throughput_bench" --decode ;;
   esac
@@ -35,6 +37,7 @@ done
 for f in "$OUT"/*_gates.log "$OUT"/trap_gate.log; do
   [ -e "$f" ] && { echo "---- $f"; summary "$f"; }
 done
+[ -e "$OUT/overlap.log" ] && { echo "---- overlap"; cat "$OUT/overlap.log"; }
 for f in "$OUT"/kbench.log "$OUT"/engine_*.log; do
   [ -e "$f" ] || continue
   echo "---- $f"
