@@ -106,10 +106,12 @@ struct CudaDeviceOptions {
   // TWINSTEP_L2_PREFETCH overrides it in create() (l2_prefetch_from_env: "0" off,
   // "MB[,ROWS[,beside]]" on).
   L2PrefetchConfig l2_prefetch{};
-  // Programmatic dependent launch of decode steps' short kernels
-  // (ModelForward::set_programmatic_decode). Off by default: not yet measured on the H200.
-  // TWINSTEP_DECODE_PDL overrides it in create() (resolve_programmatic_decode).
-  bool programmatic_decode = false;
+  // Programmatic dependent launch of decode steps' short kernels and q/k/v write
+  // (ModelForward::set_programmatic_decode). On by default: on the H200 (session 8, same binary,
+  // graphs) 12B decode b=1 7.942 -> 7.800 ms, b=16 9.448 -> 9.218, b=64 14.034 -> 13.874, b=128
+  // 20.505 -> 20.468 (perf/NOTES.md). TWINSTEP_DECODE_PDL overrides it in create()
+  // (resolve_programmatic_decode).
+  bool programmatic_decode = true;
 };
 
 // CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of
