@@ -53,6 +53,7 @@ TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
 
 TEST(ProgrammaticDecodeOption, EnvironmentOverridesTheOptionBothWays) {
   CudaDeviceOptions off;
+  off.programmatic_decode = false;
   CudaDeviceOptions on;
   on.programmatic_decode = true;
   // On by default since session 8's H200 A/B (faster at every decode batch measured).

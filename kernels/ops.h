@@ -294,8 +294,8 @@ class Blas {
 // kernel in front of it ends (that kernel calls griddepcontrol.launch_dependents early) and
 // waits in griddepcontrol.wait, its first statement, for it to complete: the launch latency
 // hides behind the previous kernel and no value changes. (The split kernel first copies the
-// keys older than each row's newest, which the q/k/v write in front of it never writes.) Scopes nest (the innermost wins);
-// under stream capture the edges are the graph's programmatic edges.
+// keys older than each row's newest, which the q/k/v write in front of it never writes.) Scopes
+// nest (the innermost wins); under stream capture the edges are the graph's programmatic edges.
 bool programmatic_launches();
 class ProgrammaticLaunchScope {
  public:

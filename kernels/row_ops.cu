@@ -716,8 +716,8 @@ struct QkvWriteLaunch {
     const int threads = args.warps_per_row * args.rows_per_block * kWarp;
     // Programmatic under a ProgrammaticLaunchScope (decode steps), like the short kernels; a
     // failed launch is also the last error, which the caller's launch_status reads.
-    (void)detail::launch_short(qkv_write_kernel<HD, heads_per_warp(HD)>, blocks, threads, 0,
-                               stream, args);
+    (void)detail::launch_short(qkv_write_kernel<HD, heads_per_warp(HD)>, blocks, threads, 0, stream,
+                               args);
   }
 };
 
