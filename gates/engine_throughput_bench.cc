@@ -41,6 +41,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "gates/kernel_trace.h"
 #include "kernels/attention_decode_split.h"
 #include "kernels/cuda_device.h"
 #include "kernels/decode_graphs.h"
@@ -277,6 +278,22 @@ Timed step(engine::Engine& e) {
     }
   }
   return t;
+}
+
+// TWINSTEP_BENCH_TRACE=1: one more step under a CUPTI kernel timeline (gates/kernel_trace.h),
+// printed as kernels, busy / idle time and the kernels grouped by name.
+bool trace_enabled() {
+  static const bool on = std::getenv("TWINSTEP_BENCH_TRACE") != nullptr;
+  return on;
+}
+void trace_step(engine::Engine& e, const std::string& title) {
+  if (const std::string err = gates::KernelTrace::start(); !err.empty()) {
+    std::printf("-- trace: %s: not taken: %s\n", title.c_str(), err.c_str());
+    return;
+  }
+  const Timed t = step(e);
+  const std::vector<gates::KernelRecord> kernels = gates::KernelTrace::stop();
+  std::fputs(gates::trace_summary(title, kernels, t.ms).c_str(), stdout);
 }
 
 engine::RequestControl submit(engine::Engine& e, std::mt19937_64& rng, int prompt_len,
@@ -1446,6 +1463,10 @@ int main(int argc, char** argv) {
     std::snprintf(title, sizeof title, "prefill step, %d rows (%d x %d)", t.out.rows,
                   kMaxStepTokens / kPrefillPrompt, kPrefillPrompt);
     print_breakdown(title, phases, forward_ms, t.ms, median(ms));
+    if (trace_enabled()) {
+      for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
+      trace_step(e, "prefill step, 8192 rows");
+    }
     drain(e);
   }
 
@@ -1494,6 +1515,12 @@ int main(int argc, char** argv) {
         const std::vector<double> phases = timer.phase_ms(&forward_ms);
         const std::string title = "decode step, batch " + std::to_string(batch);
         print_breakdown(title.c_str(), phases, forward_ms, t.ms, med);
+      }
+      if (trace_enabled()) {
+        trace_step(e, "decode b=" + std::to_string(batch) + ", graphs");
+        device.set_decode_graph_mode(kernels::DecodeGraphMode::kOff);
+        trace_step(e, "decode b=" + std::to_string(batch) + ", eager");
+        device.set_decode_graph_mode(kernels::DecodeGraphMode::kReplay);
       }
     }
     for (auto& c : controls) c.abort();
