@@ -31,6 +31,12 @@ std::string demangle(const char* mangled) {
   std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(mangled, nullptr, nullptr, &status),
                                            std::free);
   std::string s = status == 0 && d ? d.get() : mangled;
+  for (const std::string anon : {"(anonymous namespace)::", "twinstep::kernels::"}) {
+    for (size_t at = s.find(anon); at != std::string::npos; at = s.find(anon)) {
+      s.erase(at, anon.size());
+    }
+  }
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
   // Drop the parameter list (the last top-level '(' ... ')'), keep the template arguments.
   int depth = 0;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -139,9 +145,9 @@ std::string trace_summary(const std::string& title, const std::vector<KernelReco
     last_end = std::max(last_end, e);
   }
   const double span_us = (last_end - t0) / 1e3, busy_us = busy / 1e3, sum_us = sum / 1e3;
-  s += fmt("  %.0f kernels (%.0f in graphs); span %.1f us, busy %.1f us, idle %.1f us", k.size(),
-           in_graph, span_us, busy_us) +
-       fmt(" (%.1f%%), overlap %.1f us; host step %.3f ms\n", span_us - busy_us,
+  s += fmt("  %.0f kernels (%.0f in graphs); span %.1f us, busy %.1f us,", k.size(), in_graph,
+           span_us, busy_us) +
+       fmt(" idle %.1f us (%.1f%%), overlap %.1f us; host step %.3f ms\n", span_us - busy_us,
            100.0 * (span_us - busy_us) / span_us, sum_us - busy_us, step_ms);
   struct Agg {
     int n = 0;
@@ -166,7 +172,7 @@ std::string trace_summary(const std::string& title, const std::vector<KernelReco
   for (int i = 0; i < static_cast<int>(rows.size()) && i < top_names; ++i) {
     const Agg& a = rows[i].second;
     s += fmt("  %5.0f %10.1f %9.2f %9.2f", a.n, a.total, a.total / a.n, a.min) +
-         fmt(" %9.2f %15.1f  ", a.max, a.gap_before) + rows[i].first.substr(0, 110) + "\n";
+         fmt(" %9.2f %15.1f  ", a.max, a.gap_before) + rows[i].first.substr(0, 150) + "\n";
   }
   std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.ns > b.ns; });
   for (int i = 0; i < static_cast<int>(gaps.size()) && i < top_gaps; ++i) {

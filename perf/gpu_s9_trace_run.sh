@@ -18,6 +18,7 @@ BIN=build/gpu-gates/bin
 TWINSTEP_BENCH_TRACE=1 TWINSTEP_BENCH_QUICK=1 part trace "${LIMIT_TRACE:-200}" \
   "$BIN/engine_throughput_bench" --decode
 grep -E "^-- trace|kernels \(|^\| decode" "$OUT/trace.log"
+[ -n "$SKIP_NCU" ] && { t done; exit 0; }
 part bench "${LIMIT_BENCH:-40}" "$BIN/decode_attention_bench" --no-reference
 sections="--section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
   --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters"
