@@ -494,43 +494,69 @@ TEST_F(KernelGates, Softcap) {
 }
 
 TEST_F(KernelGates, Argmax) {
-  sim::Rng rng(20);
-  const int32_t rows = 6, cols = 50000;
-  std::vector<float> x(size_t(rows) * cols);
-  for (auto& v : x) v = static_cast<float>(rng.unit() * 10.0 - 5.0);
-  // Row 0: a tie between columns 777 and 40000 -> 777. Row 1: NaNs never win.
-  x[777] = x[40000] = 9.0f;
-  x[size_t(cols) + 5] = std::numeric_limits<float>::quiet_NaN();
-  x[size_t(cols) + 6] = 8.5f;
-  // Row 2: the maximum in the last column; row 3: in the first.
-  x[size_t(2) * cols + cols - 1] = 7.5f;
-  x[size_t(3) * cols] = 7.5f;
-  std::vector<bf16> xb(x.size());
-  for (size_t i = 0; i < x.size(); ++i) xb[i] = to_bf(x[i]);
-  DeviceBuffer<float> d_x(x);
-  DeviceBuffer<bf16> d_xb(xb);
-  DeviceBuffer<int32_t> d_out(std::vector<int32_t>(rows, -1)),
-      d_outb(std::vector<int32_t>(rows, -1));
-  KERNEL_OK(kernels::argmax(d_x.get(), d_out.get(), rows, cols, stream_));
-  KERNEL_OK(kernels::argmax(d_xb.get(), d_outb.get(), rows, cols, stream_));
-  const auto got = d_out.download(), gotb = d_outb.download();
-  auto host_argmax = [&](auto&& value, int32_t r) {
-    int32_t best = 0;
-    float bv = -INFINITY;
-    for (int32_t c = 0; c < cols; ++c) {
-      const float v = value(size_t(r) * cols + c);
-      if (v > bv) bv = v, best = c;
-    }
-    return best;
+  // The kernel splits a row over a cluster of 8 blocks with 16-byte loads where cols allows
+  // (cols % 4 for float, % 8 for bf16) and scalar loads elsewhere: shapes of both kinds, the
+  // 12B's vocabulary (262144) among them, and maxima placed at the blocks' span edges.
+  struct Shape {
+    int32_t rows, cols;
   };
-  for (int32_t r = 0; r < rows; ++r) {
-    EXPECT_EQ(got[r], host_argmax([&](size_t i) { return x[i]; }, r)) << "row " << r;
-    EXPECT_EQ(gotb[r], host_argmax([&](size_t i) { return to_f(xb[i]); }, r)) << "row " << r;
+  for (const Shape shape :
+       {Shape{6, 50000}, Shape{5, 50001}, Shape{7, 262144}, Shape{2, 262147}, Shape{3, 5}}) {
+    const int32_t rows = shape.rows, cols = shape.cols;
+    SCOPED_TRACE("rows " + std::to_string(rows) + " cols " + std::to_string(cols));
+    sim::Rng rng(20 + cols);
+    std::vector<float> x(size_t(rows) * cols);
+    for (auto& v : x) v = static_cast<float>(rng.unit() * 10.0 - 5.0);
+    auto at = [&](int32_t r, int64_t c) -> float& { return x[size_t(r) * cols + size_t(c)]; };
+    // Row 0: a tie between the first and the last column -> the first. Row 1: NaNs never win,
+    // and the maximum sits in the last column. Row 2 (if any): all -inf -> column 0. Row 3:
+    // all NaN -> 0. Row 4: a tie one column either side of every eighth of the row (the
+    // blocks' span edges) -> the lowest of them. Rows past 4: random.
+    at(0, 0) = at(0, cols - 1) = 9.0f;
+    if (rows > 1) {
+      at(1, cols / 2) = std::numeric_limits<float>::quiet_NaN();
+      at(1, cols - 1) = 8.5f;
+    }
+    if (rows > 2) {
+      for (int32_t c = 0; c < cols; ++c) at(2, c) = -INFINITY;
+    }
+    if (rows > 3) {
+      for (int32_t c = 0; c < cols; ++c) at(3, c) = std::numeric_limits<float>::quiet_NaN();
+    }
+    if (rows > 4) {
+      for (int e = 1; e < 8; ++e) {
+        const int64_t edge = int64_t{cols} * e / 8;
+        at(4, edge) = at(4, edge - 1) = 7.75f;
+      }
+    }
+    std::vector<bf16> xb(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xb[i] = to_bf(x[i]);
+    DeviceBuffer<float> d_x(x);
+    DeviceBuffer<bf16> d_xb(xb);
+    DeviceBuffer<int32_t> d_out(std::vector<int32_t>(rows, -1)),
+        d_outb(std::vector<int32_t>(rows, -1));
+    KERNEL_OK(kernels::argmax(d_x.get(), d_out.get(), rows, cols, stream_));
+    KERNEL_OK(kernels::argmax(d_xb.get(), d_outb.get(), rows, cols, stream_));
+    const auto got = d_out.download(), gotb = d_outb.download();
+    auto host_argmax = [&](auto&& value, int32_t r) {
+      int32_t best = 0;
+      float bv = -INFINITY;
+      for (int32_t c = 0; c < cols; ++c) {
+        const float v = value(size_t(r) * cols + c);
+        if (v > bv) bv = v, best = c;
+      }
+      return best;
+    };
+    for (int32_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(got[r], host_argmax([&](size_t i) { return x[i]; }, r)) << "row " << r;
+      EXPECT_EQ(gotb[r], host_argmax([&](size_t i) { return to_f(xb[i]); }, r)) << "row " << r;
+    }
+    EXPECT_EQ(got[0], 0);
+    if (rows > 1) EXPECT_EQ(got[1], cols - 1);
+    if (rows > 2) EXPECT_EQ(got[2], 0);
+    if (rows > 3) EXPECT_EQ(got[3], 0);
+    if (rows > 4) EXPECT_EQ(got[4], int64_t{cols} / 8 - 1);
   }
-  EXPECT_EQ(got[0], 777);
-  EXPECT_EQ(got[1], 6);
-  EXPECT_EQ(got[2], cols - 1);
-  EXPECT_EQ(got[3], 0);
 }
 
 TEST_F(KernelGates, Gemm) {

@@ -61,9 +61,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   CUpti_Activity* rec = nullptr;
   std::lock_guard<std::mutex> lock(g_mu);
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-    if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
-    const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-    g_records.push_back({demangle(k->name), k->start, k->end, k->graphId});
+    if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+      g_records.push_back({demangle(k->name), k->start, k->end, k->graphId});
+    } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+      g_records.push_back(
+          {"[memset " + std::to_string(m->bytes) + " B]", m->start, m->end, m->graphId});
+    } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+      g_records.push_back(
+          {"[memcpy kind " + std::to_string(m->copyKind) + ", " + std::to_string(m->bytes) + " B]",
+           m->start, m->end, m->graphId});
+    }
   }
   std::free(buffer);
 }
@@ -89,9 +99,11 @@ std::string KernelTrace::start() {
   if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
     return std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(e);
   }
-  if (CUptiResult r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-      r != CUPTI_SUCCESS) {
-    return cupti_error("cuptiActivityEnable(CONCURRENT_KERNEL)", r);
+  for (const CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                        CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_MEMCPY}) {
+    if (CUptiResult r = cuptiActivityEnable(kind); r != CUPTI_SUCCESS) {
+      return cupti_error("cuptiActivityEnable", r);
+    }
   }
   return "";
 #else
@@ -104,7 +116,10 @@ std::vector<KernelRecord> KernelTrace::stop() {
 #if TWINSTEP_HAVE_CUPTI
   cudaDeviceSynchronize();
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  for (const CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
+                                        CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_MEMCPY}) {
+    cuptiActivityDisable(kind);
+  }
   std::vector<KernelRecord> out;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -151,14 +166,23 @@ std::string trace_summary(const std::string& title, const std::vector<KernelReco
            100.0 * (span_us - busy_us) / span_us, sum_us - busy_us, step_ms);
   struct Agg {
     int n = 0;
-    double total = 0, min = 1e30, max = 0, gap_before = 0;
+    double total = 0, min = 1e30, max = 0, gap_before = 0, exclusive = 0;
   };
   std::map<std::string, Agg> by_name;
   std::vector<double> gap_before(k.size(), 0.0);
   for (const Gap& g : gaps) gap_before[g.after] = g.ns / 1e3;
+  // Exclusive time: how far a kernel moves the timeline's end (its end past every earlier
+  // kernel's); with programmatic launches a kernel's own duration includes its wait for the
+  // kernel in front. The exclusive times and the idle time add up to the span.
+  uint64_t frontier = t0;
   for (size_t i = 0; i < k.size(); ++i) {
     const double us = (std::max(k[i].end_ns, k[i].start_ns) - k[i].start_ns) / 1e3;
+    const uint64_t e = std::max(k[i].end_ns, k[i].start_ns);
+    const uint64_t from = std::max(frontier, k[i].start_ns);
+    const double excl = e > from ? (e - from) / 1e3 : 0.0;
+    frontier = std::max(frontier, e);
     Agg& a = by_name[k[i].name];
+    a.exclusive += excl;
     ++a.n;
     a.total += us;
     a.min = std::min(a.min, us);
@@ -167,12 +191,13 @@ std::string trace_summary(const std::string& title, const std::vector<KernelReco
   }
   std::vector<std::pair<std::string, Agg>> rows(by_name.begin(), by_name.end());
   std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.second.total > b.second.total; });
-  s += "  count   total us   mean us    min us    max us  idle before us  kernel\n";
+            [](const auto& a, const auto& b) { return a.second.exclusive > b.second.exclusive; });
+  s += "  count    excl us   total us   mean us    min us    max us  idle before us  kernel\n";
   for (int i = 0; i < static_cast<int>(rows.size()) && i < top_names; ++i) {
     const Agg& a = rows[i].second;
-    s += fmt("  %5.0f %10.1f %9.2f %9.2f", a.n, a.total, a.total / a.n, a.min) +
-         fmt(" %9.2f %15.1f  ", a.max, a.gap_before) + rows[i].first.substr(0, 150) + "\n";
+    s += fmt("  %5.0f %10.1f %10.1f %9.2f", a.n, a.exclusive, a.total, a.total / a.n) +
+         fmt(" %9.2f", a.min) + fmt(" %9.2f %15.1f  ", a.max, a.gap_before) +
+         rows[i].first.substr(0, 150) + "\n";
   }
   std::sort(gaps.begin(), gaps.end(), [](const Gap& a, const Gap& b) { return a.ns > b.ns; });
   for (int i = 0; i < static_cast<int>(gaps.size()) && i < top_gaps; ++i) {

@@ -31,7 +31,8 @@ class KernelTrace {
 
 // The timeline in figures: kernels, span (first start to last end), busy (the union of the
 // kernels' intervals), idle (span - busy), overlap (sum of durations - busy: what programmatic
-// launches ran side by side), the kernels grouped by name (sorted by time), and the longest
+// launches ran side by side), the kernels grouped by name (sorted by exclusive time: how far
+// each moved the timeline's end), and the longest
 // idle gaps with the kernels on either side. `step_ms`: the host's wall time of the step.
 std::string trace_summary(const std::string& title, const std::vector<KernelRecord>& kernels,
                           double step_ms, int top_names = 24, int top_gaps = 8);

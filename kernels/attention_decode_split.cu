@@ -175,28 +175,65 @@ __device__ __forceinline__ void merge_weights(const float2* ml, int32_t splits, 
   }
 }
 
-// Dims d..d+3 of one (row, query head): its splits' accumulators (acc = part_acc at the
-// (row, head), [splits][HD]) weighted and added in split order 0..active-1, normalised.
+// The merge's elements per thread: one warp-row of 128 threads covers HD (V = HD / 128; 1 for
+// 64 and 128, where threads past HD / V idle).
 template <int HD>
+constexpr int kMergeVec = HD >= 512   ? 4
+                          : HD >= 256 ? 2
+                                      : 1;
+
+// Dims d..d+V-1 of one (row, query head): its splits' accumulators (acc = part_acc at the
+// (row, head), [splits][HD]) weighted and added in split order 0..active-1, normalised. The
+// loads go in batches of 32 / V splits (all in flight before the batch's adds: one round of L2
+// latency a batch, not one per 4 splits); each element's sum is the same sequence of adds
+// whatever V and the batch, so every path that merges through here agrees bit for bit.
+template <int HD, int V>
 __device__ __forceinline__ void merge_dims(const float* acc, const float* w_s, const float* stats,
                                            bf16* out, int d) {
+  static_assert(V == 1 || V == 2 || V == 4, "vector of 1, 2 or 4 floats");
+  constexpr int kBatch = 32 / V;
   const int32_t active = static_cast<int32_t>(stats[0]);
   const float inv = 1.0f / stats[1];
-  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float sum[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) sum[k] = 0.0f;
   const float* p = acc + d;
-#pragma unroll 4
-  for (int32_t i = 0; i < active; ++i) {
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(p + int64_t{i} * HD));
-    const float w = w_s[i];
-    sum.x += v.x * w;
-    sum.y += v.y * w;
-    sum.z += v.z * w;
-    sum.w += v.w * w;
+  for (int32_t i0 = 0; i0 < active; i0 += kBatch) {
+    float v[kBatch][V];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + j < active) {
+        const float* q = p + int64_t{i0 + j} * HD;
+        if constexpr (V == 4) {
+          const float4 u = __ldcg(reinterpret_cast<const float4*>(q));
+          v[j][0] = u.x, v[j][1] = u.y, v[j][2] = u.z, v[j][3] = u.w;
+        } else if constexpr (V == 2) {
+          const float2 u = __ldcg(reinterpret_cast<const float2*>(q));
+          v[j][0] = u.x, v[j][1] = u.y;
+        } else {
+          v[j][0] = __ldcg(q);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      if (i0 + j < active) {
+        const float w = w_s[i0 + j];
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum[k] += v[j][k] * w;
+      }
+    }
   }
-  uint2 packed;
-  packed.x = pack2(sum.x * inv, sum.y * inv);
-  packed.y = pack2(sum.z * inv, sum.w * inv);
-  *reinterpret_cast<uint2*>(out + d) = packed;
+  if constexpr (V == 4) {
+    uint2 packed;
+    packed.x = pack2(sum[0] * inv, sum[1] * inv);
+    packed.y = pack2(sum[2] * inv, sum[3] * inv);
+    *reinterpret_cast<uint2*>(out + d) = packed;
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<uint32_t*>(out + d) = pack2(sum[0] * inv, sum[1] * inv);
+  } else {
+    out[d] = __float2bfloat16(sum[0] * inv);
+  }
 }
 
 // ---- the split kernel -----------------------------------------------------------------
@@ -497,11 +534,11 @@ __device__ __forceinline__ void arrive_and_merge(const SplitArgs& a, int32_t row
                   l_s + i * kDecodeSplitsMax, stats + 2 * i);
   }
   __syncthreads();
-  constexpr int kQuads = HD / 4;
-  for (int32_t task = threadIdx.x; task < heads * kQuads; task += G::kThreads) {
-    const int32_t i = task / kQuads;
-    merge_dims<HD>(a.part_acc + (rh0 + i) * a.splits * HD, w_s + i * kDecodeSplitsMax,
-                   stats + 2 * i, a.out + (rh0 + i) * HD, (task % kQuads) * 4);
+  constexpr int kV = kMergeVec<HD>, kUnits = HD / kV;
+  for (int32_t task = threadIdx.x; task < heads * kUnits; task += G::kThreads) {
+    const int32_t i = task / kUnits;
+    merge_dims<HD, kV>(a.part_acc + (rh0 + i) * a.splits * HD, w_s + i * kDecodeSplitsMax,
+                       stats + 2 * i, a.out + (rh0 + i) * HD, (task % kUnits) * kV);
   }
 }
 
@@ -600,8 +637,9 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t rh = blockIdx.x;
   if (threadIdx.x < kWarp) merge_weights(part_ml + rh * splits, splits, w_s, l_s, stats);
   __syncthreads();
-  for (int d = threadIdx.x * 4; d < HD; d += kMergeThreads * 4) {
-    merge_dims<HD>(part_acc + rh * splits * HD, w_s, stats, out + rh * HD, d);
+  constexpr int kV = kMergeVec<HD>;
+  for (int d = threadIdx.x * kV; d < HD; d += kMergeThreads * kV) {
+    merge_dims<HD, kV>(part_acc + rh * splits * HD, w_s, stats, out + rh * HD, d);
   }
 }
 

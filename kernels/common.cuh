@@ -156,6 +156,49 @@ __device__ __forceinline__ void norm_rope_head(float (&x)[HD / kWarp], const bf1
   }
 }
 
+// E bf16 of w from element `at` as E / 2 packed pairs, in load_bf16's wide loads (zeros when
+// w is null: norm_head then uses 1s).
+template <int E>
+__device__ __forceinline__ void load_bf16_pairs(const bf16* __restrict__ w, int at,
+                                                uint32_t (&u)[E / 2]) {
+  if (w == nullptr) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) u[i] = 0;
+  } else if constexpr (E % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < E / 8; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + at) + i);
+      u[4 * i] = v.x, u[4 * i + 1] = v.y, u[4 * i + 2] = v.z, u[4 * i + 3] = v.w;
+    }
+  } else if constexpr (E == 4) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(w + at));
+    u[0] = v.x, u[1] = v.y;
+  } else {
+    static_assert(E == 2, "E must be 2, 4 or a multiple of 8");
+    u[0] = __ldg(reinterpret_cast<const unsigned int*>(w + at));
+  }
+}
+
+// norm_rope_head's norm alone, the lane's weight elements preloaded (load_bf16_pairs; `weighted`
+// false: no weight, norm_rope_head's 1s): the same arithmetic, so the same bits.
+template <int HD>
+__device__ __forceinline__ void norm_head(float (&x)[HD / kWarp],
+                                          const uint32_t (&w)[HD / kWarp / 2], bool weighted,
+                                          float eps) {
+  constexpr int E = HD / kWarp;
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < E; ++i) ss += x[i] * x[i];
+  const float inv = rsqrtf(warp_sum(ss) / HD + eps);
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) {
+    float wf[2] = {1.0f, 1.0f};
+    if (weighted) unpack2(w[i], wf);
+    x[2 * i] = x[2 * i] * inv * wf[0];
+    x[2 * i + 1] = x[2 * i + 1] * inv * wf[1];
+  }
+}
+
 // ---- host side helpers for the launchers ------------------------------------------------
 
 inline KernelStatus bad_argument(const std::string& message) {

@@ -137,21 +137,32 @@ __global__ void __launch_bounds__(kMaxThreads)
                                   bf16* __restrict__ out, int32_t rows, int32_t dim, float eps,
                                   int group) {
   detail::launch_dependents();  // as residual_norm_kernel
-  detail::grid_dependency_wait();
   __shared__ float scratch[kMaxThreads / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
   const int t = threadIdx.x % group;
   const int64_t base = row * dim;
   const int stride = group * 8;
-  uint4 dr[kChunks], xr[kChunks], w1[kChunks];
+  uint4 dr[kChunks], xr[kChunks], w1[kChunks], w2[kChunks];
+  // The weights before the wait: the model's, never written by a kernel, so the kernel in
+  // front (a programmatic launch's reason to wait) cannot change them. Their DRAM latency
+  // (evicted by every step's weight stream) overlaps that kernel's tail instead of following
+  // it; delta and x, which the kernels in front write, are read after the wait.
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {
+    const int c = t * 8 + k * stride;
+    if (c < dim) {
+      if (delta_weight != nullptr) w1[k] = __ldg(reinterpret_cast<const uint4*>(delta_weight + c));
+      if (out_weight != nullptr) w2[k] = __ldg(reinterpret_cast<const uint4*>(out_weight + c));
+    }
+  }
+  detail::grid_dependency_wait();
 #pragma unroll
   for (int k = 0; k < kChunks; ++k) {
     const int c = t * 8 + k * stride;
     if (c < dim) {
       dr[k] = __ldg(reinterpret_cast<const uint4*>(delta + base + c));
       xr[k] = __ldg(reinterpret_cast<const uint4*>(x + base + c));
-      if (delta_weight != nullptr) w1[k] = __ldg(reinterpret_cast<const uint4*>(delta_weight + c));
     }
   }
   float ss = 0.0f;
@@ -197,7 +208,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const int c = t * 8 + k * stride;
     if (c < dim) {
       float w[8], v[8];
-      weight8(out_weight, c, w);
+      unpack8(out_weight, w2[k], w);
       unpack8(xr[k], v);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_x * w[i];

@@ -2,6 +2,8 @@
 // q/k norm + RoPE, the paged KV write, gelu_tanh * up, residual add, scaling, softcap, argmax)
 // and their launchers (norm_rope_reference.h: the one-head-a-warp reference of the q norm +
 // RoPE). Attention lives in attention.cu, cuBLAS in blas.cc.
+#include <cooperative_groups.h>
+
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -17,9 +19,9 @@ namespace twinstep::kernels {
 namespace {
 
 using namespace detail;
+namespace cg = cooperative_groups;
 
-constexpr int kRowThreads = 256;  // threads of a block that owns one row (argmax)
-constexpr int kNormChunks = 4;    // 8-element chunks an RMSNorm thread keeps in registers
+constexpr int kNormChunks = 4;  // 8-element chunks an RMSNorm thread keeps in registers
 constexpr int kNormThreadsMax = 1024;
 constexpr int kWarpsPerBlock = 8;  // blocks of per-(row, head) warps
 constexpr int kFlatThreads = 256;  // elementwise kernels
@@ -295,8 +297,10 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
   __shared__ float inv_freq[HD / 2];
   __shared__ float cos_tab[kQkvRowsPerBlockMax][HD / 2];
   __shared__ float sin_tab[kQkvRowsPerBlockMax][HD / 2];
-  detail::launch_dependents();     // the decode attention may start loading its older keys
-  detail::grid_dependency_wait();  // programmatic launch: the q|k|v GEMM has finished
+  detail::launch_dependents();  // the decode attention may start loading its older keys
+  // Until the wait below, only what the q|k|v GEMM in front cannot write is read: the plan's
+  // arrays (uploaded before the step's first kernel), the norm weights (the model's) and the
+  // rope tables made from them, so their latency overlaps the GEMM's tail. q, k and v after.
   const bool roped = a.rotary_pairs > 0;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * a.rows_per_block;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -333,7 +337,10 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
       load_bf16<E>(qkv_head(a, row, h, k_slot, token_elems, HD).src + lane * E, f[g]);
     }
   };
-  if (group < groups) load_group();  // in flight while the block builds the angle tables
+  // The lane's elements of the q and k norm weights, as loaded (bf16 pairs; 0 without one).
+  uint32_t wq[E / 2], wk[E / 2];
+  load_bf16_pairs<E>(a.q_norm_weight, lane * E, wq);
+  load_bf16_pairs<E>(a.k_norm_weight, lane * E, wk);
   if (roped) {
     fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
     __syncthreads();
@@ -345,13 +352,20 @@ __global__ void __launch_bounds__(kQkvWarpsPerRowMax* kWarp) qkv_write_kernel(Qk
     }
     __syncthreads();
   }
+  detail::grid_dependency_wait();  // programmatic launch: the q|k|v GEMM has finished
+  if (group < groups) load_group();
   while (group < groups) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const int32_t h = group * G + g;
       if (h >= heads) break;
       const QkvHead hd = qkv_head(a, row, h, k_slot, token_elems, HD);
-      norm_rope_head<HD>(f[g], hd.weight, a.eps, position, nullptr);  // the norm alone
+      // The norm alone (norm_rope_head's arithmetic, its weight preloaded; v has none).
+      if (h < a.q_heads) {
+        norm_head<HD>(f[g], wq, hd.weight != nullptr, a.eps);
+      } else {
+        norm_head<HD>(f[g], wk, hd.weight != nullptr, a.eps);
+      }
       if (roped && hd.rotate) rope_from_table<HD>(f[g], cos_tab[r], sin_tab[r]);
       store_bf16<E>(hd.dst + lane * E, f[g]);
     }
@@ -622,18 +636,69 @@ __device__ __forceinline__ void argmax_merge(float& best, int32_t& idx, float v,
   }
 }
 
+// Argmax of one row by a cluster of kArgmaxCluster blocks (a decode step's logits row is the
+// vocabulary, 262144 floats on the 12B: one block alone took 210 us for its 1 MB, a third of
+// the batch-1 step's non-GEMM time in the CUPTI trace, perf/NOTES.md session 9). Block `rank`
+// of the cluster scans the columns [rank * span, (rank + 1) * span), with 16-byte loads where
+// the rows allow them; rank 0 merges the blocks' results through distributed shared memory.
+// argmax_merge is a total order on (value, -index) with NaN excluded, so the result does not
+// depend on the order of the scans or merges: the largest value, the lowest index on ties.
+constexpr int kArgmaxCluster = 8;
+constexpr int kArgmaxThreads = 512;
+constexpr int kArgmaxUnroll = 4;  // 16-byte loads a thread has in flight
+
 template <class T>
-__global__ void __launch_bounds__(kRowThreads)
-    argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ out, int32_t cols) {
-  detail::launch_dependents();
-  detail::grid_dependency_wait();
-  __shared__ float best_s[kRowThreads / kWarp];
-  __shared__ int32_t idx_s[kRowThreads / kWarp];
-  const T* row = x + static_cast<int64_t>(blockIdx.x) * cols;
+__device__ __forceinline__ void argmax_vec(const T* p, float (&v)[16 / sizeof(T)]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 u = __ldg(reinterpret_cast<const float4*>(p));
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  } else {
+    load_bf16<8>(p, v);
+  }
+}
+
+template <class T>
+__global__ void __cluster_dims__(kArgmaxCluster, 1, 1) __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ out, int32_t cols, bool vec) {
+  constexpr int kVec = 16 / sizeof(T);
+  launch_dependents();
+  grid_dependency_wait();
+  __shared__ float best_s[kArgmaxThreads / kWarp];
+  __shared__ int32_t idx_s[kArgmaxThreads / kWarp];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const T* row = x + static_cast<int64_t>(blockIdx.y) * cols;
+  // Spans are whole vectors, so a vector never straddles two blocks.
+  const int32_t span = (cols / kVec + kArgmaxCluster - 1) / kArgmaxCluster * kVec;
+  const int32_t begin = min(cols, rank * span);
+  const int32_t end = rank == kArgmaxCluster - 1 ? cols : min(cols, begin + span);
   float best = -INFINITY;
   int32_t idx = INT_MAX;
-  for (int32_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    argmax_merge(best, idx, to_float(row[c]), c);  // NaN compares false: never wins
+  int32_t c = begin;
+  if (vec) {  // cols % kVec == 0 and x 16-byte aligned: every vector is aligned
+    constexpr int kStride = kArgmaxThreads * kVec;
+    c = begin + threadIdx.x * kVec;
+    for (; c + (kArgmaxUnroll - 1) * kStride + kVec <= end; c += kArgmaxUnroll * kStride) {
+      float v[kArgmaxUnroll][kVec];
+#pragma unroll
+      for (int u = 0; u < kArgmaxUnroll; ++u) argmax_vec<T>(row + c + u * kStride, v[u]);
+#pragma unroll
+      for (int u = 0; u < kArgmaxUnroll; ++u) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) argmax_merge(best, idx, v[u][j], c + u * kStride + j);
+      }
+    }
+    for (; c + kVec <= end; c += kStride) {
+      float v[kVec];
+      argmax_vec<T>(row + c, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) argmax_merge(best, idx, v[j], c + j);
+    }
+    c = end;  // vec: cols % kVec == 0, so every span ends on a vector boundary
+  } else {
+    for (c = begin + threadIdx.x; c < end; c += kArgmaxThreads) {
+      argmax_merge(best, idx, to_float(row[c]), c);  // NaN compares false: never wins
+    }
   }
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o /= 2) {
@@ -649,11 +714,19 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < static_cast<int>(blockDim.x / kWarp); ++w) {
-      argmax_merge(best, idx, best_s[w], idx_s[w]);
-    }
-    out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+    for (int w = 1; w < kArgmaxThreads / kWarp; ++w) argmax_merge(best, idx, best_s[w], idx_s[w]);
+    best_s[0] = best;
+    idx_s[0] = idx;
   }
+  cluster.sync();  // every block's result is in its best_s[0] / idx_s[0]
+  if (rank == 0 && threadIdx.x == 0) {
+    for (int q = 1; q < kArgmaxCluster; ++q) {
+      argmax_merge(best, idx, *cluster.map_shared_rank(&best_s[0], q),
+                   *cluster.map_shared_rank(&idx_s[0], q));
+    }
+    out[blockIdx.y] = idx == INT_MAX ? 0 : idx;
+  }
+  cluster.sync();  // the other blocks' shared memory stays until rank 0 has read it
 }
 
 int flat_blocks(int64_t items) {
@@ -1096,9 +1169,12 @@ KernelStatus argmax_impl(const T* x, int32_t* out, int32_t rows, int32_t cols,
     return bad_argument("argmax: need rows >= 0 and cols > 0, got rows=" + str(rows) +
                         " cols=" + str(cols));
   }
+  if (rows > 65535) return bad_argument("argmax: rows must be <= 65535, got " + str(rows));
   if (rows == 0) return Ok{};
-  if (cudaError_t err =
-          detail::launch_short(argmax_kernel<T>, rows, kRowThreads, 0, stream, x, out, cols);
+  constexpr int kVec = 16 / sizeof(T);
+  const bool vec = cols % kVec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (cudaError_t err = detail::launch_short(argmax_kernel<T>, dim3(kArgmaxCluster, rows),
+                                             kArgmaxThreads, 0, stream, x, out, cols, vec);
       err != cudaSuccess) {
     return cuda_status(err, "cudaLaunchKernelEx(argmax_kernel)");
   }
