@@ -1384,10 +1384,12 @@ int main(int argc, char** argv) {
     const kernels::DecodeGraphStats gs = device.decode_graph_stats();
     std::printf(
         "decode graphs: %d buckets up to %d rows captured in %.2f s, %.1f MiB of device "
-        "memory (measured before the pools were sized)\n",
+        "memory (measured before the pools were sized); GEMM tuning %.2f s (decode buckets "
+        "timed in graphs: %s)\n",
         gs.buckets, gs.largest_bucket,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-        gs.graph_bytes / 1048576.0);
+        gs.graph_bytes / 1048576.0, device.gemm_tune_ms() / 1e3,
+        device.options().gemm_tune_in_graphs ? "yes" : "no");
   }
   if (prefetch_ab) l2_prefetch_ab::probe(device, false);  // tuned GEMMs, before the pools
   auto created = engine::Engine::create(config, ec, device);

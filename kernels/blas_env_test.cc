@@ -74,5 +74,26 @@ TEST(ProgrammaticDecodeOption, EnvironmentOverridesTheOptionBothWays) {
   }
 }
 
+TEST(GemmTuneInGraphsOption, EnvironmentOverridesTheOptionBothWays) {
+  CudaDeviceOptions off;
+  off.gemm_tune_in_graphs = false;
+  CudaDeviceOptions on;
+  on.gemm_tune_in_graphs = true;
+  EXPECT_TRUE(CudaDeviceOptions{}.gemm_tune_in_graphs) << "on by default";
+  EXPECT_FALSE(resolve_gemm_tune_in_graphs(off, nullptr).value());
+  EXPECT_TRUE(resolve_gemm_tune_in_graphs(on, nullptr).value());
+  EXPECT_FALSE(resolve_gemm_tune_in_graphs(off, "").value()) << "empty is unset";
+  EXPECT_TRUE(resolve_gemm_tune_in_graphs(off, "1").value());
+  EXPECT_FALSE(resolve_gemm_tune_in_graphs(on, "0").value());
+  for (const char* bad : {"yes", "-1", " 0"}) {
+    auto got = resolve_gemm_tune_in_graphs(on, bad);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_GEMM_TUNE_GRAPHS=") + bad + ":"),
+              std::string::npos)
+        << got.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace twinstep::kernels

@@ -704,19 +704,51 @@ Result<BlasTuneReport, KernelError> BlasLt::tune(const std::vector<GemmShape>& s
 }
 
 // Microseconds per launch of `reps` launches between two events, after one untimed launch
-// (which also loads a kernel not run before).
+// (which also loads a kernel not run before). `graphed`: the launches are captured into one
+// CUDA graph and its replay is timed (after one untimed replay), because that is how a decode
+// bucket's GEMMs run: what a configuration adds around its kernel costs more there than in a
+// stream. (H200, session 9, CUPTI trace of the decode graphs: the configurations that zero a
+// 4-byte counter before the kernel showed ~4 us of memset node and idle per launch that the
+// stream timing had not charged; perf/NOTES.md.)
 struct BlasLt::Timer {
   Scratch& s;
   cudaStream_t stream;
+  bool graphed = false;
   Result<double, KernelError> us(const std::function<KernelStatus(int)>& launch, int reps) const {
     LT_TRY(launch(0));
+    if (graphed) return graph_us(launch, reps);
     LT_TRY(cuda_status(cudaEventRecord(s.start, stream), "cudaEventRecord(tune)"));
     for (int i = 1; i <= reps; ++i) LT_TRY(launch(i));
     LT_TRY(cuda_status(cudaEventRecord(s.stop, stream), "cudaEventRecord(tune)"));
+    return elapsed_us(reps);
+  }
+
+ private:
+  Result<double, KernelError> elapsed_us(int reps) const {
     LT_TRY(cuda_status(cudaEventSynchronize(s.stop), "cudaEventSynchronize(tune)"));
     float ms = 0;
     LT_TRY(cuda_status(cudaEventElapsedTime(&ms, s.start, s.stop), "cudaEventElapsedTime"));
     return 1000.0 * ms / reps;
+  }
+  Result<double, KernelError> graph_us(const std::function<KernelStatus(int)>& launch,
+                                       int reps) const {
+    LT_TRY(cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                       "cudaStreamBeginCapture(tune)"));
+    KernelStatus captured = Ok{};
+    for (int i = 1; i <= reps && captured.ok(); ++i) captured = launch(i);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // ends it on every path
+    std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> g(graph, cudaGraphDestroy);
+    if (!captured.ok()) return unexpected(captured.error());
+    LT_TRY(cuda_status(ended, "cudaStreamEndCapture(tune)"));
+    cudaGraphExec_t exec = nullptr;
+    LT_TRY(cuda_status(cudaGraphInstantiate(&exec, g.get(), 0), "cudaGraphInstantiate(tune)"));
+    std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> e(exec, cudaGraphExecDestroy);
+    LT_TRY(cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch(tune)"));
+    LT_TRY(cuda_status(cudaEventRecord(s.start, stream), "cudaEventRecord(tune)"));
+    LT_TRY(cuda_status(cudaGraphLaunch(exec, stream), "cudaGraphLaunch(tune)"));
+    LT_TRY(cuda_status(cudaEventRecord(s.stop, stream), "cudaEventRecord(tune)"));
+    return elapsed_us(reps);
   }
 };
 
@@ -735,7 +767,7 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
   const int64_t w_one = int64_t{shape.n} * shape.k;
   const int64_t copies = std::clamp<int64_t>(s.w_elems / w_one, 1, 16);
   auto w_at = [&](int i) { return s.w + (i % copies) * w_one; };
-  const Timer timer{s, stream};
+  const Timer timer{s, stream, shape.m <= options.graph_rows_max};
   auto default_launch = [&](int i) { return run_default(s.x, w_at(i), s.y, shape); };
   auto est = timer.us(default_launch, 1);
   if (!est) return unexpected(est.error());

@@ -121,6 +121,9 @@ struct BlasTuneOptions {
   // Gates: > 0 keeps only candidates with exactly this split-K number (split-K variants of the
   // heuristic's and the enumerated configurations), so that the split path itself is checked.
   int32_t force_splits = 0;
+  // Shapes of m <= this are timed inside a captured CUDA graph (the decode buckets' GEMMs run
+  // replayed), the rest in a stream; 0: every shape in a stream.
+  int32_t graph_rows_max = 0;
 };
 
 struct GemmTuneResult {

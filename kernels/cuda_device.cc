@@ -224,6 +224,9 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   }
   auto programmatic = resolve_programmatic_decode(options, std::getenv("TWINSTEP_DECODE_PDL"));
   if (!programmatic) return unexpected(programmatic.error());
+  auto tune_graphs = resolve_gemm_tune_in_graphs(options, std::getenv("TWINSTEP_GEMM_TUNE_GRAPHS"));
+  if (!tune_graphs) return unexpected(tune_graphs.error());
+  d->options_.gemm_tune_in_graphs = tune_graphs.value();
   d->options_.programmatic_decode = programmatic.value();
   d->forward_->set_programmatic_decode(programmatic.value());
   if (options.time_steps) {
@@ -369,6 +372,7 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
     if (!search) return unexpected(from_kernel(search.error()));
     BlasTuneOptions tune_options;
     tune_options.search = search.value();
+    tune_options.graph_rows_max = options_.gemm_tune_in_graphs ? largest : 0;
     auto tuned = blas_->tune(engine_gemm_shapes(*model_, step_rows, logit_rows), tune_options);
     if (!tuned) return unexpected(from_kernel(tuned.error()));
     gemm_tune_ms_ = tuned.value().wall_ms;
@@ -449,16 +453,27 @@ engine::Status<engine::DeviceError> CudaDevice::set_l2_prefetch(const L2Prefetch
   return engine::Ok{};
 }
 
-Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOptions& options,
-                                                              const char* env) {
-  if (env == nullptr || env[0] == '\0') return options.programmatic_decode;
+Result<bool, engine::DeviceError> resolve_env_switch(bool option, const char* env, const char* var,
+                                                     const char* on_means) {
+  if (env == nullptr || env[0] == '\0') return option;
   const std::string value = env;
   if (value == "1") return true;
   if (value == "0") return false;
-  return unexpected(engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
-                                        "TWINSTEP_DECODE_PDL=" + value +
-                                            ": expected 1 (programmatic launch of the decode "
-                                            "steps' short kernels) or 0 (off), or unset"});
+  return unexpected(engine::DeviceError{
+      engine::DeviceErrorCode::kBadLayout,
+      std::string(var) + "=" + value + ": expected 1 (" + on_means + ") or 0 (off), or unset"});
+}
+
+Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOptions& options,
+                                                              const char* env) {
+  return resolve_env_switch(options.programmatic_decode, env, "TWINSTEP_DECODE_PDL",
+                            "programmatic launch of the decode steps' short kernels");
+}
+
+Result<bool, engine::DeviceError> resolve_gemm_tune_in_graphs(const CudaDeviceOptions& options,
+                                                              const char* env) {
+  return resolve_env_switch(options.gemm_tune_in_graphs, env, "TWINSTEP_GEMM_TUNE_GRAPHS",
+                            "the decode buckets' GEMMs timed inside captured graphs");
 }
 
 void CudaDevice::set_programmatic_decode(bool on) {

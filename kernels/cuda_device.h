@@ -112,12 +112,19 @@ struct CudaDeviceOptions {
   // 20.505 -> 20.468 (perf/NOTES.md). TWINSTEP_DECODE_PDL overrides it in create()
   // (resolve_programmatic_decode).
   bool programmatic_decode = true;
+  // enable_decode_graphs tunes the GEMMs of the decode buckets' row counts inside captured
+  // graphs (BlasTuneOptions::graph_rows_max), as they run; off: in a stream, like the rest.
+  // TWINSTEP_GEMM_TUNE_GRAPHS overrides it in create() (resolve_gemm_tune_in_graphs).
+  bool gemm_tune_in_graphs = true;
 };
 
 // CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of
 // TWINSTEP_DECODE_PDL (nullptr when unset): "1" on, "0" off, unset or empty the option; another
 // value is kBadLayout naming it and the expected values.
 Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOptions& options,
+                                                              const char* env);
+// CudaDeviceOptions::gemm_tune_in_graphs the same way, from TWINSTEP_GEMM_TUNE_GRAPHS.
+Result<bool, engine::DeviceError> resolve_gemm_tune_in_graphs(const CudaDeviceOptions& options,
                                                               const char* env);
 inline constexpr int32_t kCudnnDefaultMaxSeqs = 256;
 
@@ -239,6 +246,8 @@ class CudaDevice final : public engine::Device {
   CudnnPrefillReport cudnn_prefill_report() const;
   // Host wall time the GEMM tuning of enable_decode_graphs() took (0: none ran).
   double gemm_tune_ms() const { return gemm_tune_ms_; }
+  // The options as create() resolved them (environment overrides applied).
+  const CudaDeviceOptions& options() const { return options_; }
   // A whole family pool as bf16 bits (gates: untouched-pool checks).
   Result<std::vector<uint16_t>, engine::DeviceError> download_pool(engine::Family family) const;
   void set_faults(engine::FaultInjector* faults) { options_.faults = faults; }
