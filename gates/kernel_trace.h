@@ -1,7 +1,7 @@
 // gates/kernel_trace.h: a kernel timeline from CUPTI's activity API, for the benches (not a
-// gate). Records the GPU start and end of every kernel between start() and stop(), graph
-// nodes included, without serialising them (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), so a
-// replayed decode graph shows what ncu cannot: the idle time between its kernels and how much
+// gate). Records the GPU start and end of every kernel, memset and copy between start() and
+// stop(), graph nodes included, without serialising them (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
+// so a replayed decode graph shows what ncu cannot: the idle time between its kernels and how much
 // the programmatic launches overlap. The runner has no Nsight Systems (device/KINDS.md).
 #pragma once
 

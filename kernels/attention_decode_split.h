@@ -53,10 +53,13 @@ inline constexpr int64_t kDecodeFusedMergeBytesMax = 256 * 1024;
 // counters fit (groups <= kDecodeMergeCounters; else the merge kernel). kSized: kFused where a
 // group's merge reads at most kDecodeFusedMergeBytesMax, else kTwoKernel. kAuto: the
 // environment variable TWINSTEP_DECODE_MERGE (two-kernel, fused or sized) when set, else
-// kDecodeMergeDefault. The default stays the merge kernel: on the H200 (perf/NOTES.md, "the
-// merge inside the split kernel", session 6) kSized was not faster at batch 16 in the engine.
+// kDecodeMergeDefault: kSized since session 9. Session 6 (perf/NOTES.md, "the merge inside the
+// split kernel") found kSized no faster at batch 16; with the merge's loads batched (session 9,
+// merge_dims) it was faster at every decode batch in both same-binary pairs of processes on the
+// H200 (b=1 7.597 vs 7.671 and 7.719 vs 7.827-7.909 ms; b=16 9.155 vs 9.190 and 9.273 vs
+// 9.508-9.518; perf/NOTES.md session 9).
 enum class DecodeMerge : int32_t { kAuto, kTwoKernel, kFused, kSized };
-inline constexpr DecodeMerge kDecodeMergeDefault = DecodeMerge::kTwoKernel;
+inline constexpr DecodeMerge kDecodeMergeDefault = DecodeMerge::kSized;
 
 // Whether a launch of these shapes with `merge` takes the fused merge (false when S == 1).
 // Returns kBadArgument (kAuto only) for a TWINSTEP_DECODE_MERGE other than two-kernel, fused

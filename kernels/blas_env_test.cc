@@ -79,7 +79,7 @@ TEST(GemmTuneInGraphsOption, EnvironmentOverridesTheOptionBothWays) {
   off.gemm_tune_in_graphs = false;
   CudaDeviceOptions on;
   on.gemm_tune_in_graphs = true;
-  EXPECT_TRUE(CudaDeviceOptions{}.gemm_tune_in_graphs) << "on by default";
+  EXPECT_FALSE(CudaDeviceOptions{}.gemm_tune_in_graphs) << "off by default (session 9's A/B)";
   EXPECT_FALSE(resolve_gemm_tune_in_graphs(off, nullptr).value());
   EXPECT_TRUE(resolve_gemm_tune_in_graphs(on, nullptr).value());
   EXPECT_FALSE(resolve_gemm_tune_in_graphs(off, "").value()) << "empty is unset";

@@ -114,8 +114,11 @@ struct CudaDeviceOptions {
   bool programmatic_decode = true;
   // enable_decode_graphs tunes the GEMMs of the decode buckets' row counts inside captured
   // graphs (BlasTuneOptions::graph_rows_max), as they run; off: in a stream, like the rest.
+  // Off by default: on the H200 (session 9, one binary, one process an arm) the graph-tuned
+  // arms were slower, b=1 7.83-7.91 ms against 7.64 and b=16 9.51-9.52 against 9.21, though
+  // they removed the memset nodes the trace had shown (perf/NOTES.md session 9).
   // TWINSTEP_GEMM_TUNE_GRAPHS overrides it in create() (resolve_gemm_tune_in_graphs).
-  bool gemm_tune_in_graphs = true;
+  bool gemm_tune_in_graphs = false;
 };
 
 // CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of
