@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# perf/gpu_s9_closing_run.sh (session 9, the closing call): the tree as committed, built once;
+# every gate (ctest --preset gpu-gates, the committed calibration), then the engine bench
+# (quick: prefill and decode, traced) and the decode kernel bench. Logs under $OUT.
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
+{ cmake --preset gpu-gates && cmake --build --preset gpu-gates -j16; } > /tmp/build.log 2>&1 ||
+  { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+t built
+timeout "${CTEST_TIMEOUT:-420}" ctest --preset gpu-gates > "$OUT/ctest.log" 2>&1
+echo "ctest: exit $?"
+grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|\*\*\*" "$OUT/ctest.log" | head -20
+t ctest done
+BIN=build/gpu-gates/bin
+TWINSTEP_BENCH_TRACE=1 TWINSTEP_BENCH_QUICK=1 part bench "${LIMIT_BENCH:-80}" "$BIN/engine_throughput_bench"
+grep -E "GEMM tuning|^\| |graphs: .* ms/step" "$OUT/bench.log"
+part kbench 20 "$BIN/decode_attention_bench" --no-reference
+t done
