@@ -374,13 +374,14 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
   std::vector<double> ms, host;
   // Host time by phase (us): admit, plan, check, stage, launch, wait, post, commit, outside
   // the scheduler (Scheduler::last_step_times, CudaDevice::last_host_phases).
-  std::vector<double> phases[9];
+  std::vector<double> phases[9], graph_launch;
   Cost total_cost;
   int64_t context = 0;
   for (int i = 0; i < kDecodeTimed; ++i) {
     Timed t = step(e);
     if (t.out.rows != batch) die("decode at %d: a step had %d rows", batch, t.out.rows);
     ms.push_back(t.ms);
+    if (g_device != nullptr) graph_launch.push_back(g_device->last_host_phases().graph_launch_us);
     if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
     push_host_phases(e, t.ms, phases);
     total_cost += cost.step_cost(t.out);
@@ -396,8 +397,8 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
   if (!host.empty()) {
     std::printf(
         "  host path (step wall - GPU time from plan upload to sampled ids): median %.3f "
-        "ms\n",
-        median(host));
+        "ms; the bucket's launch call (cudaGraphLaunch, or the eager forward) median %.1f us\n",
+        median(host), median(graph_launch));
     std::printf(
         "  host phases, median us: admit %.1f, plan %.1f, device: check %.1f, stage %.1f, "
         "launch %.1f, wait %.1f, post %.1f; commit %.1f, outside the scheduler %.1f\n",

@@ -3,6 +3,7 @@
 #include "kernels/cuda_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -577,8 +578,12 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_graph(
   launches_ += 1;
   DecodeGraphStats& st = graphs_->stats();
   const bool eager = graph_mode_ == DecodeGraphMode::kEagerPadded;
+  const auto launch_t0 = std::chrono::steady_clock::now();
   const KernelStatus ran =
       eager ? launch_decode_bucket(graphs_->views(bucket)) : graphs_->replay(bucket);
+  host_phases_.graph_launch_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - launch_t0)
+          .count();
   if (!ran.ok()) {
     cudaStreamSynchronize(stream_);
     return unexpected(from_kernel(ran.error()));

@@ -242,8 +242,11 @@ class CudaDevice final : public engine::Device {
     double check_us = 0;   // refusal checks and the plan check (validate)
     double stage_us = 0;   // bucket choice and the plan's upload queued (stage load or upload)
     double launch_us = 0;  // graph replay or eager forward, argmax and id copy queued
-    double wait_us = 0;    // the stream synchronisation (waits for the GPU)
-    double post_us = 0;    // after it: ids, host sampling, logprobs
+    // Of launch_us: the bucket's cudaGraphLaunch call alone (or its eager forward), decode
+    // graph steps only (last value kept otherwise).
+    double graph_launch_us = 0;
+    double wait_us = 0;  // the stream synchronisation (waits for the GPU)
+    double post_us = 0;  // after it: ids, host sampling, logprobs
   };
   const HostPhases& last_host_phases() const { return host_phases_; }
   CudnnPrefillReport cudnn_prefill_report() const;
