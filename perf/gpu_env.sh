@@ -8,6 +8,9 @@
 #   summary LOG            the gate lines and verdicts of a gtest log: SUMMARY_MORE adds
 #                          patterns (an ERE alternative), SUMMARY_CUT the line width (420),
 #                          LINES_MAX the lines (60)
+#   build_gates [TARGET...]  configure the gpu-gates preset and build TARGETs (all without
+#                          any) with 16 jobs, log in /tmp/build.log; on failure its first
+#                          errors and exit 1
 #   link_build_bin BUILD BINDIR  BUILD/bin (the build dir compiled into the carried model gates)
 #                          made a link to the carried BINDIR, /work/main linked to this tree
 #                          where the gates' sources are not there
@@ -35,4 +38,10 @@ link_build_bin() {  # link_build_bin BUILD BINDIR
   fi
   mkdir -p "$1"
   rm -rf "$1/bin" && ln -sfn "$2" "$1/bin"
+}
+build_gates() {  # build_gates [TARGET...]
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
+  { cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 "${targets[@]}"; } \
+    > /tmp/build.log 2>&1 || { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
 }

@@ -2,9 +2,7 @@
 # perf/gpu_s9_argmax_run.sh (session 9, call 3): the cluster argmax. Builds kernel_gates and
 # engine_throughput_bench; runs KernelGates.Argmax and the decode trace (exclusive times).
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-{ cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 --target kernel_gates \
-    engine_throughput_bench; } > /tmp/build.log 2>&1 ||
-  { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+build_gates kernel_gates engine_throughput_bench
 t built
 BIN=build/gpu-gates/bin
 part argmax 60 "$BIN/kernel_gates" --gtest_filter='KernelGates.Argmax'

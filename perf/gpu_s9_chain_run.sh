@@ -5,8 +5,7 @@
 # kernels touched; engine_throughput_bench quick (prefill + decode, traced); --decode with
 # TWINSTEP_DECODE_MERGE=sized beside it.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-{ cmake --preset gpu-gates && cmake --build --preset gpu-gates -j16; } > /tmp/build.log 2>&1 ||
-  { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+build_gates
 t built
 BIN=build/gpu-gates/bin
 part kgates 120 "$BIN/kernel_gates"

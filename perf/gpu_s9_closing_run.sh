@@ -4,8 +4,7 @@
 # (quick: prefill and decode, traced) and the decode kernel bench. Logs under $OUT.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
-{ cmake --preset gpu-gates && cmake --build --preset gpu-gates -j16; } > /tmp/build.log 2>&1 ||
-  { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+build_gates
 t built
 timeout "${CTEST_TIMEOUT:-420}" ctest --preset gpu-gates > "$OUT/ctest.log" 2>&1
 echo "ctest: exit $?"

@@ -3,8 +3,7 @@
 # decode bucket takes (CudaDevice::HostPhases::graph_launch_us), programmatic launches on and
 # off, one process each (engine_throughput_bench --decode, quick).
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-{ cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 --target engine_throughput_bench; } \
-  > /tmp/build.log 2>&1 || { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+build_gates engine_throughput_bench
 t built
 for pdl in 1 0; do
   TWINSTEP_DECODE_PDL=$pdl TWINSTEP_BENCH_QUICK=1 timeout 100 \

@@ -9,9 +9,7 @@
 #   ncu_*.txt   ncu (clock control none, cache control all) of the split-KV kernel (and merge)
 #               at local b=1, global b=1 and local b=16, 1k context
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-{ cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 --target decode_attention_bench \
-    engine_throughput_bench; } > /tmp/build.log 2>&1 ||
-  { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+build_gates decode_attention_bench engine_throughput_bench
 grep -E "CUPTI" /tmp/build.log | head -3
 t built
 BIN=build/gpu-gates/bin

@@ -3,9 +3,7 @@
 # captured graphs (TWINSTEP_GEMM_TUNE_GRAPHS, default on) against in a stream, one process an
 # arm, same binary; the fused ("sized") merge beside. gemm_lt_gates first (the tuner path).
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-{ cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 --target gemm_lt_gates \
-    engine_throughput_bench; } > /tmp/build.log 2>&1 ||
-  { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+build_gates gemm_lt_gates engine_throughput_bench
 t built
 BIN=build/gpu-gates/bin
 part lt 150 "$BIN/gemm_lt_gates"
