@@ -12,7 +12,9 @@
 //     memory appears afterwards, not at bind, not at the first replays);
 //   - a step no bucket or stage can take runs eagerly, is counted, and gives the eager logits;
 //     a step larger than the reserved activations drops the graphs (counted), and the steps
-//     after it still run correctly.
+//     after it still run correctly;
+//   - a bucket's graph captured in pieces (cut at layers 1 and 4) replays the same bits as the
+//     one-graph capture, step for step, and every piece count the option takes is captured.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -110,10 +112,16 @@ class DecodeGraphGates : public ::testing::Test {
     config_ = cut_12b();
     ASSERT_EQ(config_.num_layers, 8);
   }
-  std::unique_ptr<CudaDevice> device(bool capture_logits = true) {
+  // graph_pieces > 0: that many pieces a bucket, and the GEMMs on cuBLAS's heuristic picks
+  // (the tuner times its candidates, so two devices may pick differently and differ in bits).
+  std::unique_ptr<CudaDevice> device(bool capture_logits = true, int32_t graph_pieces = 0) {
     kernels::CudaDeviceOptions o;
     o.random_seed = 3;
     o.capture_logits = capture_logits;
+    if (graph_pieces > 0) {
+      o.decode_graph_pieces = graph_pieces;
+      o.tune_gemms = false;
+    }
     auto d = CudaDevice::create(config_, nullptr, o);
     EXPECT_TRUE(d.ok()) << (d.ok() ? "" : d.error().message);
     return d.ok() ? std::move(d.value()) : nullptr;
@@ -309,6 +317,67 @@ TEST_F(DecodeGraphGates, ReplayMatchesEagerForTheSamePlan) {
   EXPECT_EQ(m.device.graph_bytes, at_capture.graph_bytes);
   EXPECT_EQ(m.device.graph_replays, static_cast<uint64_t>(exact_steps + padded_steps));
   EXPECT_EQ(m.device.graph_misses, 0u);
+}
+
+TEST_F(DecodeGraphGates, GraphsInPiecesReplayTheOneGraphBits) {
+  // Two devices with the same seeded weights, untuned GEMMs and the same workload: graphs of
+  // one piece, and of 3 (cut at layers 1 and 4 of the 8). Every decode step replays (buckets
+  // 1 2 4 8 cover the batch); the logits of every step must be the same bits.
+  struct Run {
+    std::vector<std::vector<float>> logits;  // every step's, in order
+    std::vector<std::vector<int32_t>> sampled;
+    DecodeGraphStats stats;
+  };
+  const engine::EngineConfig ec = engine_config(8, 256);
+  auto run = [&](int32_t pieces, Run* out) {
+    auto d = device(/*capture_logits=*/true, pieces);
+    ASSERT_NE(d, nullptr);
+    auto enabled = d->enable_decode_graphs(graph_config(ec));
+    ASSERT_TRUE(enabled.ok()) << enabled.error().message;
+    auto hook =
+        [&](CudaDevice& dev,
+            const engine::StepPlan& plan) -> Result<engine::DeviceOutput, engine::DeviceError> {
+      dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
+      auto r = dev.execute(plan);
+      if (r.ok()) {
+        out->logits.push_back(dev.last_logits());
+        out->sampled.push_back(r->sampled);
+      }
+      return r;
+    };
+    HookDevice hd(*d, hook);
+    auto created = engine::Engine::create(config_, ec, hd);
+    ASSERT_TRUE(created.ok()) << created.error().message;
+    submit(*created.value(), 8, 5, 90, 4, 30, 31);
+    ASSERT_NO_FATAL_FAILURE(drain(*created.value()));
+    out->stats = d->decode_graph_stats();
+  };
+  Run one, three;
+  ASSERT_NO_FATAL_FAILURE(run(1, &one));
+  ASSERT_NO_FATAL_FAILURE(run(3, &three));
+  EXPECT_EQ(one.stats.pieces, 1);
+  EXPECT_EQ(three.stats.pieces, 3);
+  EXPECT_GT(three.stats.replays, 20u);
+  EXPECT_EQ(one.stats.replays, three.stats.replays);
+  ASSERT_EQ(one.logits.size(), three.logits.size());
+  int64_t steps_differ = 0;
+  for (size_t i = 0; i < one.logits.size(); ++i) {
+    steps_differ += one.logits[i] != three.logits[i] || one.sampled[i] != three.sampled[i];
+  }
+  EXPECT_EQ(steps_differ, 0) << "graphs in pieces changed the logits of some steps";
+  // Every piece count the option takes is captured (cuts past layer 7 are not made).
+  for (int32_t pieces : {2, kernels::kMaxDecodeGraphPieces}) {
+    auto d = device(/*capture_logits=*/false, pieces);
+    ASSERT_NE(d, nullptr);
+    auto enabled = d->enable_decode_graphs(graph_config(ec, {1, 2}));
+    ASSERT_TRUE(enabled.ok()) << pieces << " pieces: " << enabled.error().message;
+    EXPECT_EQ(d->decode_graph_stats().pieces, std::min(pieces, 3));
+  }
+  std::printf(
+      "[gate] decode graphs in 3 pieces: %zu steps (%llu replays), %lld of them differ from one "
+      "graph a bucket; 2 and %d pieces captured\n",
+      one.logits.size(), static_cast<unsigned long long>(three.stats.replays),
+      static_cast<long long>(steps_differ), kernels::kMaxDecodeGraphPieces);
 }
 
 TEST_F(DecodeGraphGates, PoolsSizedAfterGraphsLeaveTheReportedFreeMemory) {

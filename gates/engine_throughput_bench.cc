@@ -1310,6 +1310,9 @@ int main(int argc, char** argv) {
   // (issue 16: every row on the pinned prefill kernel and the GEMM pins, long contexts included).
   const bool invariant_decode = argc == 2 && std::string(argv[1]) == "--decode-batch-invariant";
   dopt.batch_invariant = invariant_decode;
+  // --decode-prefetch re-captures the graphs with the L2 prefetch's side stream, which cannot
+  // cross a graph piece's cut: one piece a bucket there.
+  if (argc == 2 && std::string(argv[1]) == "--decode-prefetch") dopt.decode_graph_pieces = 1;
   const auto tw = std::chrono::steady_clock::now();
   auto made = kernels::CudaDevice::create(config, nullptr, dopt);
   if (!made) die("cuda device: %s", made.error().message.c_str());
@@ -1384,10 +1387,10 @@ int main(int argc, char** argv) {
     if (!enabled.ok()) die("decode graphs: %s", enabled.error().message.c_str());
     const kernels::DecodeGraphStats gs = device.decode_graph_stats();
     std::printf(
-        "decode graphs: %d buckets up to %d rows captured in %.2f s, %.1f MiB of device "
-        "memory (measured before the pools were sized); GEMM tuning %.2f s (decode buckets "
-        "timed in graphs: %s)\n",
-        gs.buckets, gs.largest_bucket,
+        "decode graphs: %d buckets up to %d rows, %d piece(s) a bucket, captured in %.2f s, "
+        "%.1f MiB of device memory (measured before the pools were sized); GEMM tuning %.2f s "
+        "(decode buckets timed in graphs: %s)\n",
+        gs.buckets, gs.largest_bucket, gs.pieces,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
         gs.graph_bytes / 1048576.0, device.gemm_tune_ms() / 1e3,
         device.options().gemm_tune_in_graphs ? "yes" : "no");

@@ -1,11 +1,13 @@
 // kernels/blas_env_test.cc: the decode A/B switches' parsers, host only: TWINSTEP_SKINNY
-// (parse_skinny_choice, gemm_skinny.h) and TWINSTEP_DECODE_PDL (resolve_programmatic_decode,
-// cuda_device.h): every accepted form and the refusals, each naming the value.
+// (parse_skinny_choice, gemm_skinny.h), TWINSTEP_DECODE_PDL (resolve_programmatic_decode,
+// cuda_device.h), TWINSTEP_GEMM_TUNE_GRAPHS and TWINSTEP_DECODE_GRAPH_PIECES: every accepted
+// form and the refusals, each naming the value; and the layers the graph pieces are cut at.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "kernels/cuda_device.h"
+#include "kernels/decode_graphs.h"
 #include "kernels/gemm_skinny.h"
 
 namespace twinstep::kernels {
@@ -93,6 +95,70 @@ TEST(GemmTuneInGraphsOption, EnvironmentOverridesTheOptionBothWays) {
               std::string::npos)
         << got.error().message;
   }
+}
+
+TEST(DecodeGraphPieces, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
+  CudaDeviceOptions one;
+  one.decode_graph_pieces = 1;
+  CudaDeviceOptions three;
+  three.decode_graph_pieces = 3;
+  EXPECT_EQ(resolve_decode_graph_pieces(one, nullptr).value(), 1);
+  EXPECT_EQ(resolve_decode_graph_pieces(three, nullptr).value(), 3);
+  EXPECT_EQ(resolve_decode_graph_pieces(three, "").value(), 3) << "empty is unset";
+  EXPECT_EQ(resolve_decode_graph_pieces(three, "1").value(), 1);
+  EXPECT_EQ(resolve_decode_graph_pieces(one, "8").value(), 8);
+  for (const char* bad : {"0", "9", "-1", "4x", " 4", "four", "99999999999"}) {
+    auto got = resolve_decode_graph_pieces(one, bad);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_DECODE_GRAPH_PIECES=") + bad +
+                                       ": expected an integer in [1, 8]"),
+              std::string::npos)
+        << got.error().message;
+  }
+  for (int32_t bad_option : {0, 9, -3}) {
+    CudaDeviceOptions o;
+    o.decode_graph_pieces = bad_option;
+    auto got = resolve_decode_graph_pieces(o, nullptr);
+    ASSERT_FALSE(got.ok()) << "accepted the option " << bad_option;
+    EXPECT_NE(got.error().message.find("decode_graph_pieces " + std::to_string(bad_option)),
+              std::string::npos)
+        << got.error().message;
+  }
+}
+
+TEST(GemmMemsetPenalty, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
+  CudaDeviceOptions o;
+  o.gemm_memset_penalty_us = 2.5;
+  EXPECT_EQ(resolve_gemm_memset_penalty(o, nullptr).value(), 2.5);
+  EXPECT_EQ(resolve_gemm_memset_penalty(o, "").value(), 2.5) << "empty is unset";
+  EXPECT_EQ(resolve_gemm_memset_penalty(o, "4").value(), 4.0);
+  EXPECT_EQ(resolve_gemm_memset_penalty(o, "0").value(), 0.0);
+  EXPECT_EQ(resolve_gemm_memset_penalty(o, "3.75").value(), 3.75);
+  for (const char* bad : {"-1", "101", "4us", " 4", "nan", "inf", "x"}) {
+    auto got = resolve_gemm_memset_penalty(o, bad);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_GEMM_MEMSET_PENALTY=") + bad +
+                                       ": expected microseconds in [0, 100]"),
+              std::string::npos)
+        << got.error().message;
+  }
+  o.gemm_memset_penalty_us = -2;
+  EXPECT_FALSE(resolve_gemm_memset_penalty(o, nullptr).ok());
+}
+
+TEST(DecodeGraphCuts, GeometricFromLayerOneAndNeverAtOrPastTheLastLayer) {
+  using V = std::vector<int32_t>;
+  EXPECT_EQ(decode_graph_cuts(1, 48), V{});
+  EXPECT_EQ(decode_graph_cuts(0, 48), V{});
+  EXPECT_EQ(decode_graph_cuts(2, 48), V{1});
+  EXPECT_EQ(decode_graph_cuts(4, 48), (V{1, 4, 16}));
+  EXPECT_EQ(decode_graph_cuts(8, 48), (V{1, 4, 16}));  // 64 is past the 12B's 48 layers
+  EXPECT_EQ(decode_graph_cuts(4, 8), (V{1, 4}));       // the gates' 8-layer cut
+  EXPECT_EQ(decode_graph_cuts(4, 4), V{1});            // 4 is no layer of a 4-layer model
+  EXPECT_EQ(decode_graph_cuts(4, 1), V{});
+  EXPECT_EQ(decode_graph_cuts(8, 1000), (V{1, 4, 16, 64, 256}));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "kernels/model_forward.h"
 
@@ -714,6 +715,29 @@ struct BlasLt::Timer {
   Scratch& s;
   cudaStream_t stream;
   bool graphed = false;
+  // Memset nodes in a graph captured from one launch (after an untimed one).
+  Result<int32_t, KernelError> memsets(const std::function<KernelStatus(int)>& launch) const {
+    LT_TRY(launch(0));
+    LT_TRY(cuda_status(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                       "cudaStreamBeginCapture(tune)"));
+    const KernelStatus captured = launch(1);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // ends it on every path
+    std::unique_ptr<CUgraph_st, decltype(&cudaGraphDestroy)> g(graph, cudaGraphDestroy);
+    if (!captured.ok()) return unexpected(captured.error());
+    LT_TRY(cuda_status(ended, "cudaStreamEndCapture(tune)"));
+    size_t n = 0;
+    LT_TRY(cuda_status(cudaGraphGetNodes(g.get(), nullptr, &n), "cudaGraphGetNodes(tune)"));
+    std::vector<cudaGraphNode_t> nodes(n);
+    LT_TRY(cuda_status(cudaGraphGetNodes(g.get(), nodes.data(), &n), "cudaGraphGetNodes(tune)"));
+    int32_t count = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      LT_TRY(cuda_status(cudaGraphNodeGetType(node, &type), "cudaGraphNodeGetType(tune)"));
+      count += type == cudaGraphNodeTypeMemset;
+    }
+    return count;
+  }
   Result<double, KernelError> us(const std::function<KernelStatus(int)>& launch, int reps) const {
     LT_TRY(launch(0));
     if (graphed) return graph_us(launch, reps);
@@ -775,9 +799,21 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
       static_cast<int>(std::clamp(options.batch_us / std::max(est.value(), 1.0), 2.0, 64.0));
   auto def = timer.us(default_launch, reps);
   if (!def) return unexpected(def.error());
+  // The memset charge of a launch (0 where the option is off for this shape).
+  const bool charge = options.memset_penalty_us > 0 && shape.m <= options.memset_rows_max;
+  auto memsets_of = [&](const std::function<KernelStatus(int)>& launch) -> int32_t {
+    if (!charge) return 0;
+    auto n = timer.memsets(launch);
+    if (!n) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return n.value();
+  };
   GemmTuneResult out;
   out.shape = shape;
-  out.default_us = def.value();
+  const int32_t default_memsets = memsets_of(default_launch);
+  out.default_us = def.value() + options.memset_penalty_us * default_memsets;
   out.wide = wide && out.default_us <= options.wide_max_us;
   wide = out.wide;
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
@@ -792,12 +828,13 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
   auto time_candidate = [&](const Candidate& c, int n) -> double {
     plan->algo = c.algo;
     plan->workspace_bytes = c.workspace;
-    auto t = timer.us([&](int j) { return run(*plan, s.x, w_at(j), s.y, stream); }, n);
+    const auto launch = [&](int j) { return run(*plan, s.x, w_at(j), s.y, stream); };
+    auto t = timer.us(launch, n);
     if (!t) {
       (void)cudaGetLastError();
       return -1;
     }
-    return t.value();
+    return t.value() + options.memset_penalty_us * memsets_of(launch);
   };
   std::vector<Candidate> finalists;
   for (int i = 0; i < returned; ++i) {
@@ -835,9 +872,12 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
     out.workspace = best.workspace;
     out.config = describe(best.algo);
   }
+  out.memsets = default_memsets;
   if (out.uses_lt) {
     plan->algo = best.algo;
     plan->workspace_bytes = best.workspace;
+    if (charge)
+      out.memsets = memsets_of([&](int j) { return run(*plan, s.x, w_at(j), s.y, stream); });
     tuned_[shape] = std::move(plan);
   } else {
     tuned_.erase(shape);

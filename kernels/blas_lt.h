@@ -124,6 +124,12 @@ struct BlasTuneOptions {
   // Shapes of m <= this are timed inside a captured CUDA graph (the decode buckets' GEMMs run
   // replayed), the rest in a stream; 0: every shape in a stream.
   int32_t graph_rows_max = 0;
+  // Shapes of m <= memset_rows_max: each candidate (and the default) is charged this many
+  // microseconds per memset node one launch of it captures (configurations that zero a counter
+  // before the kernel). In a decode graph such a node cost ~0.9 us plus ~3.6 us of idle around
+  // it, which a stream timing does not see (H200 trace, perf/NOTES.md sessions 9-10). 0: off.
+  double memset_penalty_us = 0;
+  int32_t memset_rows_max = 0;
 };
 
 struct GemmTuneResult {
@@ -142,6 +148,7 @@ struct GemmTuneResult {
   int32_t splits = 1;    // split-K number of the fastest candidate
   size_t workspace = 0;  // bytes of the fixed workspace it takes
   std::string config;    // its configuration ("algo 66 tile 22 ... splitk 4 ...")
+  int32_t memsets = 0;   // memset nodes one launch of the chosen plan (or default) captures
   double search_ms = 0;  // host wall time of this shape
 };
 

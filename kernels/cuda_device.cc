@@ -3,6 +3,7 @@
 #include "kernels/cuda_device.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -227,6 +228,12 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (!programmatic) return unexpected(programmatic.error());
   auto tune_graphs = resolve_gemm_tune_in_graphs(options, std::getenv("TWINSTEP_GEMM_TUNE_GRAPHS"));
   if (!tune_graphs) return unexpected(tune_graphs.error());
+  auto pieces = resolve_decode_graph_pieces(options, std::getenv("TWINSTEP_DECODE_GRAPH_PIECES"));
+  if (!pieces) return unexpected(pieces.error());
+  d->options_.decode_graph_pieces = pieces.value();
+  auto penalty = resolve_gemm_memset_penalty(options, std::getenv("TWINSTEP_GEMM_MEMSET_PENALTY"));
+  if (!penalty) return unexpected(penalty.error());
+  d->options_.gemm_memset_penalty_us = penalty.value();
   d->options_.gemm_tune_in_graphs = tune_graphs.value();
   d->options_.programmatic_decode = programmatic.value();
   d->forward_->set_programmatic_decode(programmatic.value());
@@ -318,8 +325,7 @@ engine::Status<DeviceError> CudaDevice::bind(const engine::PoolLayout& global,
     // The graphs were captured over probe pools; re-capture over these, updated in place.
     std::array<KvPoolView, engine::kFamilyCount> real{};
     for (Family f : engine::kFamilies) real[static_cast<int>(f)] = pool_view(f);
-    auto captured = graphs_->capture(
-        real, c.sliding_window, [this](const StepViews& v) { return launch_decode_bucket(v); });
+    auto captured = graphs_->capture(real, c.sliding_window, capture_launch());
     if (!captured.ok()) {
       drop_graphs();
       return device_error(DeviceErrorCode::kCuda,
@@ -336,6 +342,15 @@ KvPoolView CudaDevice::pool_view(Family f) const {
   const engine::PoolLayout& layout = layouts_[i];
   return KvPoolView{pools_[i],        layout.layers,   layout.pages_total,
                     layout.page_size, layout.kv_heads, layout.head_dim};
+}
+
+DecodeGraphs::Launch CudaDevice::capture_launch() {
+  return [this](const StepViews& v, const DecodeGraphs::LayerCut& cut) {
+    forward_->set_layer_cut(&cut);
+    KernelStatus launched = launch_decode_bucket(v);
+    forward_->set_layer_cut(nullptr);
+    return launched;
+  };
 }
 
 KernelStatus CudaDevice::launch_decode_bucket(const StepViews& views) {
@@ -374,6 +389,8 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
     BlasTuneOptions tune_options;
     tune_options.search = search.value();
     tune_options.graph_rows_max = options_.gemm_tune_in_graphs ? largest : 0;
+    tune_options.memset_penalty_us = options_.gemm_memset_penalty_us;
+    tune_options.memset_rows_max = largest;
     auto tuned = blas_->tune(engine_gemm_shapes(*model_, step_rows, logit_rows), tune_options);
     if (!tuned) return unexpected(from_kernel(tuned.error()));
     gemm_tune_ms_ = tuned.value().wall_ms;
@@ -399,7 +416,11 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
     return unexpected(r.error());
   }
   const int32_t max_pages = (gc.max_context + gc.page_size - 1) / gc.page_size + 1;
-  auto made = DecodeGraphs::create(buckets, max_pages, stream_);
+  // Pieces cut at layer boundaries, unless the L2 prefetch may fork a side stream across them
+  // (a capture cannot end with a fork unjoined).
+  const int32_t pieces = options_.l2_prefetch.bytes_per_gemm > 0 ? 1 : options_.decode_graph_pieces;
+  auto made = DecodeGraphs::create(buckets, max_pages, stream_,
+                                   decode_graph_cuts(pieces, model_->config().num_layers));
   if (!made) return unexpected(from_kernel(made.error()));
   // Probe pools of two pages (the padding page and page 1) per family.
   const engine::ModelConfig& c = model_->config();
@@ -422,8 +443,7 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
     probe[static_cast<int>(f)] =
         KvPoolView{static_cast<bf16*>(p), g.num_layers, 2, gc.page_size, g.kv_heads, g.head_dim};
   }
-  auto captured = made.value()->capture(
-      probe, c.sliding_window, [this](const StepViews& v) { return launch_decode_bucket(v); });
+  auto captured = made.value()->capture(probe, c.sliding_window, capture_launch());
   cudaStreamSynchronize(stream_);
   free_probes();
   if (!captured.ok()) return unexpected(from_kernel(captured.error()));
@@ -437,14 +457,20 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
 }
 
 engine::Status<engine::DeviceError> CudaDevice::set_l2_prefetch(const L2PrefetchConfig& config) {
+  if (config.bytes_per_gemm > 0 && graphs_ != nullptr && graphs_->stats().pieces > 1) {
+    return device_error(DeviceErrorCode::kBadLayout,
+                        "set_l2_prefetch: the decode graphs are in " +
+                            std::to_string(graphs_->stats().pieces) +
+                            " pieces, and the prefetch's side stream cannot cross a cut: set "
+                            "decode_graph_pieces (TWINSTEP_DECODE_GRAPH_PIECES) to 1");
+  }
   if (auto s = forward_->set_l2_prefetch(config); !s.ok())
     return unexpected(from_kernel(s.error()));
   options_.l2_prefetch = config;
   if (graphs_ == nullptr || !bound_) return engine::Ok{};
   std::array<KvPoolView, engine::kFamilyCount> real{};
   for (Family f : engine::kFamilies) real[static_cast<int>(f)] = pool_view(f);
-  auto captured = graphs_->capture(real, model_->config().sliding_window,
-                                   [this](const StepViews& v) { return launch_decode_bucket(v); });
+  auto captured = graphs_->capture(real, model_->config().sliding_window, capture_launch());
   if (!captured.ok()) {
     drop_graphs();
     return device_error(DeviceErrorCode::kCuda,
@@ -469,6 +495,51 @@ Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOp
                                                               const char* env) {
   return resolve_env_switch(options.programmatic_decode, env, "TWINSTEP_DECODE_PDL",
                             "programmatic launch of the decode steps' short kernels");
+}
+
+Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDeviceOptions& options,
+                                                                 const char* env) {
+  auto bad = [](const std::string& what) {
+    return unexpected(engine::DeviceError{
+        engine::DeviceErrorCode::kBadLayout,
+        what + ": expected an integer in [1, " + std::to_string(kMaxDecodeGraphPieces) + "]"});
+  };
+  if (env == nullptr || env[0] == '\0') {
+    if (options.decode_graph_pieces < 1 || options.decode_graph_pieces > kMaxDecodeGraphPieces) {
+      return bad("decode_graph_pieces " + std::to_string(options.decode_graph_pieces));
+    }
+    return options.decode_graph_pieces;
+  }
+  const std::string value = env;
+  int32_t n = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc{} || end != value.data() + value.size() || n < 1 ||
+      n > kMaxDecodeGraphPieces) {
+    return bad("TWINSTEP_DECODE_GRAPH_PIECES=" + value);
+  }
+  return n;
+}
+
+Result<double, engine::DeviceError> resolve_gemm_memset_penalty(const CudaDeviceOptions& options,
+                                                                const char* env) {
+  auto in_range = [](double v) { return v >= 0 && v <= 100; };
+  auto bad = [](const std::string& what) {
+    return unexpected(engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                                          what + ": expected microseconds in [0, 100]"});
+  };
+  if (env == nullptr || env[0] == '\0') {
+    if (!in_range(options.gemm_memset_penalty_us)) {
+      return bad("gemm_memset_penalty_us " + std::to_string(options.gemm_memset_penalty_us));
+    }
+    return options.gemm_memset_penalty_us;
+  }
+  const std::string value = env;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (ec != std::errc{} || end != value.data() + value.size() || !in_range(v)) {
+    return bad("TWINSTEP_GEMM_MEMSET_PENALTY=" + value);
+  }
+  return v;
 }
 
 Result<bool, engine::DeviceError> resolve_gemm_tune_in_graphs(const CudaDeviceOptions& options,
@@ -496,6 +567,7 @@ DecodeGraphStats CudaDevice::decode_graph_stats() const {
   const DecodeGraphStats& s = graphs_->stats();
   out.buckets = s.buckets;
   out.largest_bucket = s.largest_bucket;
+  out.pieces = s.pieces;
   out.graph_bytes = s.graph_bytes;
   out.rebind_bytes = s.rebind_bytes;
   return out.add_counters(s);

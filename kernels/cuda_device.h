@@ -31,6 +31,12 @@ namespace twinstep::kernels {
 // 111 shapes took 1.6-1.9 s and 2.6 GiB of scratch, freed before the graphs are measured.
 inline constexpr bool kDefaultTuneGemms = true;
 
+// CudaDeviceOptions::decode_graph_pieces by default (being measured, session 10).
+inline constexpr int32_t kDefaultDecodeGraphPieces = 4;
+inline constexpr int32_t kMaxDecodeGraphPieces = 8;
+// CudaDeviceOptions::gemm_memset_penalty_us by default (being measured, session 10).
+inline constexpr double kDefaultGemmMemsetPenaltyUs = 0;
+
 // CudaDeviceOptions::cudnn_local_prefill by default (issue 12): on where cuDNN is in the build,
 // since the H200 gates passed with it on (ModelGates with HF parity, PrefixCacheGates,
 // LogprobGates, DecodeGraphGates, CudnnPrefillGates; perf/NOTES.md, "cuDNN local prefill on by
@@ -119,6 +125,17 @@ struct CudaDeviceOptions {
   // they removed the memset nodes the trace had shown (perf/NOTES.md session 9).
   // TWINSTEP_GEMM_TUNE_GRAPHS overrides it in create() (resolve_gemm_tune_in_graphs).
   bool gemm_tune_in_graphs = false;
+  // Graphs a decode bucket's replay launches, cut at layers 1, 4, 16, ... (decode_graph_cuts,
+  // kernels/decode_graphs.h), so the GPU starts on the first piece while the host submits the
+  // rest; 1 is one graph a bucket. Forced to 1 while the L2 prefetch is on. The bits are the
+  // same either way (the same launches on the one stream). TWINSTEP_DECODE_GRAPH_PIECES
+  // overrides it in create() (resolve_decode_graph_pieces).
+  int32_t decode_graph_pieces = kDefaultDecodeGraphPieces;
+  // enable_decode_graphs' tuning charges each candidate of the decode buckets' row counts this
+  // many microseconds per memset node its launch captures (BlasTuneOptions::memset_penalty_us);
+  // 0: off. TWINSTEP_GEMM_MEMSET_PENALTY (microseconds, a number in [0, 100]) overrides it in
+  // create() (resolve_gemm_memset_penalty).
+  double gemm_memset_penalty_us = kDefaultGemmMemsetPenaltyUs;
 };
 
 // CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of
@@ -126,6 +143,15 @@ struct CudaDeviceOptions {
 // value is kBadLayout naming it and the expected values.
 Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOptions& options,
                                                               const char* env);
+// CudaDeviceOptions::decode_graph_pieces as create() resolves it from `env`, the value of
+// TWINSTEP_DECODE_GRAPH_PIECES (nullptr when unset): an integer in [1, 8]; unset or empty the
+// option, which must be in [1, 8] too; anything else is kBadLayout naming it.
+Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDeviceOptions& options,
+                                                                 const char* env);
+// CudaDeviceOptions::gemm_memset_penalty_us from TWINSTEP_GEMM_MEMSET_PENALTY the same way: a
+// number of microseconds in [0, 100]; unset or empty the option.
+Result<double, engine::DeviceError> resolve_gemm_memset_penalty(const CudaDeviceOptions& options,
+                                                                const char* env);
 // CudaDeviceOptions::gemm_tune_in_graphs the same way, from TWINSTEP_GEMM_TUNE_GRAPHS.
 Result<bool, engine::DeviceError> resolve_gemm_tune_in_graphs(const CudaDeviceOptions& options,
                                                               const char* env);
@@ -279,6 +305,9 @@ class CudaDevice final : public engine::Device {
   engine::Result<engine::DeviceOutput, engine::DeviceError> execute_graph(
       const engine::StepPlan& plan, int32_t bucket);
   KernelStatus launch_decode_bucket(const StepViews& views);
+  // What DecodeGraphs::capture runs for a bucket: launch_decode_bucket with the forward's
+  // layer cut set to the capture's.
+  DecodeGraphs::Launch capture_launch();
   void drop_graphs();
   KvPoolView pool_view(engine::Family family) const;
   // Query heads per KV head of a family's bound pool (the prefill tiles' group).

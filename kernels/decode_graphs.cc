@@ -42,6 +42,14 @@ std::vector<int32_t> default_decode_buckets(int32_t max_running) {
   return b;
 }
 
+std::vector<int32_t> decode_graph_cuts(int32_t pieces, int32_t num_layers) {
+  std::vector<int32_t> cuts;
+  for (int64_t l = 1; static_cast<int32_t>(cuts.size()) + 1 < pieces && l < num_layers; l *= 4) {
+    cuts.push_back(static_cast<int32_t>(l));
+  }
+  return cuts;
+}
+
 // ---- DecodeStage ------------------------------------------------------------------------
 
 Result<std::unique_ptr<DecodeStage>, KernelError> DecodeStage::create(
@@ -194,8 +202,14 @@ StepViews DecodeStage::views(int32_t bucket, int32_t sliding_window) const {
 // ---- DecodeGraphs -----------------------------------------------------------------------
 
 Result<std::unique_ptr<DecodeGraphs>, KernelError> DecodeGraphs::create(
-    std::vector<int32_t> buckets, int32_t max_pages_per_seq, cudaStream_t stream) {
+    std::vector<int32_t> buckets, int32_t max_pages_per_seq, cudaStream_t stream,
+    std::vector<int32_t> cuts) {
   if (buckets.empty()) return bad("decode graphs: no buckets");
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    if (cuts[i] <= 0 || (i > 0 && cuts[i] <= cuts[i - 1])) {
+      return bad("decode graphs: cuts must be positive layers, strictly ascending");
+    }
+  }
   for (size_t i = 0; i < buckets.size(); ++i) {
     if (buckets[i] <= 0 || (i > 0 && buckets[i] <= buckets[i - 1])) {
       return bad("decode graphs: buckets must be positive and strictly ascending");
@@ -210,14 +224,57 @@ Result<std::unique_ptr<DecodeGraphs>, KernelError> DecodeGraphs::create(
   if (!stage) return unexpected(stage.error());
   g->stage_ = std::move(stage.value());
   g->buckets_ = std::move(buckets);
+  g->cuts_ = std::move(cuts);
   g->stream_ = stream;
   return g;
 }
 
 DecodeGraphs::~DecodeGraphs() {
-  for (cudaGraphExec_t e : execs_) {
-    if (e != nullptr) cudaGraphExecDestroy(e);
+  for (const auto& pieces : execs_) {
+    for (cudaGraphExec_t e : pieces) {
+      if (e != nullptr) cudaGraphExecDestroy(e);
+    }
   }
+}
+
+KernelStatus DecodeGraphs::capture_pieces(const StepViews& views, const Launch& launch,
+                                          std::vector<cudaGraph_t>* out) {
+  bool capturing = false;
+  // Relaxed: the launchers' one-time cudaFuncSetAttribute calls are not stream work.
+  auto begin = [&]() -> KernelStatus {
+    KernelStatus s = cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
+                                 "cudaStreamBeginCapture");
+    capturing = s.ok();
+    return s;
+  };
+  auto end = [&]() -> KernelStatus {
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);  // ends it on every path
+    capturing = false;
+    if (graph != nullptr) out->push_back(graph);
+    return cuda_status(ended, "cudaStreamEndCapture");
+  };
+  const LayerCut cut = [&](int32_t layer) -> KernelStatus {
+    if (!std::binary_search(cuts_.begin(), cuts_.end(), layer)) return Ok{};
+    KernelStatus ended = end();
+    return ended.ok() ? begin() : ended;
+  };
+  KernelStatus status = begin();
+  if (status.ok()) status = launch(views, cut);
+  if (capturing) {
+    const KernelStatus ended = end();
+    if (status.ok()) status = ended;
+  }
+  if (status.ok() && out->size() != cuts_.size() + 1) {
+    status =
+        bad("decode graphs: " + std::to_string(out->size()) + " pieces captured, the cuts make " +
+            std::to_string(cuts_.size() + 1) + " (a cut at or past the model's last layer?)");
+  }
+  if (!status.ok()) {
+    for (cudaGraph_t g : *out) cudaGraphDestroy(g);
+    out->clear();
+  }
+  return status;
 }
 
 KernelStatus DecodeGraphs::capture(const std::array<KvPoolView, engine::kFamilyCount>& pools,
@@ -227,56 +284,50 @@ KernelStatus DecodeGraphs::capture(const std::array<KvPoolView, engine::kFamilyC
   if (!before) return unexpected(before.error());
   pools_ = pools;
   sliding_window_ = sliding_window;
-  std::vector<cudaGraphExec_t> made(buckets_.size(), nullptr);
+  std::vector<std::vector<cudaGraphExec_t>> made(buckets_.size());
+  // The execs of `made` that are not (also) in execs_: destroyed on failure.
   auto drop = [&] {
-    for (cudaGraphExec_t& e : made) {
-      if (e != nullptr && (first || std::find(execs_.begin(), execs_.end(), e) == execs_.end())) {
-        cudaGraphExecDestroy(e);
+    for (size_t b = 0; b < made.size(); ++b) {
+      for (size_t p = 0; p < made[b].size(); ++p) {
+        cudaGraphExec_t e = made[b][p];
+        const bool held = !first && b < execs_.size() && p < execs_[b].size() && execs_[b][p] == e;
+        if (e != nullptr && !held) cudaGraphExecDestroy(e);
       }
-      e = nullptr;
+      made[b].clear();
     }
   };
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    const StepViews v = views(buckets_[b]);
-    // Relaxed: the launchers' one-time cudaFuncSetAttribute calls are not stream work.
-    if (auto s = cuda_status(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
-                             "cudaStreamBeginCapture");
-        !s.ok()) {
+    std::vector<cudaGraph_t> pieces;
+    if (auto s = capture_pieces(views(buckets_[b]), launch, &pieces); !s.ok()) {
       drop();
       return s;
     }
-    const KernelStatus launched = launch(v);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!launched.ok() || ended != cudaSuccess) {
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      drop();
-      if (!launched.ok()) return launched;
-      return cuda_status(ended, "cudaStreamEndCapture");
-    }
+    made[b].assign(pieces.size(), nullptr);
     cudaError_t err = cudaSuccess;
-    if (!first) {
-      cudaGraphExecUpdateResultInfo info{};
-      err = cudaGraphExecUpdate(execs_[b], graph, &info);
-      if (err == cudaSuccess) {
-        made[b] = execs_[b];
-      } else {
+    for (size_t p = 0; p < pieces.size() && err == cudaSuccess; ++p) {
+      if (!first) {
+        cudaGraphExecUpdateResultInfo info{};
+        err = cudaGraphExecUpdate(execs_[b][p], pieces[p], &info);
+        if (err == cudaSuccess) {
+          made[b][p] = execs_[b][p];
+          continue;
+        }
         cudaGetLastError();  // the failed update is not a sticky error; re-instantiate below
         stats_.reinstantiated += 1;
       }
+      err = cudaGraphInstantiate(&made[b][p], pieces[p], 0);
+      if (err == cudaSuccess) err = cudaGraphUpload(made[b][p], stream_);
     }
-    if (made[b] == nullptr) {
-      err = cudaGraphInstantiate(&made[b], graph, 0);
-      if (err == cudaSuccess) err = cudaGraphUpload(made[b], stream_);
-    }
-    cudaGraphDestroy(graph);
+    for (cudaGraph_t g : pieces) cudaGraphDestroy(g);
     if (err != cudaSuccess) {
       drop();
       return cuda_status(err, "cudaGraphInstantiate(decode bucket)");
     }
   }
   for (size_t b = 0; b < execs_.size(); ++b) {
-    if (execs_[b] != made[b]) cudaGraphExecDestroy(execs_[b]);  // replaced by re-instantiation
+    for (size_t p = 0; p < execs_[b].size(); ++p) {
+      if (execs_[b][p] != made[b][p]) cudaGraphExecDestroy(execs_[b][p]);  // re-instantiated
+    }
   }
   execs_ = std::move(made);
   auto after = free_after(stream_);
@@ -289,6 +340,7 @@ KernelStatus DecodeGraphs::capture(const std::array<KvPoolView, engine::kFamilyC
   }
   stats_.buckets = static_cast<int32_t>(buckets_.size());
   stats_.largest_bucket = buckets_.back();
+  stats_.pieces = static_cast<int32_t>(cuts_.size()) + 1;
   return Ok{};
 }
 
@@ -300,7 +352,10 @@ int32_t DecodeGraphs::bucket_for(int32_t rows) const {
 KernelStatus DecodeGraphs::replay(int32_t bucket) {
   auto it = std::lower_bound(buckets_.begin(), buckets_.end(), bucket);
   TS_CHECK(it != buckets_.end() && *it == bucket && !execs_.empty()) << "no graph of " << bucket;
-  return cuda_status(cudaGraphLaunch(execs_[it - buckets_.begin()], stream_), "cudaGraphLaunch");
+  for (cudaGraphExec_t e : execs_[it - buckets_.begin()]) {
+    if (auto s = cuda_status(cudaGraphLaunch(e, stream_), "cudaGraphLaunch"); !s.ok()) return s;
+  }
+  return Ok{};
 }
 
 StepViews DecodeGraphs::views(int32_t bucket) const {

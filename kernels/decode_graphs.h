@@ -40,9 +40,18 @@ namespace twinstep::kernels {
 // every decode step of up to max_running rows fits one). Empty for max_running <= 0.
 std::vector<int32_t> default_decode_buckets(int32_t max_running);
 
+// The layers at which a bucket's graph of `pieces` pieces starts a new piece: 1, 4, 16, 64,
+// ... (each piece up to 3x the layers of all before it), the first pieces - 1 of those below
+// num_layers; empty for pieces <= 1. A replay launches the pieces one after the other, so the
+// GPU starts on the first (the embedding and layer 0) while the host still submits the rest:
+// a whole graph's cudaGraphLaunch took 17-38 us on one runner and ~580 us on another (12B,
+// b=1, ~600 nodes), and the GPU waited for it (perf/NOTES.md, session 10).
+std::vector<int32_t> decode_graph_cuts(int32_t pieces, int32_t num_layers);
+
 struct DecodeGraphStats {
   int32_t buckets = 0;                // graphs held
   int32_t largest_bucket = 0;         // rows of the largest
+  int32_t pieces = 0;                 // graphs a bucket's replay launches (decode_graph_cuts)
   int64_t graph_bytes = 0;            // device memory the graphs and their stage took (measured)
   int64_t rebind_bytes = 0;           // device memory the re-capture over the real pools took
   uint64_t replays = 0;               // decode steps run as a graph replay
@@ -105,17 +114,25 @@ class DecodeStage {
   int64_t row_slot_[engine::kFamilyCount] = {}, pages_[engine::kFamilyCount] = {};
 };
 
-// The graphs of every bucket, over one DecodeStage.
+// The graphs of every bucket, over one DecodeStage. A bucket's forward may be captured in
+// several pieces, cut at layer boundaries (decode_graph_cuts): one graph each, replayed in
+// order on the one stream, so the launches are the same and so are the bits.
 class DecodeGraphs {
  public:
-  // Queues one decode forward plus the greedy argmax over `views` on the capturing stream.
-  using Launch = std::function<KernelStatus(const StepViews& views)>;
+  // Called by the forward at the start of every layer l > 0 while it is being captured; at a
+  // cut it ends the capture of one piece and begins the next.
+  using LayerCut = ModelForward::LayerCut;
+  // Queues one decode forward plus the greedy argmax over `views` on the capturing stream,
+  // calling `cut` at each layer's start (ModelForward::set_layer_cut).
+  using Launch = std::function<KernelStatus(const StepViews& views, const LayerCut& cut)>;
 
   // buckets: ascending, positive, distinct; max_pages_per_seq bounds one seq's page list in
   // either family (the capacity per family is buckets.back() * (max_pages_per_seq + 1)).
+  // cuts: ascending layers > 0 where a new piece begins (empty: one graph a bucket).
   static Result<std::unique_ptr<DecodeGraphs>, KernelError> create(std::vector<int32_t> buckets,
                                                                    int32_t max_pages_per_seq,
-                                                                   cudaStream_t stream);
+                                                                   cudaStream_t stream,
+                                                                   std::vector<int32_t> cuts = {});
   ~DecodeGraphs();
   DecodeGraphs(const DecodeGraphs&) = delete;
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
@@ -129,7 +146,8 @@ class DecodeGraphs {
   int32_t bucket_for(int32_t rows) const;
   DecodeStage& stage() { return *stage_; }
   const DecodeStage& stage() const { return *stage_; }
-  // Launches bucket's graph on the stream it was made for (after stage().load()).
+  // Launches bucket's graphs, in order, on the stream they were made for (after
+  // stage().load()).
   KernelStatus replay(int32_t bucket);
   // The views of the last capture for `bucket` (gates: the same launches, run eagerly).
   StepViews views(int32_t bucket) const;
@@ -139,8 +157,12 @@ class DecodeGraphs {
 
  private:
   DecodeGraphs() = default;
+  // The pieces of one bucket's forward, captured into `out` (cut at cuts_).
+  KernelStatus capture_pieces(const StepViews& views, const Launch& launch,
+                              std::vector<cudaGraph_t>* out);
   std::vector<int32_t> buckets_;
-  std::vector<cudaGraphExec_t> execs_;
+  std::vector<int32_t> cuts_;
+  std::vector<std::vector<cudaGraphExec_t>> execs_;  // [bucket][piece]
   std::unique_ptr<DecodeStage> stage_;
   cudaStream_t stream_ = nullptr;
   std::array<KvPoolView, engine::kFamilyCount> pools_{};

@@ -586,6 +586,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   };
   if (c.num_layers > 0) TS_TRY(prefetch_.fetch(model_.layer(0).qkv, qkv_bytes(model_.layer(0))));
   for (int32_t l = 0; l < c.num_layers; ++l) {
+    if (l > 0 && layer_cut_ != nullptr) TS_TRY((*layer_cut_)(l));
     const DeviceModel::Layer& L = model_.layer(l);
     const int f = static_cast<int>(L.family);
     const Rope rope = model_.rope(L.family);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -181,6 +182,11 @@ class ModelForward {
   // what they were captured with. Off by default (not yet measured on the H200).
   void set_programmatic_decode(bool on) { programmatic_decode_ = on; }
   bool programmatic_decode() const { return programmatic_decode_; }
+  // While set (nullptr clears it), run() calls (*cut)(l) at the start of every layer l > 0,
+  // before any launch of that layer, and returns its error: DecodeGraphs ends one graph's
+  // capture there and begins the next (kernels/decode_graphs.h). Queues nothing itself.
+  using LayerCut = std::function<KernelStatus(int32_t layer)>;
+  void set_layer_cut(const LayerCut* cut) { layer_cut_ = cut; }
 
  private:
   const DeviceModel& model_;
@@ -196,6 +202,7 @@ class ModelForward {
   // R * ceil(group / kPrefillTileM) of them (the plan of a prefix of rows is a prefix).
   bool batch_invariant_ = false;
   bool programmatic_decode_ = false;
+  const LayerCut* layer_cut_ = nullptr;
   PrefillVariant invariant_variant_256_ = PrefillVariant::kWgmma;
   // The variant a layer's attention runs: kDefault outside the mode.
   PrefillVariant prefill_variant(int32_t head_dim) const;
