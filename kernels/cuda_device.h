@@ -31,10 +31,15 @@ namespace twinstep::kernels {
 // 111 shapes took 1.6-1.9 s and 2.6 GiB of scratch, freed before the graphs are measured.
 inline constexpr bool kDefaultTuneGemms = true;
 
-// CudaDeviceOptions::decode_graph_pieces by default (being measured, session 10).
+// CudaDeviceOptions::decode_graph_pieces by default. Measured on the H200 (session 10, one
+// process an arm, 12B decode): where the b=1 graph launch took ~150 us, 4 pieces gave b=1
+// 7.623 / 7.652 ms against 7.749 / 7.729 with one; where it took 5-70 us, every batch within the
+// noise between processes (perf/NOTES.md). The bits are the same (DecodeGraphGates).
 inline constexpr int32_t kDefaultDecodeGraphPieces = 4;
 inline constexpr int32_t kMaxDecodeGraphPieces = 8;
-// CudaDeviceOptions::gemm_memset_penalty_us by default (being measured, session 10).
+// CudaDeviceOptions::gemm_memset_penalty_us by default: off. At 4 us it took the b=1 graph
+// from 49 memset nodes to 1, but the step was no faster (H200, session 10: b=1 7.652 vs 7.623
+// ms, b=16 9.249 vs 9.351, one process an arm; perf/NOTES.md).
 inline constexpr double kDefaultGemmMemsetPenaltyUs = 0;
 
 // CudaDeviceOptions::cudnn_local_prefill by default (issue 12): on where cuDNN is in the build,
