@@ -42,6 +42,8 @@ KernelStatus apply_skinny_env(Blas& blas) {
   auto choice = parse_skinny_choice(v);
   if (!choice) return unexpected(choice.error());
   blas.set_skinny_max_rows(choice.value().max_rows);
+  blas.set_skinny_min_rows(choice.value().min_rows);
+  blas.set_skinny_max_weight_bytes(choice.value().max_weight_bytes);
   blas.set_skinny_programmatic(choice.value().programmatic);
   blas.set_skinny_streamed(choice.value().streamed);
   blas.set_skinny_unit_k(choice.value().unit_k);
@@ -59,9 +61,17 @@ KernelStatus cublas_status(cublasStatus_t st, const char* what) {
 Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
   const std::string s(value);
   size_t comma = s.find(',');
-  const std::string rows = s.substr(0, comma);
+  std::string rows = s.substr(0, comma);
   SkinnyChoice choice;
-  bool plain = false, registers = false, k256 = false, bad = false;
+  bool plain = false, registers = false, k256 = false, wmax = false, bad = false;
+  // A whole decimal number in [lo, hi], else -1.
+  auto number = [](const std::string& t, long lo, long hi) -> long {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) {
+      return -1;
+    }
+    const long n = std::strtol(t.c_str(), nullptr, 10);
+    return n >= lo && n <= hi ? n : -1;
+  };
   while (comma != std::string::npos) {
     const size_t next = s.find(',', comma + 1);
     const std::string flag =
@@ -72,21 +82,31 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
       registers = true;
     } else if (flag == "k256" && !k256) {
       k256 = true;
+    } else if (flag.rfind("wmax=", 0) == 0 && !wmax && number(flag.substr(5), 1, 1 << 20) > 0) {
+      wmax = true;
+      choice.max_weight_bytes = number(flag.substr(5), 1, 1 << 20) << 20;
     } else {
       bad = true;
     }
     comma = next;
   }
-  char* end = nullptr;
-  const long n = std::strtol(rows.c_str(), &end, 10);
-  if (rows.empty() || *end != '\0' || n < 0 || n > kSkinnyMaxRows || bad || (k256 && registers)) {
-    return unexpected(KernelError{KernelErrorCode::kBadArgument,
-                                  "TWINSTEP_SKINNY=\"" + s +
-                                      "\": expected ROWS[,plain][,registers][,k256] (k256 not with "
-                                      "registers) with ROWS in 0.." +
-                                      std::to_string(kSkinnyMaxRows)});
+  long lo = 1;
+  if (const size_t dash = rows.find('-'); dash != std::string::npos) {
+    lo = number(rows.substr(0, dash), 1, kSkinnyMaxRows);
+    rows = rows.substr(dash + 1);
+    if (lo < 0) bad = true;
+  }
+  const long n = number(rows, 0, kSkinnyMaxRows);
+  if (n < 0 || lo > std::max(n, 1L) || bad || (k256 && registers)) {
+    return unexpected(KernelError{
+        KernelErrorCode::kBadArgument,
+        "TWINSTEP_SKINNY=\"" + s +
+            "\": expected [LO-]ROWS[,plain][,registers][,k256][,wmax=MB] (k256 not with "
+            "registers) with 1 <= LO <= ROWS <= " +
+            std::to_string(kSkinnyMaxRows) + " (ROWS 0: never) and MB >= 1"});
   }
   choice.max_rows = static_cast<int32_t>(n);
+  choice.min_rows = static_cast<int32_t>(lo);
   choice.programmatic = !plain;
   choice.streamed = !registers;
   choice.unit_k = k256 ? 256 : 0;
@@ -168,6 +188,8 @@ Blas::Blas(Blas&& other) noexcept
       stream_ws_(std::exchange(other.stream_ws_, nullptr)),
       sm_count_(other.sm_count_),
       skinny_max_rows_(other.skinny_max_rows_),
+      skinny_min_rows_(other.skinny_min_rows_),
+      skinny_max_weight_bytes_(other.skinny_max_weight_bytes_),
       skinny_programmatic_(other.skinny_programmatic_),
       skinny_streamed_(other.skinny_streamed_),
       skinny_unit_k_(other.skinny_unit_k_),
@@ -186,6 +208,8 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     stream_ws_ = std::exchange(other.stream_ws_, nullptr);
     sm_count_ = other.sm_count_;
     skinny_max_rows_ = other.skinny_max_rows_;
+    skinny_min_rows_ = other.skinny_min_rows_;
+    skinny_max_weight_bytes_ = other.skinny_max_weight_bytes_;
     skinny_programmatic_ = other.skinny_programmatic_;
     skinny_streamed_ = other.skinny_streamed_;
     skinny_unit_k_ = other.skinny_unit_k_;
@@ -240,7 +264,8 @@ KernelStatus Blas::gemm_impl(const bf16* x, const bf16* w, void* y, cudaDataType
 }
 
 bool Blas::skinny_applies(int32_t m, int32_t n, int32_t k) const {
-  if (m > skinny_max_rows_) return false;
+  if (m > skinny_max_rows_ || m < skinny_min_rows_) return false;
+  if (skinny_max_weight_bytes_ > 0 && int64_t{n} * k * 2 > skinny_max_weight_bytes_) return false;
   return skinny_streamed_ ? stream_gemm_supported(m, n, k, skinny_unit_k_)
                           : skinny_gemm_supported(m, n, k);
 }

@@ -35,13 +35,47 @@ TEST(SkinnyChoice, AcceptsRowsAndFlagsInAnyOrder) {
     EXPECT_EQ(got.value().programmatic, c.programmatic) << c.value;
     EXPECT_EQ(got.value().streamed, c.streamed) << c.value;
     EXPECT_EQ(got.value().unit_k, c.unit_k) << c.value;
+    EXPECT_EQ(got.value().min_rows, 1) << c.value;
+    EXPECT_EQ(got.value().max_weight_bytes, 0) << c.value;
   }
+  auto ranged = parse_skinny_choice("9-16,k256,wmax=64");
+  ASSERT_TRUE(ranged.ok()) << ranged.error().message;
+  EXPECT_EQ(ranged.value().min_rows, 9);
+  EXPECT_EQ(ranged.value().max_rows, 16);
+  EXPECT_EQ(ranged.value().unit_k, 256);
+  EXPECT_EQ(ranged.value().max_weight_bytes, int64_t{64} << 20);
+  auto one = parse_skinny_choice("1-1,wmax=1");
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  EXPECT_EQ(one.value().min_rows, 1);
+  EXPECT_EQ(one.value().max_rows, 1);
+  EXPECT_EQ(one.value().max_weight_bytes, int64_t{1} << 20);
 }
 
 TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
-  for (const char* value : {"", "17", "-1", "x", "16,", "16,plain,plain", "16,stream", "16 ",
-                            ",plain", "16,registers,registers", "99999999999999999999",
-                            "16,k256,k256", "16,k256,registers", "16,k128"}) {
+  for (const char* value : {"",
+                            "17",
+                            "-1",
+                            "x",
+                            "16,",
+                            "16,plain,plain",
+                            "16,stream",
+                            "16 ",
+                            ",plain",
+                            "16,registers,registers",
+                            "99999999999999999999",
+                            "16,k256,k256",
+                            "16,k256,registers",
+                            "16,k128",
+                            "9-8",
+                            "0-16",
+                            "17-16",
+                            "-16",
+                            "9-",
+                            "16,wmax=0",
+                            "16,wmax=",
+                            "16,wmax=x",
+                            "16,wmax=64,wmax=64",
+                            "16,wmax=9999999999"}) {
     auto got = parse_skinny_choice(value);
     ASSERT_FALSE(got.ok()) << "accepted \"" << value << "\"";
     EXPECT_EQ(got.error().code, KernelErrorCode::kBadArgument);

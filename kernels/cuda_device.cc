@@ -205,6 +205,15 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   auto blas = Blas::create(d->stream_);
   if (!blas) return unexpected(from_kernel(blas.error()));
   d->blas_ = std::make_unique<Blas>(std::move(blas.value()));
+  if (std::getenv("TWINSTEP_SKINNY") == nullptr) {  // else Blas::create applied it
+    const SkinnyChoice& f = options.few_row_gemm;
+    d->blas_->set_skinny_max_rows(f.max_rows);
+    d->blas_->set_skinny_min_rows(f.min_rows);
+    d->blas_->set_skinny_max_weight_bytes(f.max_weight_bytes);
+    d->blas_->set_skinny_programmatic(f.programmatic);
+    d->blas_->set_skinny_streamed(f.streamed);
+    d->blas_->set_skinny_unit_k(f.unit_k);
+  }
   auto model = DeviceModel::create(config, weights, options.random_seed, d->stream_);
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());

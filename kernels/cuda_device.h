@@ -20,6 +20,7 @@
 #include "engine/fault.h"
 #include "kernels/attention_prefill_cudnn.h"
 #include "kernels/decode_graphs.h"
+#include "kernels/gemm_skinny.h"
 #include "kernels/logprobs.h"
 #include "kernels/model_forward.h"
 
@@ -37,6 +38,15 @@ inline constexpr bool kDefaultTuneGemms = true;
 // noise between processes (perf/NOTES.md). The bits are the same (DecodeGraphGates).
 inline constexpr int32_t kDefaultDecodeGraphPieces = 4;
 inline constexpr int32_t kMaxDecodeGraphPieces = 8;
+// CudaDeviceOptions::few_row_gemm by default: the streamed few-row GEMM (gemm_stream.h, 256-k
+// units, programmatic) for GEMMs of 9..16 rows (the b=16 decode bucket), cuBLAS elsewhere.
+// Measured on the H200 (session 10, one process an arm, 12B decode, graphs): b=16 8.764 ms
+// against 9.052 / 9.144 with cuBLAS everywhere; the small matrices alone (wmax=70) 8.930, at
+// b=1 as well 7.493 (cuBLAS arms 7.598 / 7.766: inside the noise between processes), the
+// small ones at 9..16 only 8.845 (perf/NOTES.md). Below 9 rows it stays off: session 8 measured
+// the streamed GEMM slower at b=1 (7.923 vs 7.800).
+inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 9, 0, true, true, 256};
+
 // CudaDeviceOptions::gemm_memset_penalty_us by default: off. At 4 us it took the b=1 graph
 // from 49 memset nodes to 1, but the step was no faster (H200, session 10: b=1 7.652 vs 7.623
 // ms, b=16 9.249 vs 9.351, one process an arm; perf/NOTES.md).
@@ -141,6 +151,9 @@ struct CudaDeviceOptions {
   // 0: off. TWINSTEP_GEMM_MEMSET_PENALTY (microseconds, a number in [0, 100]) overrides it in
   // create() (resolve_gemm_memset_penalty).
   double gemm_memset_penalty_us = kDefaultGemmMemsetPenaltyUs;
+  // Which GEMMs run the few-row kernel instead of cuBLAS (Blas::set_skinny_*; max_rows 0:
+  // none). TWINSTEP_SKINNY, when set, wins (Blas::create parses it).
+  SkinnyChoice few_row_gemm = kDefaultFewRowGemm;
 };
 
 // CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of

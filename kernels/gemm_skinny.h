@@ -46,14 +46,18 @@ KernelStatus skinny_gemm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32
 KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int32_t n, int32_t k,
                          cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
 
-// What TWINSTEP_SKINNY asks of Blas (ops.h): "ROWS[,plain][,registers][,k256]", ROWS in
-// 0..kSkinnyMaxRows: the few-row kernel for GEMMs of <= ROWS rows (0: never), launched with
-// programmatic dependent launch unless ",plain", the streamed kernel (gemm_stream.h) unless
-// ",registers" (this file's), the streamed kernel's 256-k units with ",k256". Anything else (an
-// empty or non-numeric ROWS, ROWS out of range, an unknown or repeated flag, k256 with
-// registers) is kBadArgument naming the value and the expected form. Host only.
+// What TWINSTEP_SKINNY asks of Blas (ops.h): "[LO-]ROWS[,plain][,registers][,k256][,wmax=MB]",
+// ROWS in 0..kSkinnyMaxRows: the few-row kernel for GEMMs of LO..ROWS rows (LO 1 when absent;
+// 0 <= ... never), launched with programmatic dependent launch unless ",plain", the streamed
+// kernel (gemm_stream.h) unless ",registers" (this file's), the streamed kernel's 256-k units
+// with ",k256", and only for weight matrices of at most MB MiB with ",wmax=MB" (the small
+// ones, where cuBLAS reads far below copy). Anything else (an empty or non-numeric ROWS, ROWS
+// or LO out of range, LO > ROWS, an unknown or repeated flag, k256 with registers) is
+// kBadArgument naming the value and the expected form. Host only.
 struct SkinnyChoice {
   int32_t max_rows = 0;
+  int32_t min_rows = 1;
+  int64_t max_weight_bytes = 0;  // 0: any
   bool programmatic = true;
   bool streamed = true;
   int32_t unit_k = 0;  // the streamed kernel's (0: its default, 128)

@@ -234,6 +234,10 @@ class Blas {
   // kernel (set_skinny_streamed(false)), ",k256" the streamed kernel's 256-k units
   // (set_skinny_unit_k). A bad value is a create() error (parse_skinny_choice, gemm_skinny.h).
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; }
+  // ... and of at least this many rows (1 by default), and only weights of at most this many
+  // bytes (0: any), as "LO-ROWS" and ",wmax=MB" in TWINSTEP_SKINNY.
+  void set_skinny_min_rows(int32_t rows) { skinny_min_rows_ = rows; }
+  void set_skinny_max_weight_bytes(int64_t bytes) { skinny_max_weight_bytes_ = bytes; }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
   // The skinny kernel launched with programmatic dependent launch (kernels/gemm_skinny.h:
   // SkinnyLaunch::kProgrammatic, the same bits as a plain launch). Set before any capture.
@@ -281,6 +285,8 @@ class Blas {
   void* stream_ws_ = nullptr;  // the streamed few-row kernel's workspace (zeroed), sm_count_ blocks
   int32_t sm_count_ = 0;
   int32_t skinny_max_rows_ = kDefaultSkinnyMaxRows;
+  int32_t skinny_min_rows_ = 1;
+  int64_t skinny_max_weight_bytes_ = 0;
   bool skinny_programmatic_ = true;
   bool skinny_streamed_ = true;
   int32_t skinny_unit_k_ = 0;
