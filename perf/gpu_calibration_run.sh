@@ -31,7 +31,7 @@ if ! usable "${BIN:-}"; then
   export TWINSTEP_GIT_REV=${TWINSTEP_GIT_REV:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 fi
 export TWINSTEP_KERNELS_SHA256=${TWINSTEP_KERNELS_SHA256:-$(cat kernels/*.cu kernels/*.cuh kernels/*.cc kernels/*.h | sha256sum | cut -c1-16)}
-export TWINSTEP_KERNELS=${TWINSTEP_KERNELS:-"prefill: cuDNN paged SDPA for the local layers' seqs of >= 16 rows (plans built before the pools), attention_prefill_tc for the rest (two-warpgroup wgmma: pair at head_dim 256, split dims at 512); decode-only steps: attention_decode_split v4 (per-thread copy cursor) inside CUDA graph replays (a graph per batch bucket); GEMMs: cuBLASLt plans tuned at startup"}
+export TWINSTEP_KERNELS=${TWINSTEP_KERNELS:-"prefill: cuDNN paged SDPA for the local layers' seqs of >= 16 rows (plans built before the pools), attention_prefill_tc for the rest (two-warpgroup wgmma: pair at head_dim 256, split dims at 512); decode-only steps: attention_decode_split v4 (per-thread copy cursor) inside CUDA graph replays (a bucket's graph in 4 pieces); GEMMs: cuBLASLt plans tuned at startup, the streamed few-row GEMM for 9..16 rows"}
 echo "git rev $TWINSTEP_GIT_REV, kernels sha256 $TWINSTEP_KERNELS_SHA256" | tee -a "$LOG"
 
 RECORDS="$OUT/h200_gemma4_12b_records.json"
