@@ -156,6 +156,11 @@ struct CudaDeviceOptions {
   SkinnyChoice few_row_gemm = kDefaultFewRowGemm;
 };
 
+// An on/off option as create() resolves it from the environment variable `var` (value `env`,
+// nullptr when unset): "1" on, "0" off, unset or empty `option`; another value is kBadLayout
+// "VAR=value: expected 1 (on_means) or 0 (off), or unset".
+Result<bool, engine::DeviceError> resolve_env_switch(bool option, const char* env, const char* var,
+                                                     const char* on_means);
 // CudaDeviceOptions::programmatic_decode as create() resolves it, `env` being the value of
 // TWINSTEP_DECODE_PDL (nullptr when unset): "1" on, "0" off, unset or empty the option; another
 // value is kBadLayout naming it and the expected values.

@@ -13,22 +13,11 @@ namespace twinstep::kernels {
 
 Result<bool, engine::DeviceError> resolve_cudnn_local_prefill(const CudaDeviceOptions& options,
                                                               const char* env) {
-  bool on = options.cudnn_local_prefill;
-  if (env != nullptr && env[0] != '\0') {
-    const std::string value = env;
-    if (value == "1") {
-      on = true;
-    } else if (value == "0") {
-      on = false;
-    } else {
-      return unexpected(engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
-                                            "TWINSTEP_CUDNN_PREFILL=" + value +
-                                                ": expected 1 (cuDNN for the local layers' "
-                                                "prefill attention) or 0 (off), or unset"});
-    }
-  }
+  auto on = resolve_env_switch(options.cudnn_local_prefill, env, "TWINSTEP_CUDNN_PREFILL",
+                               "cuDNN for the local layers' prefill attention");
+  if (!on) return unexpected(on.error());
   // The batch-invariant mode's rows must all take one pinned kernel.
-  return on && !options.batch_invariant;
+  return on.value() && !options.batch_invariant;
 }
 
 CudnnPrefillLimits CudaDevice::cudnn_limits(int32_t max_logits, int32_t max_context,
