@@ -812,8 +812,7 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
   };
   GemmTuneResult out;
   out.shape = shape;
-  const int32_t default_memsets = memsets_of(default_launch);
-  out.default_us = def.value() + options.memset_penalty_us * default_memsets;
+  out.default_us = def.value() + options.memset_penalty_us * memsets_of(default_launch);
   out.wide = wide && out.default_us <= options.wide_max_us;
   wide = out.wide;
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
@@ -872,12 +871,9 @@ Result<GemmTuneResult, KernelError> BlasLt::tune_one(const GemmShape& shape,
     out.workspace = best.workspace;
     out.config = describe(best.algo);
   }
-  out.memsets = default_memsets;
   if (out.uses_lt) {
     plan->algo = best.algo;
     plan->workspace_bytes = best.workspace;
-    if (charge)
-      out.memsets = memsets_of([&](int j) { return run(*plan, s.x, w_at(j), s.y, stream); });
     tuned_[shape] = std::move(plan);
   } else {
     tuned_.erase(shape);

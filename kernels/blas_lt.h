@@ -148,7 +148,6 @@ struct GemmTuneResult {
   int32_t splits = 1;    // split-K number of the fastest candidate
   size_t workspace = 0;  // bytes of the fixed workspace it takes
   std::string config;    // its configuration ("algo 66 tile 22 ... splitk 4 ...")
-  int32_t memsets = 0;   // memset nodes one launch of the chosen plan (or default) captures
   double search_ms = 0;  // host wall time of this shape
 };
 
