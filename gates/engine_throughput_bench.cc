@@ -1320,6 +1320,8 @@ int main(int argc, char** argv) {
   g_device = &device;
   std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
+  std::printf("gated gate|up GEMM (kernels/gemm_gated.h) for steps of >= %d rows (0: off)\n",
+              device.options().gated_gemm_min_rows);
   if (argc == 3 && std::string(argv[1]) == "--records") {
     return cost_records::write_step_records(config, device, prop, argv[2]);
   }
@@ -1342,9 +1344,12 @@ int main(int argc, char** argv) {
   // --decode: sections 2 and 3 only (the decode tables with the host path; issue 13 item 3).
   const bool decode_only =
       invariant_decode || prefetch_ab || (argc == 2 && std::string(argv[1]) == "--decode");
-  if (argc != 1 && !decode_only) {
+  // --prefill: section 1 only (the prefill table and its phases; an A/B of one process an arm).
+  const bool prefill_only = argc == 2 && std::string(argv[1]) == "--prefill";
+  if (argc != 1 && !decode_only && !prefill_only) {
     die("usage: engine_throughput_bench [--records FILE | --batch-invariant | --decode | "
-        "--decode-batch-invariant | --decode-prefetch | --prefetch-probe | --cudnn-prefill]");
+        "--prefill | --decode-batch-invariant | --decode-prefetch | --prefetch-probe | "
+        "--cudnn-prefill]");
   }
 
   const double bandwidth = measure_copy_bandwidth(device.stream());
@@ -1477,7 +1482,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- 2. decode --------------------------------------------------------------------------
-  {
+  if (!prefill_only) {
     std::vector<engine::RequestControl> controls;
     for (int i = 0; i < kDecodeMaxBatch; ++i) {
       controls.push_back(submit(e, rng, kDecodePrompt, max_tokens));
@@ -1536,7 +1541,7 @@ int main(int argc, char** argv) {
   // TWINSTEP_BENCH_QUICK=1: sections 1 and 2 and the summary only (a short device call).
   const bool quick = std::getenv("TWINSTEP_BENCH_QUICK") != nullptr;
   // ---- 3. long-context decode: kLongBatch x kLongPrompt ---------------------------------
-  if (!prefetch_ab && !quick) {
+  if (!prefetch_ab && !quick && !prefill_only) {
     std::vector<engine::RequestControl> controls;
     for (int i = 0; i < kLongBatch; ++i)
       controls.push_back(submit(e, rng, kLongPrompt, kLongTokens));
@@ -1576,7 +1581,9 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(gs.misses_page_capacity),
       static_cast<unsigned long long>(gs.misses_observer),
       static_cast<unsigned long long>(gs.invalidations));
-  if (gs.invalidations != 0 || gs.replays == 0) die("the decode graphs did not run the decode");
+  if (gs.invalidations != 0 || (gs.replays == 0 && !prefill_only)) {
+    die("the decode graphs did not run the decode");
+  }
   std::printf("\n== summary (gemma4-12b geometry, random bf16 weights, %s) ==\n", prop.name);
   std::printf("copy bandwidth %.0f GB/s, compute peak assumed %.0f TFLOP/s\n", bandwidth / 1e9,
               kPeakFlops / 1e12);
@@ -1591,7 +1598,7 @@ int main(int argc, char** argv) {
   created.value().reset();
   g_device = nullptr;
   made.value().reset();
-  if (decode_only || quick) return 0;
+  if (decode_only || quick || prefill_only) return 0;
   prefix_ttft::report(config);
   cudnn_prefill::report(config);
   return batch_invariance::report(config);

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "gates/model_gate_util.h"
+#include "kernels/gemm_gated.h"
 #include "sim/fault_plan.h"
 #include "sim/rng.h"
 #include "sim/sim_device.h"
@@ -781,6 +782,44 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// Two runs of the same requests compared step for step: the same plans, every logits row of
+// one within `tol` of the other's, argmax equal where the first's margin clears twice the
+// difference.
+struct LogitsComparison {
+  double worst = 0;
+  int compared = 0, argmax_checked = 0;
+};
+void compare_step_logits(const std::vector<engine::StepPlan>& a_plans,
+                         const std::vector<std::vector<float>>& a_logits,
+                         const std::vector<engine::StepPlan>& b_plans,
+                         const std::vector<std::vector<float>>& b_logits, int32_t V, double tol,
+                         LogitsComparison* out) {
+  ASSERT_EQ(b_plans.size(), a_plans.size());
+  ASSERT_EQ(a_logits.size(), a_plans.size());
+  ASSERT_EQ(b_logits.size(), b_plans.size());
+  for (size_t s = 0; s < a_plans.size(); ++s) {
+    const engine::StepPlan& a = a_plans[s];
+    const engine::StepPlan& b = b_plans[s];
+    ASSERT_EQ(a.row_seq, b.row_seq) << "step " << s;
+    ASSERT_EQ(a.positions, b.positions) << "step " << s;
+    ASSERT_EQ(a.tokens, b.tokens) << "step " << s;
+    ASSERT_EQ(a_logits[s].size(), static_cast<size_t>(a.num_logits) * V);
+    ASSERT_EQ(b_logits[s].size(), a_logits[s].size());
+    for (int32_t row = 0; row < a.num_logits; ++row) {
+      const float* x = a_logits[s].data() + int64_t{row} * V;
+      const float* y = b_logits[s].data() + int64_t{row} * V;
+      const double diff = max_abs_diff(x, y, V);
+      out->worst = std::max(out->worst, diff);
+      EXPECT_LE(diff, tol) << "step " << s << " logits row " << row;
+      if (row_margin(x, V) > 2 * diff) {
+        EXPECT_EQ(row_argmax(y, V), row_argmax(x, V)) << "step " << s << " row " << row;
+        ++out->argmax_checked;
+      }
+      ++out->compared;
+    }
+  }
+}
+
 // The same requests (the HF prompts, chunked at 48 tokens, decode rows beside prefill chunks)
 // on two engines, cuDNN's local prefill attention off and on: the same plans step for step,
 // every logits row within the fixtures' logit_tol of the other's (argmax equal where the
@@ -860,38 +899,84 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
       EXPECT_EQ(ids(on.tokens[i]), ids(r.prompts[i].tokens)) << "cuDNN on, prompt " << i;
       EXPECT_EQ(ids(off.tokens[i]), ids(r.prompts[i].tokens)) << "cuDNN off, prompt " << i;
     }
-    ASSERT_EQ(on.plans.size(), off.plans.size());
-    const int32_t V = w->config().vocab_size;
-    double worst = 0;
-    int compared = 0, argmax_checked = 0;
-    for (size_t s = 0; s < on.plans.size(); ++s) {
-      const engine::StepPlan& a = off.plans[s];
-      const engine::StepPlan& b = on.plans[s];
-      ASSERT_EQ(a.row_seq, b.row_seq) << "step " << s;
-      ASSERT_EQ(a.positions, b.positions) << "step " << s;
-      ASSERT_EQ(a.tokens, b.tokens) << "step " << s;
-      ASSERT_EQ(off.logits[s].size(), static_cast<size_t>(a.num_logits) * V);
-      ASSERT_EQ(on.logits[s].size(), off.logits[s].size());
-      for (int32_t row = 0; row < a.num_logits; ++row) {
-        const float* x = off.logits[s].data() + int64_t{row} * V;
-        const float* y = on.logits[s].data() + int64_t{row} * V;
-        const double diff = max_abs_diff(x, y, V);
-        worst = std::max(worst, diff);
-        EXPECT_LE(diff, r.logit_tol) << "step " << s << " logits row " << row;
-        if (row_margin(x, V) > 2 * diff) {
-          EXPECT_EQ(row_argmax(y, V), row_argmax(x, V)) << "step " << s << " row " << row;
-          ++argmax_checked;
-        }
-        ++compared;
-      }
-    }
+    LogitsComparison cmp;
+    ASSERT_NO_FATAL_FAILURE(compare_step_logits(off.plans, off.logits, on.plans, on.logits,
+                                                w->config().vocab_size, r.logit_tol, &cmp));
     std::printf(
         "[gate] %s: cuDNN local prefill on vs off: %zu steps (%d with a multi-row seq, %d on "
         "cuDNN, %d of them with seqs on our kernel too; %d mixed), %d logits rows, max |dlogit| "
         "%.5f (tol %.5f), argmax compared on %d; plans built %d of %d keys at bind (%.1f ms)\n",
         g, on.plans.size(), on.prefill_steps, on.cudnn_steps, on.split_steps, on.mixed_steps,
-        compared, worst, r.logit_tol, argmax_checked, on.report.plans.plans_built,
+        cmp.compared, cmp.worst, r.logit_tol, cmp.argmax_checked, on.report.plans.plans_built,
         on.report.plans.keys, on.report.plans.prebuild_ms);
+  }
+}
+
+// ---- the gated GEMM (CudaDeviceOptions::gated_gemm_min_rows) -------------------------
+
+// The same requests (the HF prompts chunked at 48 tokens, decode rows beside the chunks) on two
+// engines, the MLP's gate|up GEMM and GELU as cuBLAS + gelu_tanh_mul and as the gated GEMM
+// (kernels/gemm_gated.h) for every step (min rows 1, so the tiny models' steps take it): the
+// same plans, every logits row within the fixtures' logit_tol of the other's, HF's greedy tokens
+// on both, and the gated kernel launched once a layer a step on the one and never on the other.
+TEST_F(ModelGates, GatedGemmMatchesTheTwoKernelPath) {
+  for (const char* g : kGeometries) {
+    SCOPED_TRACE(g);
+    HfRefs r = refs(g);
+    auto w = load(r);
+    ASSERT_NE(w, nullptr);
+    const engine::ModelConfig& c = w->config();
+    ASSERT_EQ(kernels::gated_gemm_refusal(1, c.intermediate_size, c.hidden_size), "")
+        << "the fixture's MLP must be a shape the gated GEMM takes";
+    struct Run {
+      std::vector<engine::StepPlan> plans;
+      std::vector<std::vector<float>> logits;
+      std::vector<std::vector<int32_t>> tokens;  // by prompt
+      uint64_t launches = 0;
+    };
+    auto run = [&](int32_t min_rows, Run& out) {
+      const std::string rows = std::to_string(min_rows);
+      ScopedEnv env("TWINSTEP_GATED_GEMM", rows.c_str());
+      kernels::CudaDeviceOptions opt;
+      opt.capture_logits = true;
+      opt.gated_gemm_min_rows = min_rows;
+      auto d = device(c, w.get(), opt);
+      ASSERT_NE(d, nullptr);
+      RecordingDevice rec(*d);
+      auto e = make_engine(c, tiny_engine_config(), rec);
+      ASSERT_NE(e, nullptr);
+      const uint64_t before = d->blas().gated_gemm_launches();  // warm-up, graph captures
+      std::vector<engine::RequestId> rid;
+      for (const HfPrompt& p : r.prompts) {
+        rid.push_back(
+            e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
+      }
+      auto outcomes = drive(*e, 1000, [&](const engine::StepOutputs& step) {
+        if (step.failed || !step.device_ran) return;
+        out.plans.push_back(rec.last_plan());
+        out.logits.push_back(d->last_logits());
+      });
+      for (engine::RequestId id : rid) out.tokens.push_back(outcomes[id].tokens);
+      out.launches = d->blas().gated_gemm_launches() - before;
+    };
+    Run off, on;
+    ASSERT_NO_FATAL_FAILURE(run(0, off));
+    ASSERT_NO_FATAL_FAILURE(run(1, on));
+    EXPECT_EQ(off.launches, 0u);
+    EXPECT_EQ(on.launches, on.plans.size() * static_cast<uint64_t>(c.num_layers))
+        << "a step's layer did not run the gated GEMM";
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      EXPECT_EQ(ids(on.tokens[i]), ids(r.prompts[i].tokens)) << "gated GEMM on, prompt " << i;
+      EXPECT_EQ(ids(off.tokens[i]), ids(r.prompts[i].tokens)) << "gated GEMM off, prompt " << i;
+    }
+    LogitsComparison cmp;
+    ASSERT_NO_FATAL_FAILURE(compare_step_logits(off.plans, off.logits, on.plans, on.logits,
+                                                c.vocab_size, r.logit_tol, &cmp));
+    std::printf(
+        "[gate] %s: gated GEMM on vs off: %zu steps, %llu gated launches, %d logits rows, max "
+        "|dlogit| %.5f (tol %.5f), argmax compared on %d\n",
+        g, on.plans.size(), static_cast<unsigned long long>(on.launches), cmp.compared, cmp.worst,
+        r.logit_tol, cmp.argmax_checked);
   }
 }
 

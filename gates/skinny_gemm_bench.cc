@@ -15,6 +15,7 @@
 // layers of norm, qkv, o_proj, norm, gate|up, gelu, down, then the LM head; and the same GEMMs
 // back to back without the small kernels) captured in one CUDA graph per arm and replayed.
 // --profile: the streamed kernel alone, for ncu (pdl::profile).
+// --gated: the prefill gate|up GEMM + GELU, cuBLAS + gelu_tanh_mul against the gated GEMM.
 // Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
@@ -31,6 +32,7 @@
 #include "gates/bench_util.h"
 #include "kernels/blas_lt.h"
 #include "kernels/decode_graphs.h"
+#include "kernels/gemm_gated.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/gemm_stream.h"
 #include "kernels/model_forward.h"
@@ -221,6 +223,55 @@ double bf16_peak(kernels::Blas& blas, cudaStream_t stream) {
   BENCH_CUDA(cudaFree(c));
   return 2.0 * N * N * N / (ms * 1e-3);
 }
+
+// ---- --gated ----------------------------------------------------------------------------
+// The prefill MLP's first half (issue 12): cuBLAS's gate|up GEMM (bf16 out) then
+// gelu_tanh_mul, against the gated GEMM (kernels/gemm_gated.h) that computes both halves in one
+// kernel and writes only gelu(gate) * up; each arm timed alone (median of events) at several row
+// counts, the GEMM's TFLOP/s against the bf16 peak measured in this process.
+namespace gated {
+
+void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
+  constexpr int32_t H = 3840, I = 15360, kMaxRows = 8192;
+  bf16 *x = nullptr, *w = nullptr, *gu = nullptr, *act = nullptr;
+  BENCH_CUDA(cudaMalloc(&x, int64_t{kMaxRows} * H * 2));
+  BENCH_CUDA(cudaMalloc(&w, int64_t{2} * I * H * 2));
+  BENCH_CUDA(cudaMalloc(&gu, int64_t{kMaxRows} * 2 * I * 2));
+  BENCH_CUDA(cudaMalloc(&act, int64_t{kMaxRows} * I * 2));
+  fill_random(x, int64_t{kMaxRows} * H, 11, 1.0f, stream);
+  fill_random(w, int64_t{2} * I * H, 12, 0.02f, stream);
+  std::printf(
+      "gate|up + GELU, 12B (k %d, 2 x %d columns); ms, and TFLOP/s of the GEMM (%% of the "
+      "%.0f TFLOP/s peak):\n%6s | %-22s | %8s | %8s | %-22s | %s\n",
+      H, I, peak / 1e12, "rows", "cuBLAS gate|up", "gelu", "two", "gated GEMM", "gated / two");
+  for (int32_t rows : {8192, 4096, 2048, 1024, 512, 256, 128}) {
+    const double flops = 2.0 * rows * 2 * I * H;
+    auto gemm = [&] { BENCH_OK(blas.gemm(x, w, gu, rows, 2 * I, H)); };
+    auto gelu = [&] { BENCH_OK(kernels::gelu_tanh_mul(gu, gu + I, 2 * I, act, rows, I, stream)); };
+    const double t_gemm = gates::median_ms(stream, 3, 15, gemm);
+    const double t_gelu = gates::median_ms(stream, 3, 15, gelu);
+    const double t_two = gates::median_ms(stream, 3, 15, [&] {
+      gemm();
+      gelu();
+    });
+    const double t_fused = gates::median_ms(
+        stream, 3, 15, [&] { BENCH_OK(kernels::gated_gelu_gemm(x, w, act, rows, I, H, stream)); });
+    std::printf("%6d | %8.3f %4.0f (%3.0f%%) | %8.3f | %8.3f | %8.3f %4.0f (%3.0f%%) | %.3f\n",
+                rows, t_gemm, flops / (t_gemm * 1e9), 100.0 * flops / (t_gemm * 1e-3) / peak,
+                t_gelu, t_two, t_fused, flops / (t_fused * 1e9),
+                100.0 * flops / (t_fused * 1e-3) / peak, t_fused / t_two);
+    if (rows == kMaxRows) {
+      std::printf("%6s   an 8192-row 12B step (48 layers): two-kernel %.1f ms, gated %.1f ms\n", "",
+                  48 * t_two, 48 * t_fused);
+    }
+  }
+  BENCH_CUDA(cudaFree(x));
+  BENCH_CUDA(cudaFree(w));
+  BENCH_CUDA(cudaFree(gu));
+  BENCH_CUDA(cudaFree(act));
+}
+
+}  // namespace gated
 
 // ---- --pdl ----------------------------------------------------------------------------
 namespace pdl {
@@ -530,8 +581,13 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 3; ++rep) prefill_gemms(blas[kDefault], kPathNames[kDefault], stream);
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--gated") {
+    const double peak = bf16_peak(blas[kDefault], stream);
+    for (int rep = 0; rep < 2; ++rep) gated::run(blas[kDefault], stream, peak);
+    return 0;
+  }
   if (argc != 1 && !pdl_only) {
-    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl | --profile | --prefill]\n");
+    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl | --profile | --prefill | --gated]\n");
     return 2;
   }
   if (pdl_only) {

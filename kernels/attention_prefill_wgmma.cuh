@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/attention_tc.cuh"
+#include "kernels/sm90.cuh"
 
 namespace twinstep::kernels::tc {
 
@@ -17,31 +18,6 @@ constexpr int kPanel = 64;       // dims per 128-byte swizzled panel
 template <int ROWS>
 __device__ __forceinline__ int sw128(int row, int chunk) {
   return (chunk / 8) * ROWS * kPanel + row * kPanel + (((chunk % 8) ^ (row % 8)) << 3);
-}
-
-// Shared-memory matrix descriptor, 128-byte swizzle: start >> 4, leading and stride byte
-// offsets >> 4, layout type 1 (SW128) in bits 62-63.
-__device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo, uint32_t sbo) {
-  const uint32_t addr = smem_addr(p);
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::);
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::);
-}
-// Keeps the compiler from moving reads or writes of accumulators across an async wgmma.
-template <int N>
-__device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
-  }
 }
 
 // d += A(smem, desc) . B(smem, desc): wgmma m64n32k16, bf16 in, fp32 accumulate;

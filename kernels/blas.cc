@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels/blas_lt.h"
+#include "kernels/gemm_gated.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/gemm_stream.h"
 #include "kernels/ops.h"
@@ -193,7 +194,9 @@ Blas::Blas(Blas&& other) noexcept
       skinny_programmatic_(other.skinny_programmatic_),
       skinny_streamed_(other.skinny_streamed_),
       skinny_unit_k_(other.skinny_unit_k_),
-      batch_invariant_(other.batch_invariant_) {}
+      batch_invariant_(other.batch_invariant_),
+      gated_gemm_min_rows_(other.gated_gemm_min_rows_),
+      gated_gemm_launches_(other.gated_gemm_launches_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
   if (this != &other) {
@@ -214,6 +217,8 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     skinny_streamed_ = other.skinny_streamed_;
     skinny_unit_k_ = other.skinny_unit_k_;
     batch_invariant_ = other.batch_invariant_;
+    gated_gemm_min_rows_ = other.gated_gemm_min_rows_;
+    gated_gemm_launches_ = other.gated_gemm_launches_;
   }
   return *this;
 }
@@ -268,6 +273,18 @@ bool Blas::skinny_applies(int32_t m, int32_t n, int32_t k) const {
   if (skinny_max_weight_bytes_ > 0 && int64_t{n} * k * 2 > skinny_max_weight_bytes_) return false;
   return skinny_streamed_ ? stream_gemm_supported(m, n, k, skinny_unit_k_)
                           : skinny_gemm_supported(m, n, k);
+}
+
+bool Blas::gated_gemm_applies(int32_t m, int32_t inter, int32_t k) const {
+  return !batch_invariant_ && gated_gemm_min_rows_ > 0 && m >= gated_gemm_min_rows_ &&
+         gated_gemm_refusal(m, inter, k).empty();
+}
+
+KernelStatus Blas::gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
+                              int32_t k) {
+  if (auto s = gated_gelu_gemm(x, w, out, m, inter, k, stream_); !s.ok()) return s;
+  ++gated_gemm_launches_;
+  return Ok{};
 }
 
 KernelStatus Blas::gemm_default(const bf16* x, const bf16* w, void* y, cudaDataType_t y_type,

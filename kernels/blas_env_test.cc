@@ -8,6 +8,7 @@
 
 #include "kernels/cuda_device.h"
 #include "kernels/decode_graphs.h"
+#include "kernels/gemm_gated.h"
 #include "kernels/gemm_skinny.h"
 
 namespace twinstep::kernels {
@@ -159,6 +160,53 @@ TEST(DecodeGraphPieces, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
               std::string::npos)
         << got.error().message;
   }
+}
+
+TEST(GatedGemmMinRows, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
+  CudaDeviceOptions o;
+  o.gated_gemm_min_rows = 512;
+  EXPECT_EQ(resolve_gated_gemm_min_rows(o, nullptr).value(), 512);
+  EXPECT_EQ(resolve_gated_gemm_min_rows(o, "").value(), 512) << "empty is unset";
+  EXPECT_EQ(resolve_gated_gemm_min_rows(o, "0").value(), 0) << "0 turns it off";
+  EXPECT_EQ(resolve_gated_gemm_min_rows(o, "1").value(), 1);
+  EXPECT_EQ(resolve_gated_gemm_min_rows(o, "1073741824").value(), 1073741824);
+  for (const char* bad : {"-1", "1073741825", "256 ", "x", "2k", "99999999999"}) {
+    auto got = resolve_gated_gemm_min_rows(o, bad);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_GATED_GEMM=") + bad +
+                                       ": expected an integer in [0, 1073741824]"),
+              std::string::npos)
+        << got.error().message;
+  }
+  o.gated_gemm_min_rows = -5;
+  auto got = resolve_gated_gemm_min_rows(o, nullptr);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.error().message.find("gated_gemm_min_rows -5"), std::string::npos)
+      << got.error().message;
+}
+
+// The gated GEMM's shape rules, checked before any launch (no GPU needed).
+TEST(GatedGemm, RefusesShapesItDoesNotTakeByName) {
+  EXPECT_EQ(gated_gemm_refusal(8192, 15360, 3840), "");
+  EXPECT_EQ(gated_gemm_refusal(0, 128, 8), "") << "zero rows is a no-op, not an error";
+  EXPECT_EQ(gated_gemm_refusal(3, 256, 200), "") << "k need not be a multiple of 64";
+  EXPECT_NE(gated_gemm_refusal(-1, 128, 64).find("rows must be >= 0, got -1"), std::string::npos);
+  EXPECT_NE(
+      gated_gemm_refusal(8, 100, 64).find("inter must be a positive multiple of 128, got 100"),
+      std::string::npos);
+  EXPECT_NE(gated_gemm_refusal(8, 0, 64).find("inter must be"), std::string::npos);
+  EXPECT_NE(gated_gemm_refusal(8, 128, 12).find("k must be a positive multiple of 8, got 12"),
+            std::string::npos);
+  // Launch-side checks that come before any CUDA call: the refusal, then the alignment.
+  alignas(16) static bf16 buf[64];
+  auto s = gated_gelu_gemm(buf, buf, buf, 8, 100, 64, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("gated_gelu_gemm: inter must be"), std::string::npos)
+      << s.error().message;
+  s = gated_gelu_gemm(buf + 1, buf, buf, 8, 128, 64, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("16-byte aligned"), std::string::npos) << s.error().message;
 }
 
 TEST(GemmMemsetPenalty, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {

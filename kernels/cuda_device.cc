@@ -214,6 +214,10 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
     d->blas_->set_skinny_streamed(f.streamed);
     d->blas_->set_skinny_unit_k(f.unit_k);
   }
+  auto gated = resolve_gated_gemm_min_rows(options, std::getenv("TWINSTEP_GATED_GEMM"));
+  if (!gated) return unexpected(gated.error());
+  d->options_.gated_gemm_min_rows = gated.value();
+  d->blas_->set_gated_gemm_min_rows(gated.value());
   auto model = DeviceModel::create(config, weights, options.random_seed, d->stream_);
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());
@@ -506,27 +510,42 @@ Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOp
                             "programmatic launch of the decode steps' short kernels");
 }
 
-Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDeviceOptions& options,
-                                                                 const char* env) {
-  auto bad = [](const std::string& what) {
-    return unexpected(engine::DeviceError{
-        engine::DeviceErrorCode::kBadLayout,
-        what + ": expected an integer in [1, " + std::to_string(kMaxDecodeGraphPieces) + "]"});
+namespace {
+// An integer option in [lo, hi] as create() resolves it from the environment variable `var`
+// (value `env`, nullptr when unset): unset or empty the option (named `option_name`), which must
+// be in range too; anything else is kBadLayout naming the value and the range.
+Result<int32_t, engine::DeviceError> resolve_env_int(int32_t option, const char* option_name,
+                                                     const char* env, const char* var, int32_t lo,
+                                                     int32_t hi) {
+  auto bad = [lo, hi](const std::string& what) {
+    return unexpected(engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                                          what + ": expected an integer in [" + std::to_string(lo) +
+                                              ", " + std::to_string(hi) + "]"});
   };
   if (env == nullptr || env[0] == '\0') {
-    if (options.decode_graph_pieces < 1 || options.decode_graph_pieces > kMaxDecodeGraphPieces) {
-      return bad("decode_graph_pieces " + std::to_string(options.decode_graph_pieces));
-    }
-    return options.decode_graph_pieces;
+    if (option < lo || option > hi) return bad(option_name + (" " + std::to_string(option)));
+    return option;
   }
   const std::string value = env;
   int32_t n = 0;
   const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc{} || end != value.data() + value.size() || n < 1 ||
-      n > kMaxDecodeGraphPieces) {
-    return bad("TWINSTEP_DECODE_GRAPH_PIECES=" + value);
+  if (ec != std::errc{} || end != value.data() + value.size() || n < lo || n > hi) {
+    return bad(var + ("=" + value));
   }
   return n;
+}
+}  // namespace
+
+Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDeviceOptions& options,
+                                                                 const char* env) {
+  return resolve_env_int(options.decode_graph_pieces, "decode_graph_pieces", env,
+                         "TWINSTEP_DECODE_GRAPH_PIECES", 1, kMaxDecodeGraphPieces);
+}
+
+Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDeviceOptions& options,
+                                                                 const char* env) {
+  return resolve_env_int(options.gated_gemm_min_rows, "gated_gemm_min_rows", env,
+                         "TWINSTEP_GATED_GEMM", 0, int32_t{1} << 30);
 }
 
 Result<double, engine::DeviceError> resolve_gemm_memset_penalty(const CudaDeviceOptions& options,

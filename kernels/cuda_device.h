@@ -47,6 +47,12 @@ inline constexpr int32_t kMaxDecodeGraphPieces = 8;
 // the streamed GEMM slower at b=1 (7.923 vs 7.800).
 inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 9, 0, true, true, 256};
 
+// CudaDeviceOptions::gated_gemm_min_rows by default: the gate|up GEMM with the gated GELU in
+// its epilogue (gemm_gated.h) for steps of at least this many rows (prefill); decode buckets
+// keep cuBLAS (or the few-row kernel) and gelu_tanh_mul. PROVISIONAL: not yet measured on the
+// H200 (issue 12, session 11).
+inline constexpr int32_t kDefaultGatedGemmMinRows = 256;
+
 // CudaDeviceOptions::gemm_memset_penalty_us by default: off. At 4 us it took the b=1 graph
 // from 49 memset nodes to 1, but the step was no faster (H200, session 10: b=1 7.652 vs 7.623
 // ms, b=16 9.249 vs 9.351, one process an arm; perf/NOTES.md).
@@ -154,6 +160,10 @@ struct CudaDeviceOptions {
   // Which GEMMs run the few-row kernel instead of cuBLAS (Blas::set_skinny_*; max_rows 0:
   // none). TWINSTEP_SKINNY, when set, wins (Blas::create parses it).
   SkinnyChoice few_row_gemm = kDefaultFewRowGemm;
+  // Steps of at least this many rows run the MLP's gate|up GEMM and gated GELU as one kernel
+  // (Blas::set_gated_gemm_min_rows; 0: never). TWINSTEP_GATED_GEMM (rows, an integer in
+  // [0, 2^30]) overrides it in create() (resolve_gated_gemm_min_rows).
+  int32_t gated_gemm_min_rows = kDefaultGatedGemmMinRows;
 };
 
 // An on/off option as create() resolves it from the environment variable `var` (value `env`,
@@ -170,6 +180,10 @@ Result<bool, engine::DeviceError> resolve_programmatic_decode(const CudaDeviceOp
 // TWINSTEP_DECODE_GRAPH_PIECES (nullptr when unset): an integer in [1, 8]; unset or empty the
 // option, which must be in [1, 8] too; anything else is kBadLayout naming it.
 Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDeviceOptions& options,
+                                                                 const char* env);
+// CudaDeviceOptions::gated_gemm_min_rows from TWINSTEP_GATED_GEMM the same way: an integer in
+// [0, 2^30] (0: off); unset or empty the option, which must be in that range too.
+Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDeviceOptions& options,
                                                                  const char* env);
 // CudaDeviceOptions::gemm_memset_penalty_us from TWINSTEP_GEMM_MEMSET_PENALTY the same way: a
 // number of microseconds in [0, 100]; unset or empty the option.

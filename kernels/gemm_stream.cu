@@ -244,30 +244,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// A row-major [rows, k] bf16 matrix as a 2-D tensor map of (64 k) x box_rows boxes, 128-byte
-// swizzle; rows past `rows` read as zeros.
-KernelStatus encode_rows_map(const bf16* base, int64_t rows, int32_t k, int32_t box_rows,
-                             CUtensorMap* map, const char* what) {
-  const auto encode = detail::tensor_map_encoder();
-  if (encode == nullptr) {
-    return detail::bad_argument("stream_gemm: no cuTensorMapEncodeTiled in this driver");
-  }
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBoxK), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
-             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return detail::bad_argument(std::string("stream_gemm: cuTensorMapEncodeTiled returned ") +
-                                std::to_string(static_cast<int>(r)) + " for " + what + " [" +
-                                std::to_string(rows) + ", " + std::to_string(k) + "]");
-  }
-  return Ok{};
-}
-
 template <int MT, int UK, typename Out>
 KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
@@ -282,8 +258,10 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
     return cuda_status(attr_err, "cudaFuncSetAttribute(stream_gemm_kernel)");
   }
   CUtensorMap w_map, x_map;
-  if (auto s = encode_rows_map(w, n, k, kTileRows, &w_map, "w"); !s.ok()) return s;
-  if (auto s = encode_rows_map(x, m, k, kXRows, &x_map, "x"); !s.ok()) return s;
+  if (auto s = detail::encode_rows_map(w, n, k, kTileRows, &w_map, "stream_gemm: w"); !s.ok())
+    return s;
+  if (auto s = detail::encode_rows_map(x, m, k, kXRows, &x_map, "stream_gemm: x"); !s.ok())
+    return s;
   const int64_t units = split::units(n, k, UK);
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

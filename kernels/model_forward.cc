@@ -513,10 +513,15 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   const int64_t down_bytes = int64_t{H} * I * 2;
   mark(ForwardPhase::kGateUpGemm, stream);
   if (auto s = prefetch_next(pf, true, L.down, down_bytes); !s.ok()) return s;
-  if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
-  if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;
-  mark(ForwardPhase::kGeluMul, stream);
-  if (auto s = gelu_tanh_mul(b.gu, b.gu + I, 2 * I, b.act, rows, I, stream); !s.ok()) return s;
+  if (blas.gated_gemm_applies(rows, I, H)) {  // the GELU in the GEMM's epilogue (gemm_gated.h)
+    if (auto s = blas.gated_gelu(b.h, L.gate_up, b.act, rows, I, H); !s.ok()) return s;
+    if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;
+  } else {
+    if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
+    if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;
+    mark(ForwardPhase::kGeluMul, stream);
+    if (auto s = gelu_tanh_mul(b.gu, b.gu + I, 2 * I, b.act, rows, I, stream); !s.ok()) return s;
+  }
   mark(ForwardPhase::kDownGemm, stream);
   if (fused != nullptr) {
     if (auto s = prefetch_next(pf, true, fused->next_weights, fused->next_weight_bytes); !s.ok())

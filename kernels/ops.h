@@ -260,6 +260,18 @@ class Blas {
   // capture (a graph keeps the kernels it saw). Off by default.
   void set_batch_invariant(bool on) { batch_invariant_ = on; }
   bool batch_invariant() const { return batch_invariant_; }
+  // The MLP's gate|up GEMM and gated GELU as one kernel (kernels/gemm_gated.h) for GEMMs of at
+  // least this many rows (0: never; the default) whose shape it takes; never in batch-invariant
+  // mode (its decode-sized GEMMs stay on the pins). The CUDA Device sets it from
+  // CudaDeviceOptions::gated_gemm_min_rows.
+  void set_gated_gemm_min_rows(int32_t rows) { gated_gemm_min_rows_ = rows; }
+  int32_t gated_gemm_min_rows() const { return gated_gemm_min_rows_; }
+  bool gated_gemm_applies(int32_t m, int32_t inter, int32_t k) const;
+  // out = gelu_tanh(x W_gate^T) * (x W_up^T) by that kernel on this Blas's stream (w the
+  // [2 inter, k] gate|up weight), counted in gated_gemm_launches().
+  KernelStatus gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
+                          int32_t k);
+  uint64_t gated_gemm_launches() const { return gated_gemm_launches_; }
   // Times cuBLASLt candidates for each exact shape against the default path on random
   // operands and keeps, per shape, whichever is faster (BlasTuneOptions). Allocates and frees
   // scratch operands; call once before any graph capture. Later GEMMs of a tuned shape run its
@@ -291,6 +303,8 @@ class Blas {
   bool skinny_streamed_ = true;
   int32_t skinny_unit_k_ = 0;
   bool batch_invariant_ = false;
+  int32_t gated_gemm_min_rows_ = 0;
+  uint64_t gated_gemm_launches_ = 0;
 };
 
 // Programmatic dependent launch of the short kernels of a decode step (rms_norm,

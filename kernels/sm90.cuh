@@ -1,8 +1,10 @@
-// kernels/sm90.cuh: the Hopper (sm_90) primitives the few-row GEMMs share: shared memory
-// mbarriers (init, arrival with expected transaction bytes, parity wait), the 2-D tensor copy
-// (TMA) global -> shared that completes on an mbarrier and its host encoder, an L2 evict-first
+// kernels/sm90.cuh: the Hopper (sm_90) primitives the GEMMs and attention kernels share: shared
+// memory mbarriers (init, arrival with expected transaction bytes, parity wait), the 2-D tensor
+// copy (TMA) global -> shared that completes on an mbarrier and its host encoder, an L2 evict-first
 // policy for data read once, programmatic dependent launch (griddepcontrol, and the host launch
-// of the short kernels), and the m16n8k16 bf16 tensor-core product.
+// of the short kernels), the m16n8k16 bf16 tensor-core product, and the wgmma pieces (swizzled
+// shared-memory descriptors, fences, group waits, m64n256k16, register hand-over) that the
+// wgmma prefill attention and the gated GEMM (gemm_gated.cu) share.
 #pragma once
 
 #include <cuda.h>
@@ -10,8 +12,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
+#include "kernels/common.cuh"
 #include "kernels/ops.h"
 
 namespace twinstep::kernels::detail {
@@ -90,6 +94,31 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// Host: a row-major [rows, k] bf16 matrix as a 2-D tensor map of 64-k x box_rows boxes with the
+// 128-byte swizzle (a box row is 128 bytes); rows past `rows` and k past `k` read as zeros.
+// `what` names the matrix in the error.
+inline KernelStatus encode_rows_map(const bf16* base, int64_t rows, int32_t k, int32_t box_rows,
+                                    CUtensorMap* map, const char* what) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    return bad_argument(std::string(what) + ": no cuTensorMapEncodeTiled in this driver");
+  }
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r =
+      encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    return bad_argument(std::string(what) + ": cuTensorMapEncodeTiled returned " +
+                        std::to_string(static_cast<int>(r)) + " for [" + std::to_string(rows) +
+                        ", " + std::to_string(k) + "]");
+  }
+  return Ok{};
+}
+
 // Programmatic dependent launch. wait: blocks until the grid this one programmatically depends
 // on has completed and its memory is visible (returns at once for a launch without that
 // dependency, so a plain launch runs the same code). launch_dependents: this block no longer
@@ -138,6 +167,92 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---- wgmma (warpgroup MMA) ---------------------------------------------------------------
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start >> 4, leading and stride byte
+// offsets >> 4, layout type 1 (SW128) in bits 62-63.
+__device__ __forceinline__ uint64_t sw128_desc(const bf16* p, uint32_t lbo, uint32_t sbo) {
+  const uint32_t addr = shared_u32(p);
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::);
+}
+// Returns once at most `Pending` committed groups of this warpgroup are still in flight.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending));
+}
+__device__ __forceinline__ void wgmma_wait_all() { wgmma_wait<0>(); }
+// Keeps the compiler from moving reads or writes of accumulators across an async wgmma.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[n][e])::"memory");
+  }
+}
+
+// d (+)= A(smem, desc) . B(smem, desc): wgmma m64n256k16, bf16 in, fp32 accumulate, both
+// operands K-major; scale_d 0 overwrites d.
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[32][4], uint64_t a_desc,
+                                                    uint64_t b_desc, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, "
+      "%127"
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]),
+        "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+        "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]),
+        "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]),
+        "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]),
+        "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]),
+        "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]),
+        "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]),
+        "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]),
+        "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+        "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]),
+        "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]),
+        "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]),
+        "+f"(d[31][3])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+}
+
+// Warp-specialised kernels: a warpgroup gives back (dec) or takes (inc) registers, so the
+// producer runs lean and the MMA warpgroups hold their accumulators.
+template <int Regs>
+__device__ __forceinline__ void warpgroup_registers_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+template <int Regs>
+__device__ __forceinline__ void warpgroup_registers_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
 }
 
 }  // namespace twinstep::kernels::detail

@@ -1,0 +1,42 @@
+// kernels/gemm_gated.h: the prefill MLP's gate|up GEMM with the gated GELU in its epilogue, on
+// Hopper's warpgroup MMA (issue 12). The two-kernel path it replaces (cuBLAS writes gate|up as
+// bf16, gelu_tanh_mul reads it back) moves 3 bytes a product element through HBM twice and
+// runs a 10 ms elementwise pass per 8192-row 12B step; here each block computes a tile's gate
+// and up columns from the same x rows and writes only gelu_tanh(gate) * up.
+//
+// The kernel: persistent (a block an SM, tiles handed out round-robin in groups of 16 row tiles
+// so that the blocks running at once share x and weight tiles in L2), one producer warpgroup
+// whose one thread feeds a 4-stage ring of 64-k slices by 2-D tensor copies (x: 128 rows; w: the
+// tile's 128 gate rows and its 128 up rows), two consumer warpgroups of 64 rows each, m64n256k16
+// wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+// Output columns a tile holds (its weight slice is twice as many rows: the gate's and the up's).
+inline constexpr int32_t kGatedGemmTileCols = 128;
+inline constexpr int32_t kGatedGemmTileRows = 128;
+
+// Empty when gated_gelu_gemm takes the shape; else what is wrong and what it needs: rows >= 0,
+// inter a positive multiple of kGatedGemmTileCols, k a positive multiple of 8 (the tensor
+// copies' 16-byte row stride; k need not be a multiple of the 64-k slice: the copies zero-fill).
+std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k);
+
+// out[r, c] = gelu_tanh(g) * u for r < rows, c < inter, with g = bf16(x[r, :] . w[c, :]) and
+// u = bf16(x[r, :] . w[inter + c, :]): x [rows, k] row-major, w [2 inter, k] row-major (the gate
+// rows, then the up rows: the engine's gate|up weight), out [rows, inter] row-major. fp32
+// accumulation; g and u are rounded to bf16 before the GELU, as the two-kernel path's cuBLAS
+// output is, so the two paths differ by the order of the fp32 sums and by the tanh, computed
+// here as x * sigmoid(2 y) through expf (within ~1e-6 of tanhf's, then rounded to bf16).
+// Pointers 16-byte aligned. Launched plainly (no programmatic dependency).
+KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
+                             int32_t k, cudaStream_t stream);
+
+}  // namespace twinstep::kernels
