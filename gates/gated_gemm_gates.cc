@@ -1,7 +1,8 @@
 // gates/gated_gemm_gates.cc: the gate|up GEMM with the gated GELU epilogue
 // (kernels/gemm_gated.h) against an fp64 host product and an fp64 GELU, with the error bound
 // taken from the two-kernel path it replaces (cuBLAS's bf16 gate|up, then gelu_tanh_mul) on the
-// same data in the same run; a row's result does not depend on the rows launched with it.
+// same data in the same run; clusters of two blocks (multicast weight slices) give lone blocks'
+// bits; a row's result does not depend on the rows launched with it.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -113,6 +114,12 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
     CUDA_OK(cudaMemsetAsync(fused.get(), 0xff, fused.size() * sizeof(bf16), stream_));  // NaNs
     KERNEL_OK(
         kernels::gated_gelu_gemm(x.get(), w.get(), fused.get(), c.rows, c.inter, c.k, stream_));
+    // Lone blocks (cluster 1) against the default clusters of two sharing the weight slices:
+    // the same sums in the same order, so the same bits.
+    DeviceBuffer<bf16> lone(static_cast<size_t>(c.rows) * c.inter);
+    CUDA_OK(cudaMemsetAsync(lone.get(), 0xff, lone.size() * sizeof(bf16), stream_));
+    KERNEL_OK(
+        kernels::gated_gelu_gemm(x.get(), w.get(), lone.get(), c.rows, c.inter, c.k, stream_, 1));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> rows;
     if (c.sampled_rows == 0) {
@@ -143,6 +150,8 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
         c.what, c.rows, c.inter, c.k, e_fused.max_rel, e_fused.rms_rel, e_two.max_rel,
         e_two.rms_rel, differ, fused_h.size());
     EXPECT_EQ(nonfinite, 0u) << "elements not written or not finite";
+    EXPECT_EQ(std::memcmp(lone.download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)), 0)
+        << "lone blocks and clusters of two gave other bits";
     ASSERT_TRUE(e_two.finite);
     EXPECT_LE(e_fused.rms_rel, 1.25 * e_two.rms_rel) << "RMS error beyond the two-kernel path's";
     EXPECT_LE(e_fused.max_rel, 2.0 * e_two.max_rel) << "max error beyond the two-kernel path's";

@@ -15,8 +15,9 @@
 // layers of norm, qkv, o_proj, norm, gate|up, gelu, down, then the LM head; and the same GEMMs
 // back to back without the small kernels) captured in one CUDA graph per arm and replayed.
 // --profile: the streamed kernel alone, for ncu (pdl::profile).
-// --gated: the prefill gate|up GEMM + GELU, cuBLAS + gelu_tanh_mul against the gated GEMM.
-// Not a test: it prints figures (perf/NOTES.md).
+// --gated: the prefill gate|up GEMM + GELU, cuBLAS + gelu_tanh_mul against the gated GEMM;
+// --gated-profile: one of each (the gated GEMM clustered and lone) at 8192 rows between
+// cudaProfilerStart/Stop, for ncu. Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -242,8 +243,9 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
   fill_random(w, int64_t{2} * I * H, 12, 0.02f, stream);
   std::printf(
       "gate|up + GELU, 12B (k %d, 2 x %d columns); ms, and TFLOP/s of the GEMM (%% of the "
-      "%.0f TFLOP/s peak):\n%6s | %-22s | %8s | %8s | %-22s | %s\n",
-      H, I, peak / 1e12, "rows", "cuBLAS gate|up", "gelu", "two", "gated GEMM", "gated / two");
+      "%.0f TFLOP/s peak):\n%6s | %-22s | %8s | %8s | %-22s | %s | %s\n",
+      H, I, peak / 1e12, "rows", "cuBLAS gate|up", "gelu", "two", "gated GEMM (clusters of 2)",
+      "gated / two", "gated, lone blocks");
   for (int32_t rows : {8192, 4096, 2048, 1024, 512, 256, 128}) {
     const double flops = 2.0 * rows * 2 * I * H;
     auto gemm = [&] { BENCH_OK(blas.gemm(x, w, gu, rows, 2 * I, H)); };
@@ -256,15 +258,48 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
     });
     const double t_fused = gates::median_ms(
         stream, 3, 15, [&] { BENCH_OK(kernels::gated_gelu_gemm(x, w, act, rows, I, H, stream)); });
-    std::printf("%6d | %8.3f %4.0f (%3.0f%%) | %8.3f | %8.3f | %8.3f %4.0f (%3.0f%%) | %.3f\n",
-                rows, t_gemm, flops / (t_gemm * 1e9), 100.0 * flops / (t_gemm * 1e-3) / peak,
-                t_gelu, t_two, t_fused, flops / (t_fused * 1e9),
-                100.0 * flops / (t_fused * 1e-3) / peak, t_fused / t_two);
+    const double t_lone = gates::median_ms(stream, 3, 15, [&] {
+      BENCH_OK(kernels::gated_gelu_gemm(x, w, act, rows, I, H, stream, 1));
+    });
+    std::printf(
+        "%6d | %8.3f %4.0f (%3.0f%%) | %8.3f | %8.3f | %8.3f %4.0f (%3.0f%%) | %.3f | %8.3f %4.0f "
+        "(%3.0f%%)\n",
+        rows, t_gemm, flops / (t_gemm * 1e9), 100.0 * flops / (t_gemm * 1e-3) / peak, t_gelu, t_two,
+        t_fused, flops / (t_fused * 1e9), 100.0 * flops / (t_fused * 1e-3) / peak, t_fused / t_two,
+        t_lone, flops / (t_lone * 1e9), 100.0 * flops / (t_lone * 1e-3) / peak);
     if (rows == kMaxRows) {
       std::printf("%6s   an 8192-row 12B step (48 layers): two-kernel %.1f ms, gated %.1f ms\n", "",
                   48 * t_two, 48 * t_fused);
     }
   }
+  BENCH_CUDA(cudaFree(x));
+  BENCH_CUDA(cudaFree(w));
+  BENCH_CUDA(cudaFree(gu));
+  BENCH_CUDA(cudaFree(act));
+}
+
+// --gated-profile: one cuBLAS gate|up GEMM and one gated GEMM at 8192 rows, for ncu.
+void profile(kernels::Blas& blas, cudaStream_t stream) {
+  constexpr int32_t H = 3840, I = 15360, kRows = 8192;
+  bf16 *x = nullptr, *w = nullptr, *gu = nullptr, *act = nullptr;
+  BENCH_CUDA(cudaMalloc(&x, int64_t{kRows} * H * 2));
+  BENCH_CUDA(cudaMalloc(&w, int64_t{2} * I * H * 2));
+  BENCH_CUDA(cudaMalloc(&gu, int64_t{kRows} * 2 * I * 2));
+  BENCH_CUDA(cudaMalloc(&act, int64_t{kRows} * I * 2));
+  fill_random(x, int64_t{kRows} * H, 11, 1.0f, stream);
+  fill_random(w, int64_t{2} * I * H, 12, 0.02f, stream);
+  for (int i = 0; i < 3; ++i) {  // warm: clocks, cuBLAS's heuristic cache
+    BENCH_OK(blas.gemm(x, w, gu, kRows, 2 * I, H));
+    BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream));
+    BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, 1));
+  }
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  BENCH_CUDA(cudaProfilerStart());
+  BENCH_OK(blas.gemm(x, w, gu, kRows, 2 * I, H));
+  BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream));
+  BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, 1));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  BENCH_CUDA(cudaProfilerStop());
   BENCH_CUDA(cudaFree(x));
   BENCH_CUDA(cudaFree(w));
   BENCH_CUDA(cudaFree(gu));
@@ -581,13 +616,19 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 3; ++rep) prefill_gemms(blas[kDefault], kPathNames[kDefault], stream);
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--gated-profile") {
+    gated::profile(blas[kDefault], stream);
+    return 0;
+  }
   if (argc == 2 && std::string(argv[1]) == "--gated") {
     const double peak = bf16_peak(blas[kDefault], stream);
     for (int rep = 0; rep < 2; ++rep) gated::run(blas[kDefault], stream, peak);
     return 0;
   }
   if (argc != 1 && !pdl_only) {
-    std::fprintf(stderr, "usage: skinny_gemm_bench [--pdl | --profile | --prefill | --gated]\n");
+    std::fprintf(
+        stderr,
+        "usage: skinny_gemm_bench [--pdl | --profile | --prefill | --gated | --gated-profile]\n");
     return 2;
   }
   if (pdl_only) {

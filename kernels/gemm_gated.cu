@@ -29,18 +29,22 @@ static_assert(kBM == 2 * 64 && 2 * kBN == 256, "two consumer warpgroups of m64n2
 struct Shape {
   int32_t rows, inter, k;
   int32_t row_tiles, col_tiles, k_slices;
-  int64_t tiles;
+  int32_t row_groups;  // row tiles / cluster size, rounded up: a cluster's unit of work
+  int64_t units;       // row_groups x col_tiles
 };
 
-// Tile t of the raster: groups of kGroupTiles row tiles, row tile fastest inside a group, so the
-// ~132 tiles in flight at once cover ~16 row tiles x ~8 column tiles (x and w slices L2 holds).
-__device__ __forceinline__ void tile_of(const Shape& s, int64_t t, int32_t& tm, int32_t& tn) {
-  const int64_t per_group = int64_t{kGroupTiles} * s.col_tiles;
+// Unit t of the raster: groups of kGroupTiles row tiles, row fastest inside a group, so the ~132
+// tiles in flight at once cover ~16 row tiles x ~8 column tiles (x and w slices L2 holds). A
+// unit is C row tiles of one column tile (C the cluster size): its first row tile is returned.
+template <int C>
+__device__ __forceinline__ void unit_of(const Shape& s, int64_t t, int32_t& tm, int32_t& tn) {
+  constexpr int kGroup = kGroupTiles / C;
+  const int64_t per_group = int64_t{kGroup} * s.col_tiles;
   const int32_t g = static_cast<int32_t>(t / per_group);
-  const int32_t first = g * kGroupTiles;
-  const int32_t in_group = min(kGroupTiles, s.row_tiles - first);
+  const int32_t first = g * kGroup;
+  const int32_t in_group = min(kGroup, s.row_groups - first);
   const int64_t r = t - g * per_group;
-  tm = first + static_cast<int32_t>(r % in_group);
+  tm = (first + static_cast<int32_t>(r % in_group)) * C;
   tn = static_cast<int32_t>(r / in_group);
 }
 
@@ -57,43 +61,62 @@ __device__ __forceinline__ float gelu_sigmoid(float x) {
   return __fdividef(x, 1.0f + e);
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
+// C = 1: each block loads its own x and w slices. C = 2: a cluster of two blocks takes two row
+// tiles of one column tile; each loads its x slice and half of the shared w slice (rank 0 the
+// gate rows, rank 1 the up rows) multicast into both blocks, so w crosses L2 once for two tiles;
+// a stage is refilled only once the consumers of both blocks have released it.
+template <int C>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map, bf16* __restrict__ out,
                       const Shape s) {
+  static_assert(C == 1 || C == 2, "clusters of 1 or 2 blocks");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
   const int wg = threadIdx.x / kWgThreads;
+  const uint32_t rank = C > 1 ? detail::cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
-      detail::mbarrier_init(&full[i], 1);   // the producer's arrival + the copies' bytes
-      detail::mbarrier_init(&empty[i], 2);  // one arrival a consumer warpgroup
+      detail::mbarrier_init(&full[i], 1);       // this block's producer + the copies' bytes
+      detail::mbarrier_init(&empty[i], 2 * C);  // each consumer warpgroup of the cluster
     }
     detail::mbarrier_init_fence();
   }
-  __syncthreads();
+  if constexpr (C > 1) {
+    detail::cluster_sync();  // the partner's barriers exist before any multicast or remote arrive
+  } else {
+    __syncthreads();
+  }
+  const int64_t first_unit = blockIdx.x / C, unit_stride = gridDim.x / C;
 
   if (wg == 0) {
-    // Producer: one thread walks the same (tile, k slice) sequence as the consumers.
+    // Producer: one thread walks the same (unit, k slice) sequence as the consumers.
     detail::warpgroup_registers_dec<40>();
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
-      for (int64_t t = blockIdx.x; t < s.tiles; t += gridDim.x) {
+      for (int64_t t = first_unit; t < s.units; t += unit_stride) {
         int32_t tm, tn;
-        tile_of(s, t, tm, tn);
+        unit_of<C>(s, t, tm, tn);
+        tm += static_cast<int32_t>(rank);
         for (int32_t ks = 0; ks < s.k_slices; ++ks) {
           detail::mbarrier_wait(&empty[stage], phase ^ 1);
           unsigned char* a_s = smem + stage * kStageBytes;
           unsigned char* b_s = a_s + kABytes;
           detail::mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
           detail::tensor_copy_2d(a_s, &x_map, ks * kBK, tm * kBM, &full[stage]);
-          detail::tensor_copy_2d(b_s, &w_map, ks * kBK, tn * kBN, &full[stage]);
-          detail::tensor_copy_2d(b_s + kBBytes / 2, &w_map, ks * kBK, s.inter + tn * kBN,
-                                 &full[stage]);
+          if constexpr (C == 1) {
+            detail::tensor_copy_2d(b_s, &w_map, ks * kBK, tn * kBN, &full[stage]);
+            detail::tensor_copy_2d(b_s + kBBytes / 2, &w_map, ks * kBK, s.inter + tn * kBN,
+                                   &full[stage]);
+          } else {
+            detail::tensor_copy_2d_multicast(b_s + rank * (kBBytes / 2), &w_map, ks * kBK,
+                                             static_cast<int32_t>(rank) * s.inter + tn * kBN,
+                                             &full[stage], 0x3);
+          }
           if (++stage == kStages) {
             stage = 0;
             phase ^= 1;
@@ -101,70 +124,122 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    return;
-  }
+  } else {
+    detail::warpgroup_registers_inc<232>();
+    const int cw = wg - 1;  // rows 64 cw .. 64 cw + 63 of the tile
+    const int tid = threadIdx.x % kWgThreads;
+    const int warp = tid / detail::kWarp, lane = tid % detail::kWarp;
+    auto release = [&](int st) {
+      if (tid != 0) return;
+      if constexpr (C == 1) {
+        detail::mbarrier_arrive(&empty[st]);
+      } else {
+        for (uint32_t r = 0; r < C; ++r) detail::mbarrier_arrive_cluster(&empty[st], r);
+      }
+    };
+    float acc[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    }
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t t = first_unit; t < s.units; t += unit_stride) {
+      int32_t tm, tn;
+      unit_of<C>(s, t, tm, tn);
+      tm += static_cast<int32_t>(rank);
+      int prev = 0;
+      for (int32_t ks = 0; ks < s.k_slices; ++ks) {
+        detail::mbarrier_wait(&full[stage], phase);
+        const bf16* a_s = reinterpret_cast<const bf16*>(smem + stage * kStageBytes) + cw * 64 * kBK;
+        const bf16* b_s = reinterpret_cast<const bf16*>(smem + stage * kStageBytes + kABytes);
+        detail::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          // k step kk: 32 bytes into every 128-byte row; 8-row groups 1024 bytes apart.
+          detail::wgmma_m64n256k16_ss(acc, detail::sw128_desc(a_s + kk * 16, 16, 1024),
+                                      detail::sw128_desc(b_s + kk * 16, 16, 1024),
+                                      (ks > 0 || kk > 0) ? 1 : 0);
+        }
+        detail::wgmma_commit();
+        if (ks > 0) {
+          detail::wgmma_wait<1>();  // the previous slice's MMAs are done: its stage is free
+          release(prev);
+        }
+        prev = stage;
+        if (++stage == kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      detail::wgmma_wait<0>();
+      release(prev);
+      detail::fence_operands(acc);
 
-  detail::warpgroup_registers_inc<232>();
-  const int cw = wg - 1;  // rows 64 cw .. 64 cw + 63 of the tile
-  const int tid = threadIdx.x % kWgThreads;
-  const int warp = tid / detail::kWarp, lane = tid % detail::kWarp;
-  float acc[32][4];
+      // Epilogue: fragment j < 16 holds gate columns 8 j .., fragment j + 16 the same up
+      // columns; e 0-1 row lane / 4 of the warp's 16, e 2-3 eight rows below.
+      const int32_t row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
+      const int32_t col0 = tn * kBN + 2 * (lane % 4);
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        const int32_t r = row0 + 8 * h;
+        if (r >= s.rows) continue;
+        bf16* dst = out + static_cast<int64_t>(r) * s.inter + col0;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
-  }
-  int stage = 0;
-  uint32_t phase = 0;
-  for (int64_t t = blockIdx.x; t < s.tiles; t += gridDim.x) {
-    int32_t tm, tn;
-    tile_of(s, t, tm, tn);
-    int prev = 0;
-    for (int32_t ks = 0; ks < s.k_slices; ++ks) {
-      detail::mbarrier_wait(&full[stage], phase);
-      const bf16* a_s = reinterpret_cast<const bf16*>(smem + stage * kStageBytes) + cw * 64 * kBK;
-      const bf16* b_s = reinterpret_cast<const bf16*>(smem + stage * kStageBytes + kABytes);
-      detail::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        // k step kk: 32 bytes into every 128-byte row; 8-row groups 1024 bytes apart.
-        detail::wgmma_m64n256k16_ss(acc, detail::sw128_desc(a_s + kk * 16, 16, 1024),
-                                    detail::sw128_desc(b_s + kk * 16, 16, 1024),
-                                    (ks > 0 || kk > 0) ? 1 : 0);
-      }
-      detail::wgmma_commit();
-      if (ks > 0) {
-        detail::wgmma_wait<1>();  // the previous slice's MMAs are done: its stage is free
-        if (tid == 0) detail::mbarrier_arrive(&empty[prev]);
-      }
-      prev = stage;
-      if (++stage == kStages) {
-        stage = 0;
-        phase ^= 1;
+        for (int j = 0; j < 16; ++j) {
+          const float g0 = round_bf16(acc[j][2 * h]), g1 = round_bf16(acc[j][2 * h + 1]);
+          const float u0 = round_bf16(acc[j + 16][2 * h]);
+          const float u1 = round_bf16(acc[j + 16][2 * h + 1]);
+          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
+              detail::pack2(gelu_sigmoid(g0) * u0, gelu_sigmoid(g1) * u1);
+        }
       }
     }
-    detail::wgmma_wait<0>();
-    if (tid == 0) detail::mbarrier_arrive(&empty[prev]);
-    detail::fence_operands(acc);
-
-    // Epilogue: fragment j < 16 holds gate columns 8 j .., fragment j + 16 the same up columns;
-    // e 0-1 row lane / 4 of the warp's 16, e 2-3 eight rows below.
-    const int32_t row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
-    const int32_t col0 = tn * kBN + 2 * (lane % 4);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int32_t r = row0 + 8 * h;
-      if (r >= s.rows) continue;
-      bf16* dst = out + static_cast<int64_t>(r) * s.inter + col0;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float g0 = round_bf16(acc[j][2 * h]), g1 = round_bf16(acc[j][2 * h + 1]);
-        const float u0 = round_bf16(acc[j + 16][2 * h]), u1 = round_bf16(acc[j + 16][2 * h + 1]);
-        *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-            detail::pack2(gelu_sigmoid(g0) * u0, gelu_sigmoid(g1) * u1);
-      }
-    }
   }
+  // No block leaves while its partner may still copy into its shared memory or arrive on it.
+  if constexpr (C > 1) detail::cluster_sync();
+}
+
+// Launches the C-block-cluster kernel on as many clusters as fit at once (persistent).
+template <int C>
+KernelStatus launch(const CUtensorMap& x_map, const CUtensorMap& w_map, bf16* out, const Shape& s,
+                    cudaStream_t stream) {
+  static std::once_flag once;
+  static cudaError_t attr_err = cudaSuccess;
+  static int clusters = 0;
+  std::call_once(once, [] {
+    attr_err = cudaFuncSetAttribute(gated_gemm_kernel<C>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (attr_err != cudaSuccess) return;
+    int device = 0, sms = 0;
+    if ((attr_err = cudaGetDevice(&device)) != cudaSuccess) return;
+    if ((attr_err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) !=
+        cudaSuccess) {
+      return;
+    }
+    clusters = sms / C;
+    if constexpr (C > 1) {
+      cudaLaunchConfig_t probe{};
+      probe.gridDim = dim3(static_cast<unsigned>(clusters * C));
+      probe.blockDim = dim3(kThreads);
+      probe.dynamicSmemBytes = kSmemBytes;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = C;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      probe.attrs = attr;
+      probe.numAttrs = 1;
+      attr_err = cudaOccupancyMaxActiveClusters(&clusters, gated_gemm_kernel<C>, &probe);
+    }
+  });
+  if (attr_err != cudaSuccess) return cuda_status(attr_err, "gated_gelu_gemm: kernel set-up");
+  if (clusters < 1) return detail::bad_argument("gated_gelu_gemm: no cluster fits on this GPU");
+  const int64_t grid = std::min<int64_t>(s.units, clusters) * C;
+  gated_gemm_kernel<C>
+      <<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(x_map, w_map, out, s);
+  return detail::launch_status("gated_gemm_kernel");
 }
 
 }  // namespace
@@ -180,7 +255,7 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k) {
 }
 
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
-                             int32_t k, cudaStream_t stream) {
+                             int32_t k, cudaStream_t stream, int32_t cluster) {
   if (std::string why = gated_gemm_refusal(rows, inter, k); !why.empty()) {
     return detail::bad_argument("gated_gelu_gemm: " + why);
   }
@@ -188,20 +263,9 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
     return detail::bad_argument("gated_gelu_gemm: x, w and out must be 16-byte aligned");
   }
   if (rows == 0) return Ok{};
-  static std::once_flag once;
-  static cudaError_t attr_err = cudaSuccess;
-  std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gated_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kSmemBytes);
-  });
-  if (attr_err != cudaSuccess) return cuda_status(attr_err, "cudaFuncSetAttribute(gated_gemm)");
-  int device = 0, sms = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) {
-    return cuda_status(err, "cudaGetDevice");
-  }
-  if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      err != cudaSuccess) {
-    return cuda_status(err, "cudaDeviceGetAttribute(multiProcessorCount)");
+  if (cluster != 1 && cluster != 2) {
+    return detail::bad_argument("gated_gelu_gemm: cluster must be 1 or 2, got " +
+                                std::to_string(cluster));
   }
   CUtensorMap x_map, w_map;
   if (auto st = detail::encode_rows_map(x, rows, k, kBM, &x_map, "gated_gelu_gemm: x"); !st.ok()) {
@@ -219,11 +283,10 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
   s.row_tiles = (rows + kBM - 1) / kBM;
   s.col_tiles = inter / kBN;
   s.k_slices = (k + kBK - 1) / kBK;
-  s.tiles = int64_t{s.row_tiles} * s.col_tiles;
-  const int64_t grid = std::min<int64_t>(s.tiles, std::max(sms, 1));
-  gated_gemm_kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(x_map, w_map,
-                                                                                   out, s);
-  return detail::launch_status("gated_gemm_kernel");
+  s.row_groups = (s.row_tiles + cluster - 1) / cluster;
+  s.units = int64_t{s.row_groups} * s.col_tiles;
+  return cluster == 2 ? launch<2>(x_map, w_map, out, s, stream)
+                      : launch<1>(x_map, w_map, out, s, stream);
 }
 
 }  // namespace twinstep::kernels

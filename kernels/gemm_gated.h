@@ -8,7 +8,10 @@
 // so that the blocks running at once share x and weight tiles in L2), one producer warpgroup
 // whose one thread feeds a 4-stage ring of 64-k slices by 2-D tensor copies (x: 128 rows; w: the
 // tile's 128 gate rows and its 128 up rows), two consumer warpgroups of 64 rows each, m64n256k16
-// wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows).
+// wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows). By
+// default blocks run in clusters of two that take two row tiles of one column tile and share
+// its weight slices by multicast copies (each block fetches half), halving the weights' L2
+// reads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,8 +38,13 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k);
 // accumulation; g and u are rounded to bf16 before the GELU, as the two-kernel path's cuBLAS
 // output is, so the two paths differ by the order of the fp32 sums and by the tanh, computed
 // here as x * sigmoid(2 y) through expf (within ~1e-6 of tanhf's, then rounded to bf16).
-// Pointers 16-byte aligned. Launched plainly (no programmatic dependency).
+// Pointers 16-byte aligned. Launched plainly (no programmatic dependency). `cluster` 2 runs
+// clusters of two blocks that share each weight slice through multicast copies (w crosses L2
+// once for two row tiles); 1 runs lone blocks; the bits are the same either way (the same sums
+// in the same order).
+inline constexpr int32_t kDefaultGatedGemmCluster = 2;
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
-                             int32_t k, cudaStream_t stream);
+                             int32_t k, cudaStream_t stream,
+                             int32_t cluster = kDefaultGatedGemmCluster);
 
 }  // namespace twinstep::kernels

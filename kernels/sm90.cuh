@@ -52,6 +52,41 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// ---- clusters ------------------------------------------------------------------------------
+
+// This block's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster (arrive then wait; shared memory writes and mbarrier
+// inits before it are visible to the cluster after it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster (this one too).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(shared_u32(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
+               : "memory");
+}
+// The box of `map` at (c0, c1) into `dst`'s offset in the shared memory of every block of the
+// cluster whose bit is set in `mask`, each completing its bytes on its own mbarrier at `bar`'s
+// offset.
+__device__ __forceinline__ void tensor_copy_2d_multicast(void* dst, const CUtensorMap* map,
+                                                         int32_t c0, int32_t c1, uint64_t* bar,
+                                                         uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+      "cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(shared_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(shared_u32(bar)), "h"(mask)
+      : "memory");
+}
+
 // An L2 policy for data read once (weights streamed by a decode GEMM): its lines go first, so
 // the step's activations and KV pages stay.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
