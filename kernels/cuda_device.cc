@@ -12,6 +12,7 @@
 
 #include "engine/weight_init.h"
 #include "kernels/blas_lt.h"
+#include "kernels/gemm_gated.h"
 #include "kernels/plan_check.h"
 
 namespace twinstep::kernels {
@@ -218,6 +219,9 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (!gated) return unexpected(gated.error());
   d->options_.gated_gemm_min_rows = gated.value();
   d->blas_->set_gated_gemm_min_rows(gated.value());
+  if (gated.value() > 0) {  // before any graph capture could hold the kernel's first launch
+    if (auto s = gated_gemm_prepare(); !s.ok()) return unexpected(from_kernel(s.error()));
+  }
   auto model = DeviceModel::create(config, weights, options.random_seed, d->stream_);
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());

@@ -2,7 +2,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <mutex>
 #include <string>
 
 #include "kernels/common.cuh"
@@ -201,48 +200,60 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
   if constexpr (C > 1) detail::cluster_sync();
 }
 
+// The C-block-cluster kernel's one-time set-up on the current device: its shared memory
+// attribute and how many of its clusters fit at once (the persistent grid), kept for the process.
+struct Setup {
+  cudaError_t err = cudaSuccess;
+  int clusters = 0;
+};
+template <int C>
+const Setup& setup() {
+  static const Setup done = [] {
+    Setup st;
+    st.err = cudaFuncSetAttribute(gated_gemm_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kSmemBytes);
+    if (st.err != cudaSuccess) return st;
+    int device = 0, sms = 0;
+    if ((st.err = cudaGetDevice(&device)) != cudaSuccess) return st;
+    if ((st.err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) !=
+        cudaSuccess) {
+      return st;
+    }
+    st.clusters = sms / C;
+    if constexpr (C > 1) {  // the cluster size is the kernel's own (__cluster_dims__)
+      cudaLaunchConfig_t probe{};
+      probe.gridDim = dim3(static_cast<unsigned>(st.clusters * C));
+      probe.blockDim = dim3(kThreads);
+      probe.dynamicSmemBytes = kSmemBytes;
+      st.err = cudaOccupancyMaxActiveClusters(&st.clusters, gated_gemm_kernel<C>, &probe);
+    }
+    return st;
+  }();
+  return done;
+}
+
 // Launches the C-block-cluster kernel on as many clusters as fit at once (persistent).
 template <int C>
 KernelStatus launch(const CUtensorMap& x_map, const CUtensorMap& w_map, bf16* out, const Shape& s,
                     cudaStream_t stream) {
-  static std::once_flag once;
-  static cudaError_t attr_err = cudaSuccess;
-  static int clusters = 0;
-  std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(gated_gemm_kernel<C>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (attr_err != cudaSuccess) return;
-    int device = 0, sms = 0;
-    if ((attr_err = cudaGetDevice(&device)) != cudaSuccess) return;
-    if ((attr_err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) !=
-        cudaSuccess) {
-      return;
-    }
-    clusters = sms / C;
-    if constexpr (C > 1) {
-      cudaLaunchConfig_t probe{};
-      probe.gridDim = dim3(static_cast<unsigned>(clusters * C));
-      probe.blockDim = dim3(kThreads);
-      probe.dynamicSmemBytes = kSmemBytes;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = C;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      probe.attrs = attr;
-      probe.numAttrs = 1;
-      attr_err = cudaOccupancyMaxActiveClusters(&clusters, gated_gemm_kernel<C>, &probe);
-    }
-  });
-  if (attr_err != cudaSuccess) return cuda_status(attr_err, "gated_gelu_gemm: kernel set-up");
-  if (clusters < 1) return detail::bad_argument("gated_gelu_gemm: no cluster fits on this GPU");
-  const int64_t grid = std::min<int64_t>(s.units, clusters) * C;
+  const Setup& st = setup<C>();
+  if (st.err != cudaSuccess) return cuda_status(st.err, "gated_gelu_gemm: kernel set-up");
+  if (st.clusters < 1) return detail::bad_argument("gated_gelu_gemm: no cluster fits on this GPU");
+  const int64_t grid = std::min<int64_t>(s.units, st.clusters) * C;
   gated_gemm_kernel<C>
       <<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(x_map, w_map, out, s);
   return detail::launch_status("gated_gemm_kernel");
 }
 
 }  // namespace
+
+KernelStatus gated_gemm_prepare() {
+  for (const Setup* st : {&setup<1>(), &setup<2>()}) {
+    if (st->err != cudaSuccess) return cuda_status(st->err, "gated_gemm_prepare");
+    if (st->clusters < 1) return detail::bad_argument("gated_gemm_prepare: no cluster fits");
+  }
+  return Ok{};
+}
 
 std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k) {
   if (rows < 0) return "rows must be >= 0, got " + std::to_string(rows);

@@ -43,6 +43,10 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k);
 // once for two row tiles); 1 runs lone blocks; the bits are the same either way (the same sums
 // in the same order).
 inline constexpr int32_t kDefaultGatedGemmCluster = 2;
+// The kernels' one-time set-up (shared memory attribute, clusters that fit at once), which
+// gated_gelu_gemm otherwise does at its first launch: call it before a graph capture that may
+// hold the kernel. Idempotent.
+KernelStatus gated_gemm_prepare();
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
                              int32_t k, cudaStream_t stream,
                              int32_t cluster = kDefaultGatedGemmCluster);

@@ -2,7 +2,8 @@
 # perf/gpu_s11_cluster_run.sh (session 11, issue 12): the gated GEMM in clusters of two blocks
 # (multicast weight slices) against lone blocks: its gates, the GEMM A/B (--gated), ncu of
 # cuBLAS's gate|up GEMM and both gated variants at 8192 rows, then the engine's prefill with the
-# gated GEMM off and on (one process an arm). Logs under $OUT.
+# gated GEMM off and on, and its decode (section 2) with the gated GEMM from 256 and from 17 rows
+# (one process an arm). Logs under $OUT.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 build_gates gated_gemm_gates skinny_gemm_bench engine_throughput_bench
 t built
@@ -21,5 +22,9 @@ grep -E "gated_gemm|sm90_|Kernel|Duration|Throughput|gmma|lts__t|Registers|Warp 
 for arm in 0 256; do
   TWINSTEP_GATED_GEMM=$arm part "prefill_$arm" 120 "$BIN/engine_throughput_bench" --prefill
   grep -E "gated gate|prefill 16x2048|GEMM|gelu" "$OUT/prefill_$arm.log" | head -10
+done
+for arm in 256 17; do
+  TWINSTEP_GATED_GEMM=$arm TWINSTEP_BENCH_QUICK=1 part "decode_$arm" 120 "$BIN/engine_throughput_bench" --decode
+  grep -E "gated gate|^\| decode" "$OUT/decode_$arm.log" | head -10
 done
 t done
