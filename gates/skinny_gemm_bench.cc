@@ -246,7 +246,7 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
       "%.0f TFLOP/s peak):\n%6s | %-22s | %8s | %8s | %-22s | %s | %s\n",
       H, I, peak / 1e12, "rows", "cuBLAS gate|up", "gelu", "two", "gated GEMM (clusters of 2)",
       "gated / two", "gated, lone blocks");
-  for (int32_t rows : {8192, 4096, 2048, 1024, 512, 256, 128, 64, 32}) {
+  for (int32_t rows : {8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 8, 1}) {
     const double flops = 2.0 * rows * 2 * I * H;
     auto gemm = [&] { BENCH_OK(blas.gemm(x, w, gu, rows, 2 * I, H)); };
     auto gelu = [&] { BENCH_OK(kernels::gelu_tanh_mul(gu, gu + I, 2 * I, act, rows, I, stream)); };
