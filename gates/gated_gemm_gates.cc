@@ -114,12 +114,12 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
     CUDA_OK(cudaMemsetAsync(fused.get(), 0xff, fused.size() * sizeof(bf16), stream_));  // NaNs
     KERNEL_OK(
         kernels::gated_gelu_gemm(x.get(), w.get(), fused.get(), c.rows, c.inter, c.k, stream_));
-    // Lone blocks (cluster 1) against the default clusters of two sharing the weight slices:
-    // the same sums in the same order, so the same bits.
-    DeviceBuffer<bf16> lone(static_cast<size_t>(c.rows) * c.inter);
-    CUDA_OK(cudaMemsetAsync(lone.get(), 0xff, lone.size() * sizeof(bf16), stream_));
+    // Lone blocks (the default) against clusters of two sharing the weight slices: the same
+    // sums in the same order, so the same bits.
+    DeviceBuffer<bf16> pair(static_cast<size_t>(c.rows) * c.inter);
+    CUDA_OK(cudaMemsetAsync(pair.get(), 0xff, pair.size() * sizeof(bf16), stream_));
     KERNEL_OK(
-        kernels::gated_gelu_gemm(x.get(), w.get(), lone.get(), c.rows, c.inter, c.k, stream_, 1));
+        kernels::gated_gelu_gemm(x.get(), w.get(), pair.get(), c.rows, c.inter, c.k, stream_, 2));
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> rows;
     if (c.sampled_rows == 0) {
@@ -150,7 +150,7 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
         c.what, c.rows, c.inter, c.k, e_fused.max_rel, e_fused.rms_rel, e_two.max_rel,
         e_two.rms_rel, differ, fused_h.size());
     EXPECT_EQ(nonfinite, 0u) << "elements not written or not finite";
-    EXPECT_EQ(std::memcmp(lone.download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)), 0)
+    EXPECT_EQ(std::memcmp(pair.download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)), 0)
         << "lone blocks and clusters of two gave other bits";
     ASSERT_TRUE(e_two.finite);
     EXPECT_LE(e_fused.rms_rel, 1.25 * e_two.rms_rel) << "RMS error beyond the two-kernel path's";

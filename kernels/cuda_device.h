@@ -48,10 +48,13 @@ inline constexpr int32_t kMaxDecodeGraphPieces = 8;
 inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 9, 0, true, true, 256};
 
 // CudaDeviceOptions::gated_gemm_min_rows by default: the gate|up GEMM with the gated GELU in
-// its epilogue (gemm_gated.h) for steps of at least this many rows (prefill); decode buckets
-// keep cuBLAS (or the few-row kernel) and gelu_tanh_mul. PROVISIONAL: not yet measured on the
-// H200 (issue 12, session 11).
-inline constexpr int32_t kDefaultGatedGemmMinRows = 256;
+// its epilogue (gemm_gated.h) for steps of more rows than the 12B's largest default decode
+// bucket (128); the decode buckets keep cuBLAS (or the few-row kernel) and gelu_tanh_mul.
+// Measured on the H200 (session 11, skinny_gemm_bench --gated, lone blocks): gated / two-kernel
+// 0.86-0.97 at 8192 rows, 0.90-0.93 at 256, 0.83 at 128; engine prefill 16 x 2048 309.2 / 308.9
+// ms against 311.9 / 312.3 with it off (one process an arm; perf/NOTES.md). Decode steps with
+// it were not measured with lone blocks, so it stays off there.
+inline constexpr int32_t kDefaultGatedGemmMinRows = 129;
 
 // CudaDeviceOptions::gemm_memset_penalty_us by default: off. At 4 us it took the b=1 graph
 // from 49 memset nodes to 1, but the step was no faster (H200, session 10: b=1 7.652 vs 7.623

@@ -8,10 +8,10 @@
 // so that the blocks running at once share x and weight tiles in L2), one producer warpgroup
 // whose one thread feeds a 4-stage ring of 64-k slices by 2-D tensor copies (x: 128 rows; w: the
 // tile's 128 gate rows and its 128 up rows), two consumer warpgroups of 64 rows each, m64n256k16
-// wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows). By
-// default blocks run in clusters of two that take two row tiles of one column tile and share
+// wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows). As an
+// option, blocks run in clusters of two that take two row tiles of one column tile and share
 // its weight slices by multicast copies (each block fetches half), halving the weights' L2
-// reads.
+// reads (slower as measured: see gated_gelu_gemm).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,11 +38,14 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k);
 // accumulation; g and u are rounded to bf16 before the GELU, as the two-kernel path's cuBLAS
 // output is, so the two paths differ by the order of the fp32 sums and by the tanh, computed
 // here as x * sigmoid(2 y) through expf (within ~1e-6 of tanhf's, then rounded to bf16).
-// Pointers 16-byte aligned. Launched plainly (no programmatic dependency). `cluster` 2 runs
-// clusters of two blocks that share each weight slice through multicast copies (w crosses L2
-// once for two row tiles); 1 runs lone blocks; the bits are the same either way (the same sums
-// in the same order).
-inline constexpr int32_t kDefaultGatedGemmCluster = 2;
+// Pointers 16-byte aligned. Launched plainly (no programmatic dependency). `cluster` 1 (the
+// default) runs lone blocks; 2 runs clusters of two blocks that share each weight slice through
+// multicast copies (w crosses L2 once for two row tiles). The bits are the same either way (the
+// same sums in the same order; GatedGemmGates), but clusters of two measured 1.65x SLOWER on the
+// H200 (session 11, 8192 rows: 4.281 ms against 2.589 for lone blocks and 2.491 for cuBLAS's
+// gate|up alone; ncu: L2 52% busy and 0.14 issued warps a scheduler against lone blocks' 79%
+// and 0.20), why not yet found: kept as an option for that work, not used by the engine.
+inline constexpr int32_t kDefaultGatedGemmCluster = 1;
 // The kernels' one-time set-up (shared memory attribute, clusters that fit at once), which
 // gated_gelu_gemm otherwise does at its first launch: call it before a graph capture that may
 // hold the kernel. Idempotent.
