@@ -45,7 +45,7 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k);
 // H200 (session 11, 8192 rows: 4.281 ms against 2.589 for lone blocks and 2.491 for cuBLAS's
 // gate|up alone; ncu: L2 52% busy and 0.14 issued warps a scheduler against lone blocks' 79%
 // and 0.20), why not yet found: kept as an option for that work, not used by the engine.
-inline constexpr int32_t kDefaultGatedGemmCluster = 1;
+inline constexpr int32_t kDefaultGatedGemmCluster = 2;  // PROBE
 // The kernels' one-time set-up (shared memory attribute, clusters that fit at once), which
 // gated_gelu_gemm otherwise does at its first launch: call it before a graph capture that may
 // hold the kernel. Idempotent.

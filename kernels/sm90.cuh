@@ -65,14 +65,17 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster (this one too).
+// One arrival on the mbarrier at `bar`'s offset in block `rank` of the cluster (this one too),
+// with the arrival's default release at CTA scope: it says "this block's reads of a stage (by
+// wgmma, completed by its wait) are done", which needs no cluster-wide fence. (A
+// `.release.cluster` arrival made every stage release wait for the block's outstanding global
+// stores; see perf/NOTES.md session 11.)
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(remote)
                : "r"(shared_u32(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 // The box of `map` at (c0, c1) into `dst`'s offset in the shared memory of every block of the
 // cluster whose bit is set in `mask`, each completing its bytes on its own mbarrier at `bar`'s
