@@ -11,7 +11,7 @@
 // wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows). As an
 // option, blocks run in clusters of two that take two row tiles of one column tile and share
 // its weight slices by multicast copies (each block fetches half), halving the weights' L2
-// reads (slower as measured: see gated_gelu_gemm).
+// reads (no faster as measured: see gated_gelu_gemm).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,11 +41,11 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k);
 // Pointers 16-byte aligned. Launched plainly (no programmatic dependency). `cluster` 1 (the
 // default) runs lone blocks; 2 runs clusters of two blocks that share each weight slice through
 // multicast copies (w crosses L2 once for two row tiles). The bits are the same either way (the
-// same sums in the same order; GatedGemmGates), but clusters of two measured 1.65x SLOWER on the
-// H200 (session 11, 8192 rows: 4.281 ms against 2.589 for lone blocks and 2.491 for cuBLAS's
-// gate|up alone; ncu: L2 52% busy and 0.14 issued warps a scheduler against lone blocks' 79%
-// and 0.20), why not yet found: kept as an option for that work, not used by the engine.
-inline constexpr int32_t kDefaultGatedGemmCluster = 2;  // PROBE
+// same sums in the same order; GatedGemmGates). Measured on the H200 (session 11,
+// skinny_gemm_bench --gated, one process): 8192 rows lone 2.862 ms, clusters 2.994 (cuBLAS's
+// gate|up alone 2.611); 2048 rows 0.741 / 0.734; 128 rows 0.070 / 0.105. (Before the stage
+// releases lost their cluster-scope fence, clusters took 4.3 ms at 8192 rows.)
+inline constexpr int32_t kDefaultGatedGemmCluster = 1;
 // The kernels' one-time set-up (shared memory attribute, clusters that fit at once), which
 // gated_gelu_gemm otherwise does at its first launch: call it before a graph capture that may
 // hold the kernel. Idempotent.
