@@ -47,6 +47,15 @@ std::string ids(const std::vector<int32_t>& v) {
   return s;
 }
 
+// Submits every reference prompt of `r` greedily for as many tokens as HF generated.
+std::vector<engine::RequestId> submit_greedy(engine::Engine& e, const HfRefs& r) {
+  std::vector<engine::RequestId> rid;
+  for (const HfPrompt& p : r.prompts) {
+    rid.push_back(e.submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
+  }
+  return rid;
+}
+
 class ModelGates : public ModelGate {};
 
 // ---- HF parity ----------------------------------------------------------------------
@@ -853,11 +862,7 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
       RecordingDevice rec(*d);
       auto e = make_engine(w->config(), tiny_engine_config(), rec);
       ASSERT_NE(e, nullptr);
-      std::vector<engine::RequestId> rid;
-      for (const HfPrompt& p : r.prompts) {
-        rid.push_back(
-            e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
-      }
+      const std::vector<engine::RequestId> rid = submit_greedy(*e, r);
       auto outcomes = drive(*e, 1000, [&](const engine::StepOutputs& step) {
         if (step.failed || !step.device_ran) return;
         const engine::StepPlan& plan = rec.last_plan();
@@ -946,11 +951,7 @@ TEST_F(ModelGates, GatedGemmMatchesTheTwoKernelPath) {
       auto e = make_engine(c, tiny_engine_config(), rec);
       ASSERT_NE(e, nullptr);
       const uint64_t before = d->blas().gated_gemm_launches();  // warm-up, graph captures
-      std::vector<engine::RequestId> rid;
-      for (const HfPrompt& p : r.prompts) {
-        rid.push_back(
-            e->submit(greedy_request(p.prompt, static_cast<int32_t>(p.tokens.size()))).id());
-      }
+      const std::vector<engine::RequestId> rid = submit_greedy(*e, r);
       auto outcomes = drive(*e, 1000, [&](const engine::StepOutputs& step) {
         if (step.failed || !step.device_ran) return;
         out.plans.push_back(rec.last_plan());

@@ -232,15 +232,33 @@ double bf16_peak(kernels::Blas& blas, cudaStream_t stream) {
 // counts, the GEMM's TFLOP/s against the bf16 peak measured in this process.
 namespace gated {
 
-void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
-  constexpr int32_t H = 3840, I = 15360, kMaxRows = 8192;
+constexpr int32_t H = 3840, I = 15360, kGatedRows = 8192;  // the 12B's MLP, an 8192-row step
+
+// Seeded random x [8192, H] and gate|up weight [2 I, H], and the outputs of both paths.
+struct Operands {
   bf16 *x = nullptr, *w = nullptr, *gu = nullptr, *act = nullptr;
-  BENCH_CUDA(cudaMalloc(&x, int64_t{kMaxRows} * H * 2));
-  BENCH_CUDA(cudaMalloc(&w, int64_t{2} * I * H * 2));
-  BENCH_CUDA(cudaMalloc(&gu, int64_t{kMaxRows} * 2 * I * 2));
-  BENCH_CUDA(cudaMalloc(&act, int64_t{kMaxRows} * I * 2));
-  fill_random(x, int64_t{kMaxRows} * H, 11, 1.0f, stream);
-  fill_random(w, int64_t{2} * I * H, 12, 0.02f, stream);
+  explicit Operands(cudaStream_t stream) {
+    BENCH_CUDA(cudaMalloc(&x, int64_t{kGatedRows} * H * 2));
+    BENCH_CUDA(cudaMalloc(&w, int64_t{2} * I * H * 2));
+    BENCH_CUDA(cudaMalloc(&gu, int64_t{kGatedRows} * 2 * I * 2));
+    BENCH_CUDA(cudaMalloc(&act, int64_t{kGatedRows} * I * 2));
+    fill_random(x, int64_t{kGatedRows} * H, 11, 1.0f, stream);
+    fill_random(w, int64_t{2} * I * H, 12, 0.02f, stream);
+  }
+  ~Operands() {
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(gu);
+    cudaFree(act);
+  }
+  Operands(const Operands&) = delete;
+  Operands& operator=(const Operands&) = delete;
+};
+
+void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
+  constexpr int32_t kMaxRows = kGatedRows;
+  Operands op(stream);
+  bf16 *x = op.x, *w = op.w, *gu = op.gu, *act = op.act;
   std::printf(
       "gate|up + GELU, 12B (k %d, 2 x %d columns); ms, and TFLOP/s of the GEMM (%% of the "
       "%.0f TFLOP/s peak):\n%6s | %-22s | %8s | %8s | %-22s | %s | %s\n",
@@ -273,22 +291,13 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
                   48 * t_two, 48 * t_fused);
     }
   }
-  BENCH_CUDA(cudaFree(x));
-  BENCH_CUDA(cudaFree(w));
-  BENCH_CUDA(cudaFree(gu));
-  BENCH_CUDA(cudaFree(act));
 }
 
 // --gated-profile: one cuBLAS gate|up GEMM and one gated GEMM at 8192 rows, for ncu.
 void profile(kernels::Blas& blas, cudaStream_t stream) {
-  constexpr int32_t H = 3840, I = 15360, kRows = 8192;
-  bf16 *x = nullptr, *w = nullptr, *gu = nullptr, *act = nullptr;
-  BENCH_CUDA(cudaMalloc(&x, int64_t{kRows} * H * 2));
-  BENCH_CUDA(cudaMalloc(&w, int64_t{2} * I * H * 2));
-  BENCH_CUDA(cudaMalloc(&gu, int64_t{kRows} * 2 * I * 2));
-  BENCH_CUDA(cudaMalloc(&act, int64_t{kRows} * I * 2));
-  fill_random(x, int64_t{kRows} * H, 11, 1.0f, stream);
-  fill_random(w, int64_t{2} * I * H, 12, 0.02f, stream);
+  constexpr int32_t kRows = kGatedRows;
+  Operands op(stream);
+  bf16 *x = op.x, *w = op.w, *gu = op.gu, *act = op.act;
   for (int i = 0; i < 3; ++i) {  // warm: clocks, cuBLAS's heuristic cache
     BENCH_OK(blas.gemm(x, w, gu, kRows, 2 * I, H));
     BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream));
@@ -301,10 +310,6 @@ void profile(kernels::Blas& blas, cudaStream_t stream) {
   BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, 1));
   BENCH_CUDA(cudaStreamSynchronize(stream));
   BENCH_CUDA(cudaProfilerStop());
-  BENCH_CUDA(cudaFree(x));
-  BENCH_CUDA(cudaFree(w));
-  BENCH_CUDA(cudaFree(gu));
-  BENCH_CUDA(cudaFree(act));
 }
 
 }  // namespace gated
