@@ -17,16 +17,19 @@
 // --profile: the streamed kernel alone, for ncu (pdl::profile).
 // --gated: the prefill gate|up GEMM + GELU, cuBLAS + gelu_tanh_mul against the gated GEMM;
 // --gated-profile: one of each (the gated GEMM clustered and lone) at 8192 rows between
-// cudaProfilerStart/Stop, for ncu. Not a test: it prints figures (perf/NOTES.md).
+// cudaProfilerStart/Stop, for ncu; --gated-probe: the gated GEMM's design variants at 8192 rows
+// (gated::probe). Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -293,7 +296,8 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
   }
 }
 
-// --gated-profile: one cuBLAS gate|up GEMM and one gated GEMM at 8192 rows, for ncu.
+// --gated-profile: one cuBLAS gate|up GEMM, the gated GEMM and its staged-epilogue probe in
+// clusters of two at 8192 rows, for ncu.
 void profile(kernels::Blas& blas, cudaStream_t stream) {
   constexpr int32_t kRows = kGatedRows;
   Operands op(stream);
@@ -304,12 +308,112 @@ void profile(kernels::Blas& blas, cudaStream_t stream) {
     BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, 2));
   }
   BENCH_CUDA(cudaStreamSynchronize(stream));
+  kernels::GatedGemmConfig staged;
+  staged.epilogue = kernels::GatedGemmConfig::kStaged;
+  staged.cluster = 2;
+  BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, staged));
+  BENCH_CUDA(cudaStreamSynchronize(stream));
   BENCH_CUDA(cudaProfilerStart());
   BENCH_OK(blas.gemm(x, w, gu, kRows, 2 * I, H));
   BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream));
-  BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, 1));
+  BENCH_OK(kernels::gated_gelu_gemm(x, w, act, kRows, I, H, stream, staged));
   BENCH_CUDA(cudaStreamSynchronize(stream));
   BENCH_CUDA(cudaProfilerStop());
+}
+
+// --gated-probe: what bounds the gated GEMM at 8192 rows (session 12). Each design variant of
+// kernels/gemm_gated.h's probe (epilogue from registers / staged for the epilogue warps / none,
+// lone blocks or clusters of two, the raster's group) timed in turns (3 rounds, median of 15
+// each), every output compared bitwise with the default's; then each arm run back to
+// back for ~2 s between printed wall-clock marks ("SEG name begin_ms end_ms ms_per_launch"), so
+// that an nvidia-smi log taken beside the process gives each arm's SM clock and power.
+void probe(kernels::Blas& blas, cudaStream_t stream, double peak) {
+  constexpr int32_t kRows = kGatedRows;
+  Operands op(stream);
+  bf16 *x = op.x, *w = op.w, *gu = op.gu, *act = op.act;
+  bf16* act2 = nullptr;
+  BENCH_CUDA(cudaMalloc(&act2, int64_t{kRows} * I * 2));
+  using P = kernels::GatedGemmConfig;
+  struct Arm {
+    const char* name;
+    bool cublas;
+    P config;
+  };
+  const std::vector<Arm> arms = {
+      {"cuBLAS gate|up (bf16 out, no gelu)", true, {}},
+      {"lone, registers, group 16 (default)", false, {P::kRegisters, 1, 16}},
+      {"lone, staged, group 16", false, {P::kStaged, 1, 16}},
+      {"lone, no epilogue, group 16", false, {P::kNone, 1, 16}},
+      {"pairs, registers, group 16", false, {P::kRegisters, 2, 16}},
+      {"pairs, staged, group 16", false, {P::kStaged, 2, 16}},
+      {"pairs, no epilogue, group 16", false, {P::kNone, 2, 16}},
+      {"pairs, registers, group 8", false, {P::kRegisters, 2, 8}},
+      {"pairs, staged, group 32", false, {P::kStaged, 2, 32}},
+  };
+  auto launch = [&](const Arm& a, int32_t rows, bf16* out) {
+    if (a.cublas) {
+      BENCH_OK(blas.gemm(x, w, gu, rows, 2 * I, H));
+    } else {
+      BENCH_OK(kernels::gated_gelu_gemm(x, w, out, rows, I, H, stream, a.config));
+    }
+  };
+  // Bitwise: every arm that writes against the default arm.
+  const int64_t n = int64_t{kRows} * I;
+  std::vector<uint16_t> want(n), got(n);
+  for (int32_t rows : {kRows, 1000, 77}) {
+    BENCH_CUDA(cudaMemsetAsync(act, 0, n * 2, stream));
+    launch(arms[1], rows, act);
+    BENCH_CUDA(cudaMemcpyAsync(want.data(), act, n * 2, cudaMemcpyDeviceToHost, stream));
+    for (const Arm& a : arms) {
+      if (a.cublas || a.config.epilogue == P::kNone) continue;
+      BENCH_CUDA(cudaMemsetAsync(act2, 0, n * 2, stream));
+      launch(a, rows, act2);
+      BENCH_CUDA(cudaMemcpyAsync(got.data(), act2, n * 2, cudaMemcpyDeviceToHost, stream));
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i) differ += want[i] != got[i];
+      std::printf("bitwise, %5d rows, %-34s vs default: %lld of %lld elements differ\n", rows,
+                  a.name, static_cast<long long>(differ), static_cast<long long>(n));
+    }
+  }
+  const double flops = 2.0 * kRows * 2 * I * H;
+  std::printf(
+      "gated GEMM probe, %d rows (k %d, 2 x %d columns), bf16 peak %.0f TFLOP/s; ms (TFLOP/s):\n",
+      kRows, H, I, peak / 1e12);
+  std::vector<std::vector<double>> ms(arms.size());
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < arms.size(); ++i) {
+      ms[i].push_back(gates::median_ms(stream, 3, 15, [&] { launch(arms[i], kRows, act); }));
+    }
+  }
+  for (size_t i = 0; i < arms.size(); ++i) {
+    std::sort(ms[i].begin(), ms[i].end());
+    std::printf("  %-36s %.3f %.3f %.3f  (%4.0f TFLOP/s, %3.0f%% of peak)\n", arms[i].name,
+                ms[i][0], ms[i][1], ms[i][2], flops / (ms[i][1] * 1e9),
+                100.0 * flops / (ms[i][1] * 1e-3) / peak);
+  }
+  // Sustained segments for the clock log.
+  auto wall_ms = [] {
+    return std::chrono::duration<double, std::milli>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  for (const Arm& a : arms) {
+    if (!a.cublas && a.config.group_tiles != 16) continue;  // the raster only in the turns
+    BENCH_CUDA(cudaDeviceSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // cool down between arms
+    const double t0 = wall_ms();
+    int launches = 0;
+    while (wall_ms() - t0 < 2500.0) {
+      for (int i = 0; i < 50; ++i) launch(a, kRows, act);
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      launches += 50;
+    }
+    const double t1 = wall_ms();
+    std::printf("SEG %s|%.0f|%.0f|%.4f\n", a.name, t0, t1, (t1 - t0) / launches);
+  }
+  std::fflush(stdout);
+  BENCH_CUDA(cudaFree(act2));
 }
 
 }  // namespace gated
@@ -626,6 +730,11 @@ int main(int argc, char** argv) {
     gated::profile(blas[kDefault], stream);
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--gated-probe") {
+    const double peak = bf16_peak(blas[kDefault], stream);
+    gated::probe(blas[kDefault], stream, peak);
+    return 0;
+  }
   if (argc == 2 && std::string(argv[1]) == "--gated") {
     const double peak = bf16_peak(blas[kDefault], stream);
     for (int rep = 0; rep < 2; ++rep) gated::run(blas[kDefault], stream, peak);
@@ -634,7 +743,8 @@ int main(int argc, char** argv) {
   if (argc != 1 && !pdl_only) {
     std::fprintf(
         stderr,
-        "usage: skinny_gemm_bench [--pdl | --profile | --prefill | --gated | --gated-profile]\n");
+        "usage: skinny_gemm_bench [--pdl | --profile | --prefill | --gated | --gated-profile | "
+        "--gated-probe]\n");
     return 2;
   }
   if (pdl_only) {

@@ -14,34 +14,46 @@ namespace {
 constexpr int kBM = kGatedGemmTileRows;  // x rows of a tile
 constexpr int kBN = kGatedGemmTileCols;  // output columns of a tile (2 kBN weight rows)
 constexpr int kBK = 64;                  // k of a stage: one 128-byte swizzled box row
-constexpr int kStages = 4;
 constexpr int kWgThreads = 128;
-constexpr int kThreads = 3 * kWgThreads;    // producer, two consumers
+constexpr int kThreads = 3 * kWgThreads;    // producer (+ epilogue warps), two consumers
 constexpr int kGroupTiles = 16;             // row tiles a group of the raster holds
 constexpr int kABytes = kBM * kBK * 2;      // 16 KB
 constexpr int kBBytes = 2 * kBN * kBK * 2;  // 32 KB: gate rows, then up rows
 constexpr int kStageBytes = kABytes + kBBytes;
-constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;  // 1024: alignment
-static_assert(kSmemBytes <= 227 * 1024, "one block per SM must fit");
+// The epilogues. kRegisters: each consumer computes gelu(g) * u from its accumulators and stores
+// it, while the tensor cores wait. kStaged: each consumer writes its bf16 g and u (64 rows x 256)
+// into a staging area of shared memory and goes on to the next tile; warps 1-3 of the producer
+// warpgroup compute the products from there and store them, behind the next tile's MMAs (the
+// staging takes the ring's fourth stage). kNone (probe only): no output, the main loop alone.
+enum Epi : int { kRegisters = 0, kStaged = 1, kNone = 2 };
+constexpr int kStagedBytes = 64 * 2 * kBN * 2;  // a consumer's 64 rows x (128 g + 128 u) bf16
+constexpr int stages_of(int e) { return e == kStaged ? 3 : 4; }
+constexpr int smem_bytes(int e) {  // 1024: alignment; barriers: the ring's and the staging's
+  return 1024 + stages_of(e) * kStageBytes + (e == kStaged ? 2 * kStagedBytes : 0) +
+         2 * stages_of(e) * 8 + 4 * 8;
+}
+static_assert(smem_bytes(kRegisters) <= 227 * 1024 && smem_bytes(kStaged) <= 227 * 1024,
+              "one block per SM must fit");
 static_assert(kBM == 2 * 64 && 2 * kBN == 256, "two consumer warpgroups of m64n256 tiles");
 
 struct Shape {
-  int32_t rows, inter, k;
+  int32_t rows, inter;
   int32_t row_tiles, col_tiles, k_slices;
   int32_t row_groups;  // row tiles / cluster size, rounded up: a cluster's unit of work
+  int32_t group;       // row groups a group of the raster holds
   int64_t units;       // row_groups x col_tiles
 };
 
-// Unit t of the raster: groups of kGroupTiles row tiles, row fastest inside a group, so the ~132
-// tiles in flight at once cover ~16 row tiles x ~8 column tiles (x and w slices L2 holds). A
-// unit is C row tiles of one column tile (C the cluster size): its first row tile is returned.
+// Unit t of the raster: groups of s.group row groups (kGroupTiles row tiles by default), row
+// fastest inside a group, so the ~132 tiles in flight at once cover ~16 row tiles x ~8 column tiles
+// (x and w slices L2 holds). A unit is C row tiles of one column tile (C the cluster size): its
+// first row tile is returned.
 template <int C>
 __device__ __forceinline__ void unit_of(const Shape& s, int64_t t, int32_t& tm, int32_t& tn) {
-  constexpr int kGroup = kGroupTiles / C;
-  const int64_t per_group = int64_t{kGroup} * s.col_tiles;
+  const int64_t per_group = int64_t{s.group} * s.col_tiles;
   const int32_t g = static_cast<int32_t>(t / per_group);
-  const int32_t first = g * kGroup;
-  const int32_t in_group = min(kGroup, s.row_groups - first);
+  const int32_t first = g * s.group;
+  const int32_t in_group = min(s.group, s.row_groups - first);
   const int64_t r = t - g * per_group;
   tm = (first + static_cast<int32_t>(r % in_group)) * C;
   tn = static_cast<int32_t>(r / in_group);
@@ -60,27 +72,47 @@ __device__ __forceinline__ float gelu_sigmoid(float x) {
   return __fdividef(x, 1.0f + e);
 }
 
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Output columns 8 j + 2 (lane % 4) + {0, 1} of accumulator row half h as a packed bf16 pair:
+// gelu_tanh(bf16(g)) * bf16(u), g from fragment j, u from fragment j + 16.
+__device__ __forceinline__ uint32_t gated_pair(const float (&acc)[32][4], int j, int h) {
+  const float g0 = round_bf16(acc[j][2 * h]), g1 = round_bf16(acc[j][2 * h + 1]);
+  const float u0 = round_bf16(acc[j + 16][2 * h]), u1 = round_bf16(acc[j + 16][2 * h + 1]);
+  return detail::pack2(gelu_sigmoid(g0) * u0, gelu_sigmoid(g1) * u1);
+}
+
 // C = 1: each block loads its own x and w slices. C = 2: a cluster of two blocks takes two row
 // tiles of one column tile; each loads its x slice and half of the shared w slice (rank 0 the
 // gate rows, rank 1 the up rows) multicast into both blocks, so w crosses L2 once for two tiles;
 // a stage is refilled only once the consumers of both blocks have released it.
-template <int C>
+template <int C, int E>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map, bf16* __restrict__ out,
                       const Shape s) {
   static_assert(C == 1 || C == 2, "clusters of 1 or 2 blocks");
+  constexpr int kStages = stages_of(E);
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  unsigned char* staged = smem + kStages * kStageBytes;  // kStaged: a consumer's g|u each
+  uint64_t* full = reinterpret_cast<uint64_t*>(staged + (E == kStaged ? 2 * kStagedBytes : 0));
   uint64_t* empty = full + kStages;
+  uint64_t* staged_full = empty + kStages;  // [2]: a consumer wrote its g|u (128 arrivals)
+  uint64_t* staged_free = staged_full + 2;  // [2]: the epilogue warps read it (96 arrivals)
   const int wg = threadIdx.x / kWgThreads;
   const uint32_t rank = C > 1 ? detail::cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) {
       detail::mbarrier_init(&full[i], 1);       // this block's producer + the copies' bytes
       detail::mbarrier_init(&empty[i], 2 * C);  // each consumer warpgroup of the cluster
+    }
+    for (int i = 0; i < 2; ++i) {
+      detail::mbarrier_init(&staged_full[i], kWgThreads);
+      detail::mbarrier_init(&staged_free[i], kWgThreads - detail::kWarp);
     }
     detail::mbarrier_init_fence();
   }
@@ -93,7 +125,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer: one thread walks the same (unit, k slice) sequence as the consumers.
-    detail::warpgroup_registers_dec<40>();
+    detail::warpgroup_registers_dec<E == kStaged ? 56 : 40>();
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
@@ -122,9 +154,47 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (E == kStaged && threadIdx.x >= detail::kWarp) {
+      // Epilogue warps: per tile, each consumer's staged rows in turn. Item i of a consumer's
+      // 64 x 16 items is row i / 16, output columns 8 (i % 16) ..: 16 bytes of g (chunk i % 16
+      // of the row) and of u (chunk 16 + i % 16), both at chunk ^ (row % 8) (the consumers'
+      // swizzle); a warp's items are two rows' 256 contiguous output bytes.
+      const int et = threadIdx.x - detail::kWarp;  // 0 .. 95
+      uint32_t it = 0;
+      for (int64_t t = first_unit; t < s.units; t += unit_stride, ++it) {
+        int32_t tm, tn;
+        unit_of<C>(s, t, tm, tn);
+        tm += static_cast<int32_t>(rank);
+#pragma unroll 1
+        for (int cw = 0; cw < 2; ++cw) {
+          detail::mbarrier_wait(&staged_full[cw], it & 1);
+          const unsigned char* src = staged + cw * kStagedBytes;
+          const int32_t row0 = tm * kBM + cw * 64;
+#pragma unroll 1
+          for (int i = et; i < 64 * 16; i += kWgThreads - detail::kWarp) {
+            const int r = i / 16, c = i % 16;
+            const uint4 g = *reinterpret_cast<const uint4*>(src + r * 512 + ((c ^ (r % 8)) * 16));
+            const uint4 u =
+                *reinterpret_cast<const uint4*>(src + r * 512 + (((16 + c) ^ (r % 8)) * 16));
+            if (row0 + r >= s.rows) continue;
+            const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+            uint32_t o[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              float gf[2], uf[2];
+              detail::unpack2(gw[k], gf);
+              detail::unpack2(uw[k], uf);
+              o[k] = detail::pack2(gelu_sigmoid(gf[0]) * uf[0], gelu_sigmoid(gf[1]) * uf[1]);
+            }
+            *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * s.inter + tn * kBN +
+                                      8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
+          }
+          detail::mbarrier_arrive(&staged_free[cw]);
+        }
+      }
     }
   } else {
-    detail::warpgroup_registers_inc<232>();
+    detail::warpgroup_registers_inc<E == kStaged ? 224 : 232>();
     const int cw = wg - 1;  // rows 64 cw .. 64 cw + 63 of the tile
     const int tid = threadIdx.x % kWgThreads;
     const int warp = tid / detail::kWarp, lane = tid % detail::kWarp;
@@ -143,8 +213,8 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
       for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
     }
     int stage = 0;
-    uint32_t phase = 0;
-    for (int64_t t = first_unit; t < s.units; t += unit_stride) {
+    uint32_t phase = 0, it = 0;
+    for (int64_t t = first_unit; t < s.units; t += unit_stride, ++it) {
       int32_t tm, tn;
       unit_of<C>(s, t, tm, tn);
       tm += static_cast<int32_t>(rank);
@@ -176,23 +246,45 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
       release(prev);
       detail::fence_operands(acc);
 
-      // Epilogue: fragment j < 16 holds gate columns 8 j .., fragment j + 16 the same up
-      // columns; e 0-1 row lane / 4 of the warp's 16, e 2-3 eight rows below.
-      const int32_t row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
-      const int32_t col0 = tn * kBN + 2 * (lane % 4);
+      // Fragment j < 16 holds gate columns 8 j .., fragment j + 16 the same up columns; e 0-1
+      // row lane / 4 of the warp's 16, e 2-3 eight rows below.
+      if constexpr (E == kNone) {
+        if (acc[0][0] == 1234.5f && acc[31][3] == -1234.5f) out[0] = __float2bfloat16(acc[0][1]);
+      } else if constexpr (E == kRegisters) {
+        const int32_t row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
+        const int32_t col0 = tn * kBN + 2 * (lane % 4);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int32_t r = row0 + 8 * h;
-        if (r >= s.rows) continue;
-        bf16* dst = out + static_cast<int64_t>(r) * s.inter + col0;
+        for (int h = 0; h < 2; ++h) {
+          const int32_t r = row0 + 8 * h;
+          if (r >= s.rows) continue;
+          bf16* dst = out + static_cast<int64_t>(r) * s.inter + col0;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float g0 = round_bf16(acc[j][2 * h]), g1 = round_bf16(acc[j][2 * h + 1]);
-          const float u0 = round_bf16(acc[j + 16][2 * h]);
-          const float u1 = round_bf16(acc[j + 16][2 * h + 1]);
-          *reinterpret_cast<uint32_t*>(dst + 8 * j) =
-              detail::pack2(gelu_sigmoid(g0) * u0, gelu_sigmoid(g1) * u1);
+          for (int j = 0; j < 16; ++j) {
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = gated_pair(acc, j, h);
+          }
         }
+      } else {
+        // Row r (of 64) of the staging: 32 chunks of 16 bytes (g columns, then u), chunk c at
+        // c ^ (r % 8), so a warp's 8 rows x 16 bytes of one store land on 32 distinct banks.
+        // (r % 8 is lane / 4 for both row halves.)
+        const uint32_t dst = detail::shared_u32(staged + cw * kStagedBytes) +
+                             (warp * 16 + lane / 4) * 512 + 4 * (lane % 4);
+        const uint32_t r8 = lane / 4;
+        detail::mbarrier_wait(&staged_free[cw], (it & 1) ^ 1);
+#pragma unroll
+        for (int jl = 0; jl < 8; ++jl) {
+          const uint32_t at = dst + ((jl ^ r8) << 4);
+#pragma unroll
+          for (int jh = 0; jh < 4; ++jh) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 8 * jh + jl;
+              st_shared_u32(at + h * 8 * 512 + jh * 128,
+                            detail::pack2(acc[j][2 * h], acc[j][2 * h + 1]));
+            }
+          }
+        }
+        detail::mbarrier_arrive(&staged_full[cw]);
       }
     }
   }
@@ -200,18 +292,18 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
   if constexpr (C > 1) detail::cluster_sync();
 }
 
-// The C-block-cluster kernel's one-time set-up on the current device: its shared memory
-// attribute and how many of its clusters fit at once (the persistent grid), kept for the process.
+// The (C, E) kernel's one-time set-up on the current device: its shared memory attribute and how
+// many of its clusters fit at once (the persistent grid), kept for the process.
 struct Setup {
   cudaError_t err = cudaSuccess;
   int clusters = 0;
 };
-template <int C>
+template <int C, int E>
 const Setup& setup() {
   static const Setup done = [] {
     Setup st;
-    st.err = cudaFuncSetAttribute(gated_gemm_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kSmemBytes);
+    st.err = cudaFuncSetAttribute(gated_gemm_kernel<C, E>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(E));
     if (st.err != cudaSuccess) return st;
     int device = 0, sms = 0;
     if ((st.err = cudaGetDevice(&device)) != cudaSuccess) return st;
@@ -224,31 +316,80 @@ const Setup& setup() {
       cudaLaunchConfig_t probe{};
       probe.gridDim = dim3(static_cast<unsigned>(st.clusters * C));
       probe.blockDim = dim3(kThreads);
-      probe.dynamicSmemBytes = kSmemBytes;
-      st.err = cudaOccupancyMaxActiveClusters(&st.clusters, gated_gemm_kernel<C>, &probe);
+      probe.dynamicSmemBytes = smem_bytes(E);
+      st.err = cudaOccupancyMaxActiveClusters(&st.clusters, gated_gemm_kernel<C, E>, &probe);
     }
     return st;
   }();
   return done;
 }
 
-// Launches the C-block-cluster kernel on as many clusters as fit at once (persistent).
-template <int C>
-KernelStatus launch(const CUtensorMap& x_map, const CUtensorMap& w_map, bf16* out, const Shape& s,
-                    cudaStream_t stream) {
-  const Setup& st = setup<C>();
+struct Maps {
+  CUtensorMap x, w;
+};
+
+// Launches the (C, E) kernel on as many clusters as fit at once (persistent).
+template <int C, int E>
+KernelStatus launch(const Maps& m, bf16* out, const Shape& s, cudaStream_t stream) {
+  const Setup& st = setup<C, E>();
   if (st.err != cudaSuccess) return cuda_status(st.err, "gated_gelu_gemm: kernel set-up");
   if (st.clusters < 1) return detail::bad_argument("gated_gelu_gemm: no cluster fits on this GPU");
   const int64_t grid = std::min<int64_t>(s.units, st.clusters) * C;
-  gated_gemm_kernel<C>
-      <<<static_cast<unsigned>(grid), kThreads, kSmemBytes, stream>>>(x_map, w_map, out, s);
+  gated_gemm_kernel<C, E>
+      <<<static_cast<unsigned>(grid), kThreads, smem_bytes(E), stream>>>(m.x, m.w, out, s);
   return detail::launch_status("gated_gemm_kernel");
+}
+
+KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter, int32_t k,
+                 cudaStream_t stream, int32_t cluster, int epi, int32_t group_tiles) {
+  if (std::string why = gated_gemm_refusal(rows, inter, k); !why.empty()) {
+    return detail::bad_argument("gated_gelu_gemm: " + why);
+  }
+  if (!detail::aligned16(x) || !detail::aligned16(w) || !detail::aligned16(out)) {
+    return detail::bad_argument("gated_gelu_gemm: x, w and out must be 16-byte aligned");
+  }
+  if (rows == 0) return Ok{};
+  if (cluster != 1 && cluster != 2) {
+    return detail::bad_argument("gated_gelu_gemm: cluster must be 1 or 2, got " +
+                                std::to_string(cluster));
+  }
+  if (group_tiles < cluster || group_tiles % cluster != 0) {
+    return detail::bad_argument(
+        "gated_gelu_gemm: group_tiles must be a positive multiple of the "
+        "cluster size, got " +
+        std::to_string(group_tiles));
+  }
+  Maps m;
+  if (auto st = detail::encode_rows_map(x, rows, k, kBM, &m.x, "gated_gelu_gemm: x"); !st.ok()) {
+    return st;
+  }
+  if (auto st = detail::encode_rows_map(w, int64_t{2} * inter, k, kBN, &m.w, "gated_gelu_gemm: w");
+      !st.ok()) {
+    return st;
+  }
+  Shape s;
+  s.rows = rows;
+  s.inter = inter;
+  s.row_tiles = (rows + kBM - 1) / kBM;
+  s.col_tiles = inter / kBN;
+  s.k_slices = (k + kBK - 1) / kBK;
+  s.row_groups = (s.row_tiles + cluster - 1) / cluster;
+  s.group = group_tiles / cluster;
+  s.units = int64_t{s.row_groups} * s.col_tiles;
+  if (cluster == 2) {
+    if (epi == kStaged) return launch<2, kStaged>(m, out, s, stream);
+    if (epi == kNone) return launch<2, kNone>(m, out, s, stream);
+    return launch<2, kRegisters>(m, out, s, stream);
+  }
+  if (epi == kStaged) return launch<1, kStaged>(m, out, s, stream);
+  if (epi == kNone) return launch<1, kNone>(m, out, s, stream);
+  return launch<1, kRegisters>(m, out, s, stream);
 }
 
 }  // namespace
 
 KernelStatus gated_gemm_prepare() {
-  for (const Setup* st : {&setup<1>(), &setup<2>()}) {
+  for (const Setup* st : {&setup<1, kRegisters>(), &setup<2, kRegisters>()}) {
     if (st->err != cudaSuccess) return cuda_status(st->err, "gated_gemm_prepare");
     if (st->clusters < 1) return detail::bad_argument("gated_gemm_prepare: no cluster fits");
   }
@@ -267,37 +408,15 @@ std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k) {
 
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
                              int32_t k, cudaStream_t stream, int32_t cluster) {
-  if (std::string why = gated_gemm_refusal(rows, inter, k); !why.empty()) {
-    return detail::bad_argument("gated_gelu_gemm: " + why);
-  }
-  if (!detail::aligned16(x) || !detail::aligned16(w) || !detail::aligned16(out)) {
-    return detail::bad_argument("gated_gelu_gemm: x, w and out must be 16-byte aligned");
-  }
-  if (rows == 0) return Ok{};
-  if (cluster != 1 && cluster != 2) {
-    return detail::bad_argument("gated_gelu_gemm: cluster must be 1 or 2, got " +
-                                std::to_string(cluster));
-  }
-  CUtensorMap x_map, w_map;
-  if (auto st = detail::encode_rows_map(x, rows, k, kBM, &x_map, "gated_gelu_gemm: x"); !st.ok()) {
-    return st;
-  }
-  if (auto st =
-          detail::encode_rows_map(w, int64_t{2} * inter, k, kBN, &w_map, "gated_gelu_gemm: w");
-      !st.ok()) {
-    return st;
-  }
-  Shape s;
-  s.rows = rows;
-  s.inter = inter;
-  s.k = k;
-  s.row_tiles = (rows + kBM - 1) / kBM;
-  s.col_tiles = inter / kBN;
-  s.k_slices = (k + kBK - 1) / kBK;
-  s.row_groups = (s.row_tiles + cluster - 1) / cluster;
-  s.units = int64_t{s.row_groups} * s.col_tiles;
-  return cluster == 2 ? launch<2>(x_map, w_map, out, s, stream)
-                      : launch<1>(x_map, w_map, out, s, stream);
+  return run(x, w, out, rows, inter, k, stream, cluster, kRegisters, kGroupTiles);
+}
+
+KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
+                             int32_t k, cudaStream_t stream, const GatedGemmConfig& config) {
+  const int epi = config.epilogue == GatedGemmConfig::kStaged ? kStaged
+                  : config.epilogue == GatedGemmConfig::kNone ? kNone
+                                                              : kRegisters;
+  return run(x, w, out, rows, inter, k, stream, config.cluster, epi, config.group_tiles);
 }
 
 }  // namespace twinstep::kernels

@@ -54,4 +54,20 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
                              int32_t k, cudaStream_t stream,
                              int32_t cluster = kDefaultGatedGemmCluster);
 
+// The kernel's variants (all give the same bits; GatedGemmGates, skinny_gemm_bench
+// --gated-probe): the epilogue (kRegisters: each consumer warpgroup computes and stores its
+// products from registers while the tensor cores wait; kStaged: the consumers hand bf16 g and u
+// to the producer warpgroup's spare warps through shared memory, which compute and store the
+// products behind the next tile's MMAs, the ring one stage shorter; kNone, for benches only: no
+// output at all, the main loop alone), the cluster size (1 or 2) and the raster's row tiles a
+// group (a positive multiple of the cluster size).
+struct GatedGemmConfig {
+  enum Epilogue { kRegisters, kStaged, kNone };
+  Epilogue epilogue = kRegisters;
+  int32_t cluster = kDefaultGatedGemmCluster;
+  int32_t group_tiles = 16;
+};
+KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
+                             int32_t k, cudaStream_t stream, const GatedGemmConfig& config);
+
 }  // namespace twinstep::kernels
