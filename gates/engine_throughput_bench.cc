@@ -1320,8 +1320,11 @@ int main(int argc, char** argv) {
   g_device = &device;
   std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
-  std::printf("gated gate|up GEMM (kernels/gemm_gated.h) for steps of >= %d rows (0: off)\n",
-              device.options().gated_gemm_min_rows);
+  std::printf(
+      "gated gate|up GEMM (kernels/gemm_gated.h) for steps of >= %d rows (0: off), in clusters "
+      "of two from %d rows (0: never), tensor stores %s\n",
+      device.options().gated_gemm_min_rows, device.options().gated_gemm_pair_min_rows,
+      device.options().gated_gemm_tensor_stores ? "on" : "off");
   if (argc == 3 && std::string(argv[1]) == "--records") {
     return cost_records::write_step_records(config, device, prop, argv[2]);
   }

@@ -38,13 +38,8 @@ __device__ __forceinline__ void tma_load_3d(bf16* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
-__device__ __forceinline__ void fence_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Barrier over the `threads` threads of named barrier `id` (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+using detail::fence_async_shared;
+using detail::named_barrier;
 
 constexpr int kThreads = 2 * kWgThreads;
 constexpr int kConsumerWarps = kThreads / kWarp;  // arrivals per empty barrier

@@ -196,6 +196,8 @@ Blas::Blas(Blas&& other) noexcept
       skinny_unit_k_(other.skinny_unit_k_),
       batch_invariant_(other.batch_invariant_),
       gated_gemm_min_rows_(other.gated_gemm_min_rows_),
+      gated_gemm_pair_min_rows_(other.gated_gemm_pair_min_rows_),
+      gated_gemm_tensor_stores_(other.gated_gemm_tensor_stores_),
       gated_gemm_launches_(other.gated_gemm_launches_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
@@ -218,6 +220,8 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     skinny_unit_k_ = other.skinny_unit_k_;
     batch_invariant_ = other.batch_invariant_;
     gated_gemm_min_rows_ = other.gated_gemm_min_rows_;
+    gated_gemm_pair_min_rows_ = other.gated_gemm_pair_min_rows_;
+    gated_gemm_tensor_stores_ = other.gated_gemm_tensor_stores_;
     gated_gemm_launches_ = other.gated_gemm_launches_;
   }
   return *this;
@@ -282,7 +286,10 @@ bool Blas::gated_gemm_applies(int32_t m, int32_t inter, int32_t k) const {
 
 KernelStatus Blas::gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
                               int32_t k) {
-  if (auto s = gated_gelu_gemm(x, w, out, m, inter, k, stream_); !s.ok()) return s;
+  GatedGemmConfig config;
+  config.cluster = gated_gemm_pair_min_rows_ > 0 && m >= gated_gemm_pair_min_rows_ ? 2 : 1;
+  if (config.cluster == 2 && gated_gemm_tensor_stores_) config.epilogue = GatedGemmConfig::kTma;
+  if (auto s = gated_gelu_gemm(x, w, out, m, inter, k, stream_, config); !s.ok()) return s;
   ++gated_gemm_launches_;
   return Ok{};
 }

@@ -186,6 +186,37 @@ TEST(GatedGemmMinRows, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
       << got.error().message;
 }
 
+TEST(GatedGemmPairs, EnvironmentOverridesBothOptionsAndBadValuesAreNamed) {
+  CudaDeviceOptions o;
+  o.gated_gemm_pair_min_rows = 2048;
+  o.gated_gemm_tensor_stores = true;
+  auto same = resolve_gated_gemm_pairs(o, nullptr, "");
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same.value().gated_gemm_pair_min_rows, 2048) << "unset keeps the option";
+  EXPECT_TRUE(same.value().gated_gemm_tensor_stores) << "empty is unset";
+  auto set = resolve_gated_gemm_pairs(o, "512", "0");
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(set.value().gated_gemm_pair_min_rows, 512);
+  EXPECT_FALSE(set.value().gated_gemm_tensor_stores);
+  EXPECT_EQ(set.value().gated_gemm_min_rows, o.gated_gemm_min_rows) << "other options untouched";
+  auto rows = resolve_gated_gemm_pairs(o, "-3", "1");
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.error().code, engine::DeviceErrorCode::kBadLayout);
+  EXPECT_NE(rows.error().message.find("TWINSTEP_GATED_GEMM_PAIRS=-3: expected an integer in [0, "
+                                      "1073741824]"),
+            std::string::npos)
+      << rows.error().message;
+  auto tma = resolve_gated_gemm_pairs(o, "512", "yes");
+  ASSERT_FALSE(tma.ok());
+  EXPECT_NE(tma.error().message.find("TWINSTEP_GATED_GEMM_TMA=yes"), std::string::npos)
+      << tma.error().message;
+  o.gated_gemm_pair_min_rows = -1;
+  auto bad_option = resolve_gated_gemm_pairs(o, nullptr, nullptr);
+  ASSERT_FALSE(bad_option.ok());
+  EXPECT_NE(bad_option.error().message.find("gated_gemm_pair_min_rows -1"), std::string::npos)
+      << bad_option.error().message;
+}
+
 // The gated GEMM's shape rules, checked before any launch (no GPU needed).
 TEST(GatedGemm, RefusesShapesItDoesNotTakeByName) {
   EXPECT_EQ(gated_gemm_refusal(8192, 15360, 3840), "");

@@ -219,6 +219,12 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (!gated) return unexpected(gated.error());
   d->options_.gated_gemm_min_rows = gated.value();
   d->blas_->set_gated_gemm_min_rows(gated.value());
+  auto pairs = resolve_gated_gemm_pairs(d->options_, std::getenv("TWINSTEP_GATED_GEMM_PAIRS"),
+                                        std::getenv("TWINSTEP_GATED_GEMM_TMA"));
+  if (!pairs) return unexpected(pairs.error());
+  d->options_ = pairs.value();
+  d->blas_->set_gated_gemm_pairs(d->options_.gated_gemm_pair_min_rows,
+                                 d->options_.gated_gemm_tensor_stores);
   if (gated.value() > 0) {  // before any graph capture could hold the kernel's first launch
     if (auto s = gated_gemm_prepare(); !s.ok()) return unexpected(from_kernel(s.error()));
   }
@@ -550,6 +556,21 @@ Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDevic
                                                                  const char* env) {
   return resolve_env_int(options.gated_gemm_min_rows, "gated_gemm_min_rows", env,
                          "TWINSTEP_GATED_GEMM", 0, int32_t{1} << 30);
+}
+
+Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,
+                                                                        const char* pairs_env,
+                                                                        const char* tma_env) {
+  auto rows = resolve_env_int(options.gated_gemm_pair_min_rows, "gated_gemm_pair_min_rows",
+                              pairs_env, "TWINSTEP_GATED_GEMM_PAIRS", 0, int32_t{1} << 30);
+  if (!rows) return unexpected(rows.error());
+  auto tma =
+      resolve_env_switch(options.gated_gemm_tensor_stores, tma_env, "TWINSTEP_GATED_GEMM_TMA",
+                         "tensor stores in the gated GEMM's pairs");
+  if (!tma) return unexpected(tma.error());
+  options.gated_gemm_pair_min_rows = rows.value();
+  options.gated_gemm_tensor_stores = tma.value();
+  return options;
 }
 
 Result<double, engine::DeviceError> resolve_gemm_memset_penalty(const CudaDeviceOptions& options,

@@ -25,14 +25,33 @@ constexpr int kStageBytes = kABytes + kBBytes;
 // into a staging area of shared memory and goes on to the next tile; warps 1-3 of the producer
 // warpgroup compute the products from there and store them, behind the next tile's MMAs (the
 // staging takes the ring's fourth stage). kNone (probe only): no output, the main loop alone.
-enum Epi : int { kRegisters = 0, kStaged = 1, kNone = 2 };
+// Probes of session 13 (clusters of two only): kNoStore, kRegisters' arithmetic without its
+// stores; kTanh, kRegisters with the GELU's tanh as one MUFU tanh.approx (not the same bits);
+// kTma (and kTmaTanh with tanh.approx): each consumer writes its 64 x 128 products into a
+// swizzled staging box pair in shared memory, one thread stores them with two tensor stores
+// that run behind the next tile's MMAs.
+enum Epi : int {
+  kRegisters = 0,
+  kStaged = 1,
+  kNone = 2,
+  kNoStore = 3,
+  kTanh = 4,
+  kTma = 5,
+  kTmaTanh = 6
+};
+constexpr bool tma_out(int e) { return e == kTma || e == kTmaTanh; }
+constexpr bool tanh_approx(int e) { return e == kTanh || e == kTmaTanh; }
 constexpr int kStagedBytes = 64 * 2 * kBN * 2;  // a consumer's 64 rows x (128 g + 128 u) bf16
+constexpr int kOutBoxBytes = 64 * 64 * 2;       // a tensor store box: 64 rows x 64 products
 constexpr int stages_of(int e) { return e == kStaged ? 3 : 4; }
-constexpr int smem_bytes(int e) {  // 1024: alignment; barriers: the ring's and the staging's
-  return 1024 + stages_of(e) * kStageBytes + (e == kStaged ? 2 * kStagedBytes : 0) +
-         2 * stages_of(e) * 8 + 4 * 8;
+constexpr int staging_bytes(int e) {
+  return e == kStaged ? 2 * kStagedBytes : tma_out(e) ? 2 * 2 * kOutBoxBytes : 0;
 }
-static_assert(smem_bytes(kRegisters) <= 227 * 1024 && smem_bytes(kStaged) <= 227 * 1024,
+constexpr int smem_bytes(int e) {  // 1024: alignment; barriers: the ring's and the staging's
+  return 1024 + stages_of(e) * kStageBytes + staging_bytes(e) + 2 * stages_of(e) * 8 + 4 * 8;
+}
+static_assert(smem_bytes(kRegisters) <= 227 * 1024 && smem_bytes(kStaged) <= 227 * 1024 &&
+                  smem_bytes(kTma) <= 227 * 1024,
               "one block per SM must fit");
 static_assert(kBM == 2 * 64 && 2 * kBN == 256, "two consumer warpgroups of m64n256 tiles");
 
@@ -71,6 +90,15 @@ __device__ __forceinline__ float gelu_sigmoid(float x) {
   const float e = __expf(fminf(-kTwoSqrt2OverPi * (x + 0.044715f * x * x * x), 80.0f));
   return __fdividef(x, 1.0f + e);
 }
+// The probe's form: 0.5 x (1 + tanh(y)) with the hardware's tanh.approx (one MUFU operation,
+// absolute error ~2^-11).
+__device__ __forceinline__ float gelu_tanh_approx(float x) {
+  const float y = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  float t;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(y));
+  const float h = 0.5f * x;
+  return fmaf(h, t, h);
+}
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -78,9 +106,13 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 
 // Output columns 8 j + 2 (lane % 4) + {0, 1} of accumulator row half h as a packed bf16 pair:
 // gelu_tanh(bf16(g)) * bf16(u), g from fragment j, u from fragment j + 16.
+template <bool kTanhApprox = false>
 __device__ __forceinline__ uint32_t gated_pair(const float (&acc)[32][4], int j, int h) {
   const float g0 = round_bf16(acc[j][2 * h]), g1 = round_bf16(acc[j][2 * h + 1]);
   const float u0 = round_bf16(acc[j + 16][2 * h]), u1 = round_bf16(acc[j + 16][2 * h + 1]);
+  if constexpr (kTanhApprox) {
+    return detail::pack2(gelu_tanh_approx(g0) * u0, gelu_tanh_approx(g1) * u1);
+  }
   return detail::pack2(gelu_sigmoid(g0) * u0, gelu_sigmoid(g1) * u1);
 }
 
@@ -91,7 +123,8 @@ __device__ __forceinline__ uint32_t gated_pair(const float (&acc)[32][4], int j,
 template <int C, int E>
 __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap x_map,
-                      const __grid_constant__ CUtensorMap w_map, bf16* __restrict__ out,
+                      const __grid_constant__ CUtensorMap w_map,
+                      const __grid_constant__ CUtensorMap out_map, bf16* __restrict__ out,
                       const Shape s) {
   static_assert(C == 1 || C == 2, "clusters of 1 or 2 blocks");
   constexpr int kStages = stages_of(E);
@@ -99,7 +132,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
   unsigned char* smem = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   unsigned char* staged = smem + kStages * kStageBytes;  // kStaged: a consumer's g|u each
-  uint64_t* full = reinterpret_cast<uint64_t*>(staged + (E == kStaged ? 2 * kStagedBytes : 0));
+  uint64_t* full = reinterpret_cast<uint64_t*>(staged + staging_bytes(E));
   uint64_t* empty = full + kStages;
   uint64_t* staged_full = empty + kStages;  // [2]: a consumer wrote its g|u (128 arrivals)
   uint64_t* staged_free = staged_full + 2;  // [2]: the epilogue warps read it (96 arrivals)
@@ -250,7 +283,41 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
       // row lane / 4 of the warp's 16, e 2-3 eight rows below.
       if constexpr (E == kNone) {
         if (acc[0][0] == 1234.5f && acc[31][3] == -1234.5f) out[0] = __float2bfloat16(acc[0][1]);
-      } else if constexpr (E == kRegisters) {
+      } else if constexpr (E == kNoStore) {
+        uint32_t fold = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) fold ^= gated_pair(acc, j, h) + j;
+        }
+        if (fold == 0x9e3779b9u) out[0] = __float2bfloat16(acc[0][1]);
+      } else if constexpr (tma_out(E)) {
+        // The 64 x 128 products as two 64 x 64 boxes (columns 0-63, 64-127), 128-byte rows with
+        // 16-byte chunk c of row r at c ^ (r % 8) (the map's swizzle): a warp's 8 rows x 16 bytes
+        // of one store land on 32 distinct banks (r % 8 is lane / 4 for both row halves).
+        unsigned char* box = staged + cw * 2 * kOutBoxBytes;
+        if (tid == 0) detail::bulk_wait_read<0>();  // the previous tile's stores read the boxes
+        detail::named_barrier(1 + cw, kWgThreads);
+        const uint32_t base =
+            detail::shared_u32(box) + (warp * 16 + lane / 4) * 128 + 4 * (lane % 4);
+        const uint32_t r8 = lane / 4;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            st_shared_u32(base + (j / 8) * kOutBoxBytes + h * 8 * 128 + (((j % 8) ^ r8) << 4),
+                          gated_pair<tanh_approx(E)>(acc, j, h));
+          }
+        }
+        detail::fence_async_shared();
+        detail::named_barrier(1 + cw, kWgThreads);
+        const int32_t row0 = tm * kBM + cw * 64;
+        if (tid == 0 && row0 < s.rows) {
+          detail::tensor_store_2d(&out_map, box, tn * kBN, row0);
+          detail::tensor_store_2d(&out_map, box + kOutBoxBytes, tn * kBN + 64, row0);
+          detail::bulk_commit();
+        }
+      } else if constexpr (E == kRegisters || E == kTanh) {
         const int32_t row0 = tm * kBM + cw * 64 + warp * 16 + lane / 4;
         const int32_t col0 = tn * kBN + 2 * (lane % 4);
 #pragma unroll
@@ -260,7 +327,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
           bf16* dst = out + static_cast<int64_t>(r) * s.inter + col0;
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
-            *reinterpret_cast<uint32_t*>(dst + 8 * j) = gated_pair(acc, j, h);
+            *reinterpret_cast<uint32_t*>(dst + 8 * j) = gated_pair<tanh_approx(E)>(acc, j, h);
           }
         }
       } else {
@@ -286,6 +353,9 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
         }
         detail::mbarrier_arrive(&staged_full[cw]);
       }
+    }
+    if constexpr (tma_out(E)) {
+      if (tid == 0) detail::bulk_wait<0>();  // the boxes stay until the stores are done
     }
   }
   // No block leaves while its partner may still copy into its shared memory or arrive on it.
@@ -325,7 +395,7 @@ const Setup& setup() {
 }
 
 struct Maps {
-  CUtensorMap x, w;
+  CUtensorMap x, w, out;  // out: the tensor-store probes' only
 };
 
 // Launches the (C, E) kernel on as many clusters as fit at once (persistent).
@@ -336,7 +406,7 @@ KernelStatus launch(const Maps& m, bf16* out, const Shape& s, cudaStream_t strea
   if (st.clusters < 1) return detail::bad_argument("gated_gelu_gemm: no cluster fits on this GPU");
   const int64_t grid = std::min<int64_t>(s.units, st.clusters) * C;
   gated_gemm_kernel<C, E>
-      <<<static_cast<unsigned>(grid), kThreads, smem_bytes(E), stream>>>(m.x, m.w, out, s);
+      <<<static_cast<unsigned>(grid), kThreads, smem_bytes(E), stream>>>(m.x, m.w, m.out, out, s);
   return detail::launch_status("gated_gemm_kernel");
 }
 
@@ -367,6 +437,12 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
       !st.ok()) {
     return st;
   }
+  if (tma_out(epi)) {
+    if (auto st = detail::encode_rows_map(out, rows, inter, 64, &m.out, "gated_gelu_gemm: out");
+        !st.ok()) {
+      return st;
+    }
+  }
   Shape s;
   s.rows = rows;
   s.inter = inter;
@@ -377,9 +453,25 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
   s.group = group_tiles / cluster;
   s.units = int64_t{s.row_groups} * s.col_tiles;
   if (cluster == 2) {
-    if (epi == kStaged) return launch<2, kStaged>(m, out, s, stream);
-    if (epi == kNone) return launch<2, kNone>(m, out, s, stream);
-    return launch<2, kRegisters>(m, out, s, stream);
+    switch (epi) {
+      case kStaged:
+        return launch<2, kStaged>(m, out, s, stream);
+      case kNone:
+        return launch<2, kNone>(m, out, s, stream);
+      case kNoStore:
+        return launch<2, kNoStore>(m, out, s, stream);
+      case kTanh:
+        return launch<2, kTanh>(m, out, s, stream);
+      case kTma:
+        return launch<2, kTma>(m, out, s, stream);
+      case kTmaTanh:
+        return launch<2, kTmaTanh>(m, out, s, stream);
+      default:
+        return launch<2, kRegisters>(m, out, s, stream);
+    }
+  }
+  if (epi > kNone) {
+    return detail::bad_argument("gated_gelu_gemm: the session-13 probe epilogues run in pairs");
   }
   if (epi == kStaged) return launch<1, kStaged>(m, out, s, stream);
   if (epi == kNone) return launch<1, kNone>(m, out, s, stream);
@@ -389,7 +481,7 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
 }  // namespace
 
 KernelStatus gated_gemm_prepare() {
-  for (const Setup* st : {&setup<1, kRegisters>(), &setup<2, kRegisters>()}) {
+  for (const Setup* st : {&setup<1, kRegisters>(), &setup<2, kRegisters>(), &setup<2, kTma>()}) {
     if (st->err != cudaSuccess) return cuda_status(st->err, "gated_gemm_prepare");
     if (st->clusters < 1) return detail::bad_argument("gated_gemm_prepare: no cluster fits");
   }
@@ -413,9 +505,30 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
 
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
                              int32_t k, cudaStream_t stream, const GatedGemmConfig& config) {
-  const int epi = config.epilogue == GatedGemmConfig::kStaged ? kStaged
-                  : config.epilogue == GatedGemmConfig::kNone ? kNone
-                                                              : kRegisters;
+  int epi = kRegisters;
+  switch (config.epilogue) {
+    case GatedGemmConfig::kRegisters:
+      epi = kRegisters;
+      break;
+    case GatedGemmConfig::kStaged:
+      epi = kStaged;
+      break;
+    case GatedGemmConfig::kNone:
+      epi = kNone;
+      break;
+    case GatedGemmConfig::kNoStore:
+      epi = kNoStore;
+      break;
+    case GatedGemmConfig::kTanh:
+      epi = kTanh;
+      break;
+    case GatedGemmConfig::kTma:
+      epi = kTma;
+      break;
+    case GatedGemmConfig::kTmaTanh:
+      epi = kTmaTanh;
+      break;
+  }
   return run(x, w, out, rows, inter, k, stream, config.cluster, epi, config.group_tiles);
 }
 

@@ -62,7 +62,8 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
 // output at all, the main loop alone), the cluster size (1 or 2) and the raster's row tiles a
 // group (a positive multiple of the cluster size).
 struct GatedGemmConfig {
-  enum Epilogue { kRegisters, kStaged, kNone };
+  // kNoStore, kTanh, kTma, kTmaTanh: session 13's probes (gemm_gated.cu), clusters of two only.
+  enum Epilogue { kRegisters, kStaged, kNone, kNoStore, kTanh, kTma, kTmaTanh };
   Epilogue epilogue = kRegisters;
   int32_t cluster = kDefaultGatedGemmCluster;
   int32_t group_tiles = 16;

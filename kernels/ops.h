@@ -267,6 +267,14 @@ class Blas {
   void set_gated_gemm_min_rows(int32_t rows) { gated_gemm_min_rows_ = rows; }
   int32_t gated_gemm_min_rows() const { return gated_gemm_min_rows_; }
   bool gated_gemm_applies(int32_t m, int32_t inter, int32_t k) const;
+  // Of those, GEMMs of at least `rows` rows run the kernel in clusters of two blocks that share
+  // each weight slice (0: never; lone blocks then), and with `tensor_stores` the clusters store
+  // through shared memory and tensor stores (GatedGemmConfig::kTma). The CUDA Device sets them
+  // from CudaDeviceOptions::gated_gemm_pair_min_rows and gated_gemm_tensor_stores.
+  void set_gated_gemm_pairs(int32_t rows, bool tensor_stores) {
+    gated_gemm_pair_min_rows_ = rows;
+    gated_gemm_tensor_stores_ = tensor_stores;
+  }
   // out = gelu_tanh(x W_gate^T) * (x W_up^T) by that kernel on this Blas's stream (w the
   // [2 inter, k] gate|up weight), counted in gated_gemm_launches().
   KernelStatus gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
@@ -304,6 +312,8 @@ class Blas {
   int32_t skinny_unit_k_ = 0;
   bool batch_invariant_ = false;
   int32_t gated_gemm_min_rows_ = 0;
+  int32_t gated_gemm_pair_min_rows_ = 0;
+  bool gated_gemm_tensor_stores_ = false;
   uint64_t gated_gemm_launches_ = 0;
 };
 

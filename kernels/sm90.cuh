@@ -116,6 +116,39 @@ __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map
       : "memory");
 }
 
+// The box of `map` at (c0, c1) from `src` (shared memory, laid out as the map's swizzle says)
+// out to global memory, in this thread's current bulk group; rows and columns past the tensor's
+// end are not written. Make the box's generic-proxy stores visible first (fence_async_shared).
+__device__ __forceinline__ void tensor_store_2d(const CUtensorMap* map, const void* src, int32_t c0,
+                                                int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(shared_u32(src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Returns once at most N of this thread's bulk groups have not yet read their shared memory
+// (bulk_wait_read) or not yet completed (bulk_wait).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Orders this thread's shared-memory stores before later async-proxy (bulk copy, wgmma) accesses.
+__device__ __forceinline__ void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Barrier over the `threads` threads of named barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Host: the driver's cuTensorMapEncodeTiled (through the runtime's entry-point query, so no
 // libcuda link), or nullptr where the driver has none.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
