@@ -350,20 +350,21 @@ kernels::CudaDevice* g_device = nullptr;
 // CudaDevice::last_host_phases), in microseconds, appended to ph: admit, plan, device check,
 // stage, launch, wait, post, commit, and the step's wall time outside the scheduler. Section 2
 // prints them for decode, section 1 for prefill (issue 12, session 6). Nothing without g_device.
-void push_host_phases(engine::Engine& e, double step_ms, std::vector<double> (&ph)[9]) {
+void push_host_phases(engine::Engine& e, double step_ms, std::vector<double> (&ph)[10]) {
   if (g_device == nullptr) return;
   const engine::Scheduler::StepTimes& s = e.scheduler().last_step_times();
   const kernels::CudaDevice::HostPhases& d = g_device->last_host_phases();
-  const double v[9] = {s.admit_us,
-                       s.plan_us,
-                       d.check_us,
-                       d.stage_us,
-                       d.launch_us,
-                       d.wait_us,
-                       d.post_us,
-                       s.commit_us,
-                       step_ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us)};
-  for (int p = 0; p < 9; ++p) ph[p].push_back(v[p]);
+  const double v[10] = {s.admit_us,
+                        s.plan_us,
+                        d.check_us,
+                        d.stage_us,
+                        d.launch_us,
+                        d.wait_us,
+                        d.post_us,
+                        s.commit_us,
+                        step_ms * 1e3 - (s.admit_us + s.plan_us + s.device_us + s.commit_us),
+                        d.forward_setup_us};
+  for (int p = 0; p < 10; ++p) ph[p].push_back(v[p]);
 }
 
 // Warm-up then kDecodeTimed pure decode steps of `batch` rows: prints the case and adds its
@@ -374,7 +375,7 @@ double time_decode(engine::Engine& e, const CostModel& cost, int batch, const st
   std::vector<double> ms, host;
   // Host time by phase (us): admit, plan, check, stage, launch, wait, post, commit, outside
   // the scheduler (Scheduler::last_step_times, CudaDevice::last_host_phases).
-  std::vector<double> phases[9], graph_launch;
+  std::vector<double> phases[10], graph_launch;
   Cost total_cost;
   int64_t context = 0;
   for (int i = 0; i < kDecodeTimed; ++i) {
@@ -1320,11 +1321,12 @@ int main(int argc, char** argv) {
   g_device = &device;
   std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
+  constexpr const char* kEpilogueNames[] = {"registers", "staged", "tensor-store"};
   std::printf(
       "gated gate|up GEMM (kernels/gemm_gated.h) for steps of >= %d rows (0: off), in clusters "
-      "of two from %d rows (0: never), tensor stores %s\n",
+      "of two from %d rows (0: never) with the %s epilogue\n",
       device.options().gated_gemm_min_rows, device.options().gated_gemm_pair_min_rows,
-      device.options().gated_gemm_tensor_stores ? "on" : "off");
+      kEpilogueNames[static_cast<int>(device.options().gated_gemm_pair_epilogue)]);
   if (argc == 3 && std::string(argv[1]) == "--records") {
     return cost_records::write_step_records(config, device, prop, argv[2]);
   }
@@ -1425,7 +1427,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
     drain(e);
     for (int i = 0; i < kPrefillRequests; ++i) submit(e, rng, kPrefillPrompt, 1);
-    std::vector<double> ms, host, host_phases[9];
+    std::vector<double> ms, host, host_phases[10];
     Cost total_cost;
     int64_t rows = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -1457,9 +1459,10 @@ int main(int argc, char** argv) {
       std::printf(
           "  host path (step wall - GPU time from plan upload to sampled ids): median %.3f ms; "
           "host phases, median us: admit %.1f, plan %.1f, device: check %.1f, stage %.1f, "
-          "launch %.1f, wait %.1f, post %.1f; commit %.1f, outside the scheduler %.1f\n",
+          "launch %.1f (of it the forward's set-up before its first kernel %.1f), wait %.1f, "
+          "post %.1f; commit %.1f, outside the scheduler %.1f\n",
           median(host), median(ph[0]), median(ph[1]), median(ph[2]), median(ph[3]), median(ph[4]),
-          median(ph[5]), median(ph[6]), median(ph[7]), median(ph[8]));
+          median(ph[9]), median(ph[5]), median(ph[6]), median(ph[7]), median(ph[8]));
     }
     table.push_back({"prefill 16x2048", double(rows) / steps, wall / steps, rows / (wall * 1e-3),
                      cost.memory_ms(total_cost) / steps, cost.compute_ms(total_cost) / steps,

@@ -197,7 +197,7 @@ Blas::Blas(Blas&& other) noexcept
       batch_invariant_(other.batch_invariant_),
       gated_gemm_min_rows_(other.gated_gemm_min_rows_),
       gated_gemm_pair_min_rows_(other.gated_gemm_pair_min_rows_),
-      gated_gemm_tensor_stores_(other.gated_gemm_tensor_stores_),
+      gated_gemm_pair_epilogue_(other.gated_gemm_pair_epilogue_),
       gated_gemm_launches_(other.gated_gemm_launches_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
@@ -221,7 +221,7 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     batch_invariant_ = other.batch_invariant_;
     gated_gemm_min_rows_ = other.gated_gemm_min_rows_;
     gated_gemm_pair_min_rows_ = other.gated_gemm_pair_min_rows_;
-    gated_gemm_tensor_stores_ = other.gated_gemm_tensor_stores_;
+    gated_gemm_pair_epilogue_ = other.gated_gemm_pair_epilogue_;
     gated_gemm_launches_ = other.gated_gemm_launches_;
   }
   return *this;
@@ -288,7 +288,18 @@ KernelStatus Blas::gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m
                               int32_t k) {
   GatedGemmConfig config;
   config.cluster = gated_gemm_pair_min_rows_ > 0 && m >= gated_gemm_pair_min_rows_ ? 2 : 1;
-  if (config.cluster == 2 && gated_gemm_tensor_stores_) config.epilogue = GatedGemmConfig::kTma;
+  if (config.cluster == 2) {
+    switch (gated_gemm_pair_epilogue_) {
+      case GatedPairEpilogue::kRegisters:
+        break;
+      case GatedPairEpilogue::kStaged:
+        config.epilogue = GatedGemmConfig::kStaged;
+        break;
+      case GatedPairEpilogue::kTensorStores:
+        config.epilogue = GatedGemmConfig::kTma;
+        break;
+    }
+  }
   if (auto s = gated_gelu_gemm(x, w, out, m, inter, k, stream_, config); !s.ok()) return s;
   ++gated_gemm_launches_;
   return Ok{};

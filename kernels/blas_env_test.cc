@@ -189,15 +189,20 @@ TEST(GatedGemmMinRows, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
 TEST(GatedGemmPairs, EnvironmentOverridesBothOptionsAndBadValuesAreNamed) {
   CudaDeviceOptions o;
   o.gated_gemm_pair_min_rows = 2048;
-  o.gated_gemm_tensor_stores = true;
+  o.gated_gemm_pair_epilogue = GatedPairEpilogue::kTensorStores;
   auto same = resolve_gated_gemm_pairs(o, nullptr, "");
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(same.value().gated_gemm_pair_min_rows, 2048) << "unset keeps the option";
-  EXPECT_TRUE(same.value().gated_gemm_tensor_stores) << "empty is unset";
-  auto set = resolve_gated_gemm_pairs(o, "512", "0");
+  EXPECT_EQ(same.value().gated_gemm_pair_epilogue, GatedPairEpilogue::kTensorStores)
+      << "empty is unset";
+  auto set = resolve_gated_gemm_pairs(o, "512", "registers");
   ASSERT_TRUE(set.ok());
   EXPECT_EQ(set.value().gated_gemm_pair_min_rows, 512);
-  EXPECT_FALSE(set.value().gated_gemm_tensor_stores);
+  EXPECT_EQ(set.value().gated_gemm_pair_epilogue, GatedPairEpilogue::kRegisters);
+  EXPECT_EQ(resolve_gated_gemm_pairs(o, nullptr, "staged").value().gated_gemm_pair_epilogue,
+            GatedPairEpilogue::kStaged);
+  EXPECT_EQ(resolve_gated_gemm_pairs(o, nullptr, "tma").value().gated_gemm_pair_epilogue,
+            GatedPairEpilogue::kTensorStores);
   EXPECT_EQ(set.value().gated_gemm_min_rows, o.gated_gemm_min_rows) << "other options untouched";
   auto rows = resolve_gated_gemm_pairs(o, "-3", "1");
   ASSERT_FALSE(rows.ok());
@@ -206,10 +211,13 @@ TEST(GatedGemmPairs, EnvironmentOverridesBothOptionsAndBadValuesAreNamed) {
                                       "1073741824]"),
             std::string::npos)
       << rows.error().message;
-  auto tma = resolve_gated_gemm_pairs(o, "512", "yes");
-  ASSERT_FALSE(tma.ok());
-  EXPECT_NE(tma.error().message.find("TWINSTEP_GATED_GEMM_TMA=yes"), std::string::npos)
-      << tma.error().message;
+  auto epi = resolve_gated_gemm_pairs(o, "512", "TMA");
+  ASSERT_FALSE(epi.ok());
+  EXPECT_EQ(epi.error().code, engine::DeviceErrorCode::kBadLayout);
+  EXPECT_NE(epi.error().message.find(
+                "TWINSTEP_GATED_GEMM_EPILOGUE=TMA: expected registers, staged or tma"),
+            std::string::npos)
+      << epi.error().message;
   o.gated_gemm_pair_min_rows = -1;
   auto bad_option = resolve_gated_gemm_pairs(o, nullptr, nullptr);
   ASSERT_FALSE(bad_option.ok());

@@ -220,11 +220,11 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   d->options_.gated_gemm_min_rows = gated.value();
   d->blas_->set_gated_gemm_min_rows(gated.value());
   auto pairs = resolve_gated_gemm_pairs(d->options_, std::getenv("TWINSTEP_GATED_GEMM_PAIRS"),
-                                        std::getenv("TWINSTEP_GATED_GEMM_TMA"));
+                                        std::getenv("TWINSTEP_GATED_GEMM_EPILOGUE"));
   if (!pairs) return unexpected(pairs.error());
   d->options_ = pairs.value();
   d->blas_->set_gated_gemm_pairs(d->options_.gated_gemm_pair_min_rows,
-                                 d->options_.gated_gemm_tensor_stores);
+                                 d->options_.gated_gemm_pair_epilogue);
   if (gated.value() > 0) {  // before any graph capture could hold the kernel's first launch
     if (auto s = gated_gemm_prepare(); !s.ok()) return unexpected(from_kernel(s.error()));
   }
@@ -560,16 +560,25 @@ Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDevic
 
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,
                                                                         const char* pairs_env,
-                                                                        const char* tma_env) {
+                                                                        const char* epilogue_env) {
   auto rows = resolve_env_int(options.gated_gemm_pair_min_rows, "gated_gemm_pair_min_rows",
                               pairs_env, "TWINSTEP_GATED_GEMM_PAIRS", 0, int32_t{1} << 30);
   if (!rows) return unexpected(rows.error());
-  auto tma =
-      resolve_env_switch(options.gated_gemm_tensor_stores, tma_env, "TWINSTEP_GATED_GEMM_TMA",
-                         "tensor stores in the gated GEMM's pairs");
-  if (!tma) return unexpected(tma.error());
   options.gated_gemm_pair_min_rows = rows.value();
-  options.gated_gemm_tensor_stores = tma.value();
+  if (epilogue_env != nullptr && epilogue_env[0] != '\0') {
+    const std::string e = epilogue_env;
+    if (e == "registers") {
+      options.gated_gemm_pair_epilogue = GatedPairEpilogue::kRegisters;
+    } else if (e == "staged") {
+      options.gated_gemm_pair_epilogue = GatedPairEpilogue::kStaged;
+    } else if (e == "tma") {
+      options.gated_gemm_pair_epilogue = GatedPairEpilogue::kTensorStores;
+    } else {
+      return unexpected(engine::DeviceError{
+          engine::DeviceErrorCode::kBadLayout,
+          "TWINSTEP_GATED_GEMM_EPILOGUE=" + e + ": expected registers, staged or tma, or unset"});
+    }
+  }
   return options;
 }
 
@@ -1070,6 +1079,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
   }
   launches_ += 1;
   auto logits = forward_->run(views.value());
+  host_phases_.forward_setup_us = forward_->last_setup_us();
   if (!logits) {
     cudaStreamSynchronize(stream_);
     return unexpected(from_kernel(logits.error()));

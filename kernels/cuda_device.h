@@ -55,10 +55,10 @@ inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 9, 0, true, true, 256};
 // ms against 311.9 / 312.3 with it off (one process an arm; perf/NOTES.md). Decode steps with
 // it were not measured with lone blocks, so it stays off there.
 inline constexpr int32_t kDefaultGatedGemmMinRows = 129;
-// CudaDeviceOptions::gated_gemm_pair_min_rows and gated_gemm_tensor_stores by default: lone
+// CudaDeviceOptions::gated_gemm_pair_min_rows and gated_gemm_pair_epilogue by default: lone
 // blocks, stores from registers (session 13 measures the alternatives).
 inline constexpr int32_t kDefaultGatedGemmPairMinRows = 0;
-inline constexpr bool kDefaultGatedGemmTensorStores = false;
+inline constexpr GatedPairEpilogue kDefaultGatedGemmPairEpilogue = GatedPairEpilogue::kRegisters;
 
 // CudaDeviceOptions::gemm_memset_penalty_us by default: off. At 4 us it took the b=1 graph
 // from 49 memset nodes to 1, but the step was no faster (H200, session 10: b=1 7.652 vs 7.623
@@ -172,11 +172,11 @@ struct CudaDeviceOptions {
   // [0, 2^30]) overrides it in create() (resolve_gated_gemm_min_rows).
   int32_t gated_gemm_min_rows = kDefaultGatedGemmMinRows;
   // Of those, steps of at least this many rows run it in clusters of two blocks (0: never;
-  // Blas::set_gated_gemm_pairs), with tensor stores where gated_gemm_tensor_stores. Overridden
-  // in create() by TWINSTEP_GATED_GEMM_PAIRS (rows, [0, 2^30]) and TWINSTEP_GATED_GEMM_TMA (1 /
-  // 0) (resolve_gated_gemm_pairs).
+  // Blas::set_gated_gemm_pairs), with this epilogue. Overridden in create() by
+  // TWINSTEP_GATED_GEMM_PAIRS (rows, [0, 2^30]) and TWINSTEP_GATED_GEMM_EPILOGUE (registers,
+  // staged or tma) (resolve_gated_gemm_pairs).
   int32_t gated_gemm_pair_min_rows = kDefaultGatedGemmPairMinRows;
-  bool gated_gemm_tensor_stores = kDefaultGatedGemmTensorStores;
+  GatedPairEpilogue gated_gemm_pair_epilogue = kDefaultGatedGemmPairEpilogue;
 };
 
 // An on/off option as create() resolves it from the environment variable `var` (value `env`,
@@ -198,12 +198,13 @@ Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDevic
 // [0, 2^30] (0: off); unset or empty the option, which must be in that range too.
 Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDeviceOptions& options,
                                                                  const char* env);
-// CudaDeviceOptions::gated_gemm_pair_min_rows from TWINSTEP_GATED_GEMM_PAIRS (`pairs_env`) and
-// gated_gemm_tensor_stores from TWINSTEP_GATED_GEMM_TMA (`tma_env`), each the same way as above
-// (an integer in [0, 2^30]; 1 or 0); `options` with both resolved, or the first bad one named.
+// CudaDeviceOptions::gated_gemm_pair_min_rows from TWINSTEP_GATED_GEMM_PAIRS (`pairs_env`: an
+// integer in [0, 2^30], as above) and gated_gemm_pair_epilogue from
+// TWINSTEP_GATED_GEMM_EPILOGUE (`epilogue_env`: registers, staged or tma); unset or empty
+// keeps the option. `options` with both resolved, or kBadLayout naming the first bad one.
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,
                                                                         const char* pairs_env,
-                                                                        const char* tma_env);
+                                                                        const char* epilogue_env);
 // CudaDeviceOptions::gemm_memset_penalty_us from TWINSTEP_GEMM_MEMSET_PENALTY the same way: a
 // number of microseconds in [0, 100]; unset or empty the option.
 Result<double, engine::DeviceError> resolve_gemm_memset_penalty(const CudaDeviceOptions& options,
@@ -327,6 +328,9 @@ class CudaDevice final : public engine::Device {
     // Of launch_us: the bucket's cudaGraphLaunch call alone (or its eager forward), decode
     // graph steps only (last value kept otherwise).
     double graph_launch_us = 0;
+    // Of launch_us: the eager forward's set-up before its first kernel
+    // (ModelForward::last_setup_us; 0 for graph replays).
+    double forward_setup_us = 0;
     double wait_us = 0;  // the stream synchronisation (waits for the GPU)
     double post_us = 0;  // after it: ids, host sampling, logprobs
   };

@@ -481,7 +481,8 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
 }  // namespace
 
 KernelStatus gated_gemm_prepare() {
-  for (const Setup* st : {&setup<1, kRegisters>(), &setup<2, kRegisters>(), &setup<2, kTma>()}) {
+  for (const Setup* st : {&setup<1, kRegisters>(), &setup<2, kRegisters>(), &setup<2, kStaged>(),
+                          &setup<2, kTma>()}) {
     if (st->err != cudaSuccess) return cuda_status(st->err, "gated_gemm_prepare");
     if (st->clusters < 1) return detail::bad_argument("gated_gemm_prepare: no cluster fits");
   }

@@ -3,6 +3,7 @@
 #include "kernels/model_forward.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <iterator>
 #include <map>
@@ -575,11 +576,15 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   const engine::ModelConfig& c = model_.config();
   const int32_t R = step.rows.rows;
   const cudaStream_t stream = blas_.stream();
+  const auto setup_begin = std::chrono::steady_clock::now();
   auto reserved = reserve(R, step.num_logits);
   if (!reserved) return unexpected(reserved.error());
   const Buffers b = reserved.value();
   const float eps = static_cast<float>(c.rms_norm_eps);
   CudnnPrefill* const cudnn = prepare_cudnn(step);
+  last_setup_us_ =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - setup_begin)
+          .count();
   const ProgrammaticLaunchScope programmatic(programmatic_decode_ && step.decode_only);
   mark(ForwardPhase::kEmbed, stream);
   TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,

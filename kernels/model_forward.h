@@ -171,6 +171,9 @@ class ModelForward {
     std::string last_refusal;
   };
   const CudnnCounters& cudnn_counters() const { return cudnn_counters_; }
+  // Host microseconds the last run() spent before queuing its first kernel (the activation
+  // reserve and the cuDNN step's prepare): the GPU idles for them at an eager step's start.
+  double last_setup_us() const { return last_setup_us_; }
   // L2 prefetch of each next GEMM's leading weights on a side stream (kernels/l2_prefetch.h)
   // in steps of at most config.max_rows rows. Changes no value. Not during a capture; graphs
   // captured before keep what they were captured with.
@@ -221,6 +224,7 @@ class ModelForward {
   int64_t cudnn_q_stride_ = 0;   // the local layers' fused qkv row stride (Q's source)
   int32_t cudnn_row_slack_ = 0;  // set_cudnn_row_slack
   CudnnCounters cudnn_counters_;
+  double last_setup_us_ = 0;
   CudnnPrefill* prepare_cudnn(const StepViews& step);
   L2Prefetcher prefetch_;
 };

@@ -196,6 +196,11 @@ KernelStatus softcap_inplace(bf16* x, float cap, int64_t n, cudaStream_t stream)
 KernelStatus argmax(const float* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream);
 KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cudaStream_t stream);
 
+// The gated GEMM's epilogue in clusters of two (gemm_gated.h, GatedGemmConfig): products stored
+// from registers, handed to the producer warpgroup's spare warps through shared memory
+// (kStaged), or staged in shared memory and written by tensor stores (kTensorStores).
+enum class GatedPairEpilogue : int8_t { kRegisters, kStaged, kTensorStores };
+
 // ---------------------------------------------------------------------------------------
 // GEMM through cuBLAS: y[m, n] = x[m, k] . w[n, k]^T, bf16 in, fp32 accumulate.
 // x: activations [m, k] row-major; w: an HF Linear weight [out = n, in = k] row-major;
@@ -268,12 +273,11 @@ class Blas {
   int32_t gated_gemm_min_rows() const { return gated_gemm_min_rows_; }
   bool gated_gemm_applies(int32_t m, int32_t inter, int32_t k) const;
   // Of those, GEMMs of at least `rows` rows run the kernel in clusters of two blocks that share
-  // each weight slice (0: never; lone blocks then), and with `tensor_stores` the clusters store
-  // through shared memory and tensor stores (GatedGemmConfig::kTma). The CUDA Device sets them
-  // from CudaDeviceOptions::gated_gemm_pair_min_rows and gated_gemm_tensor_stores.
-  void set_gated_gemm_pairs(int32_t rows, bool tensor_stores) {
+  // each weight slice (0: never; lone blocks then), with `epilogue` (GatedPairEpilogue). The
+  // CUDA Device sets them from CudaDeviceOptions::gated_gemm_pair_min_rows and _pair_epilogue.
+  void set_gated_gemm_pairs(int32_t rows, GatedPairEpilogue epilogue) {
     gated_gemm_pair_min_rows_ = rows;
-    gated_gemm_tensor_stores_ = tensor_stores;
+    gated_gemm_pair_epilogue_ = epilogue;
   }
   // out = gelu_tanh(x W_gate^T) * (x W_up^T) by that kernel on this Blas's stream (w the
   // [2 inter, k] gate|up weight), counted in gated_gemm_launches().
@@ -313,7 +317,7 @@ class Blas {
   bool batch_invariant_ = false;
   int32_t gated_gemm_min_rows_ = 0;
   int32_t gated_gemm_pair_min_rows_ = 0;
-  bool gated_gemm_tensor_stores_ = false;
+  GatedPairEpilogue gated_gemm_pair_epilogue_ = GatedPairEpilogue::kRegisters;
   uint64_t gated_gemm_launches_ = 0;
 };
 

@@ -45,7 +45,7 @@ for arm in lone pairs tma lone pairs tma; do
   case $arm in
     lone) env_arm=() ;;
     pairs) env_arm=(TWINSTEP_GATED_GEMM_PAIRS=512) ;;
-    tma) env_arm=(TWINSTEP_GATED_GEMM_PAIRS=512 TWINSTEP_GATED_GEMM_TMA=1) ;;
+    tma) env_arm=(TWINSTEP_GATED_GEMM_PAIRS=512 TWINSTEP_GATED_GEMM_EPILOGUE=tma) ;;
   esac
   [ $n -eq 1 ] && env_arm+=(TWINSTEP_BENCH_TRACE=1)
   part "prefill_${n}_$arm" 90 env "${env_arm[@]}" "$BIN/engine_throughput_bench" --prefill
