@@ -120,15 +120,23 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
     CUDA_OK(cudaMemsetAsync(pair.get(), 0xff, pair.size() * sizeof(bf16), stream_));
     KERNEL_OK(
         kernels::gated_gelu_gemm(x.get(), w.get(), pair.get(), c.rows, c.inter, c.k, stream_, 2));
-    // Clusters of two storing through shared memory and tensor stores (the rows past the end
-    // clipped by the store, not by the kernel): the same products, so the same bits again.
-    DeviceBuffer<bf16> tma(static_cast<size_t>(c.rows) * c.inter);
-    CUDA_OK(cudaMemsetAsync(tma.get(), 0xff, tma.size() * sizeof(bf16), stream_));
-    kernels::GatedGemmConfig tma_config;
-    tma_config.cluster = 2;
-    tma_config.epilogue = kernels::GatedGemmConfig::kTma;
-    KERNEL_OK(kernels::gated_gelu_gemm(x.get(), w.get(), tma.get(), c.rows, c.inter, c.k, stream_,
-                                       tma_config));
+    // Clusters of two with the other epilogues: through shared memory and tensor stores (the
+    // rows past the end clipped by the store, not by the kernel), and staged for the producer's
+    // spare warps: the same products, so the same bits again.
+    using Epilogue = kernels::GatedGemmConfig::Epilogue;
+    constexpr Epilogue kPairEpilogues[] = {kernels::GatedGemmConfig::kTma,
+                                           kernels::GatedGemmConfig::kStaged};
+    std::vector<DeviceBuffer<bf16>> others;
+    for (Epilogue e : kPairEpilogues) {
+      others.emplace_back(static_cast<size_t>(c.rows) * c.inter);
+      CUDA_OK(
+          cudaMemsetAsync(others.back().get(), 0xff, others.back().size() * sizeof(bf16), stream_));
+      kernels::GatedGemmConfig config;
+      config.cluster = 2;
+      config.epilogue = e;
+      KERNEL_OK(kernels::gated_gelu_gemm(x.get(), w.get(), others.back().get(), c.rows, c.inter,
+                                         c.k, stream_, config));
+    }
     CUDA_OK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> rows;
     if (c.sampled_rows == 0) {
@@ -161,8 +169,13 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
     EXPECT_EQ(nonfinite, 0u) << "elements not written or not finite";
     EXPECT_EQ(std::memcmp(pair.download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)), 0)
         << "lone blocks and clusters of two gave other bits";
-    EXPECT_EQ(std::memcmp(tma.download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)), 0)
-        << "the tensor-store epilogue gave other bits (or left elements unwritten)";
+    for (size_t i = 0; i < others.size(); ++i) {
+      EXPECT_EQ(
+          std::memcmp(others[i].download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)),
+          0)
+          << (i == 0 ? "tensor-store" : "staged")
+          << " epilogue in pairs gave other bits (or left elements unwritten)";
+    }
     ASSERT_TRUE(e_two.finite);
     EXPECT_LE(e_fused.rms_rel, 1.25 * e_two.rms_rel) << "RMS error beyond the two-kernel path's";
     EXPECT_LE(e_fused.max_rel, 2.0 * e_two.max_rel) << "max error beyond the two-kernel path's";
