@@ -924,6 +924,8 @@ TEST_F(ModelGates, CudnnLocalPrefillMatchesTheDefaultKernel) {
 // (kernels/gemm_gated.h) for every step (min rows 1, so the tiny models' steps take it): the
 // same plans, every logits row within the fixtures' logit_tol of the other's, HF's greedy tokens
 // on both, and the gated kernel launched once a layer a step on the one and never on the other.
+// A third engine runs it in clusters of two with the staged epilogue from row 1 (the prefill
+// default from 512 rows, CudaDeviceOptions::gated_gemm_pair_min_rows): the same checks.
 TEST_F(ModelGates, GatedGemmMatchesTheTwoKernelPath) {
   for (const char* g : kGeometries) {
     SCOPED_TRACE(g);
@@ -939,12 +941,16 @@ TEST_F(ModelGates, GatedGemmMatchesTheTwoKernelPath) {
       std::vector<std::vector<int32_t>> tokens;  // by prompt
       uint64_t launches = 0;
     };
-    auto run = [&](int32_t min_rows, Run& out) {
-      const std::string rows = std::to_string(min_rows);
+    auto run = [&](int32_t min_rows, int32_t pair_rows, Run& out) {
+      const std::string rows = std::to_string(min_rows), pairs = std::to_string(pair_rows);
       ScopedEnv env("TWINSTEP_GATED_GEMM", rows.c_str());
+      ScopedEnv env_pairs("TWINSTEP_GATED_GEMM_PAIRS", pairs.c_str());
+      ScopedEnv env_epilogue("TWINSTEP_GATED_GEMM_EPILOGUE", "staged");
       kernels::CudaDeviceOptions opt;
       opt.capture_logits = true;
       opt.gated_gemm_min_rows = min_rows;
+      opt.gated_gemm_pair_min_rows = pair_rows;
+      opt.gated_gemm_pair_epilogue = kernels::GatedPairEpilogue::kStaged;
       auto d = device(c, w.get(), opt);
       ASSERT_NE(d, nullptr);
       RecordingDevice rec(*d);
@@ -960,24 +966,31 @@ TEST_F(ModelGates, GatedGemmMatchesTheTwoKernelPath) {
       for (engine::RequestId id : rid) out.tokens.push_back(outcomes[id].tokens);
       out.launches = d->blas().gated_gemm_launches() - before;
     };
-    Run off, on;
-    ASSERT_NO_FATAL_FAILURE(run(0, off));
-    ASSERT_NO_FATAL_FAILURE(run(1, on));
+    Run off, on, pairs;
+    ASSERT_NO_FATAL_FAILURE(run(0, 0, off));
+    ASSERT_NO_FATAL_FAILURE(run(1, 0, on));
+    ASSERT_NO_FATAL_FAILURE(run(1, 1, pairs));
     EXPECT_EQ(off.launches, 0u);
-    EXPECT_EQ(on.launches, on.plans.size() * static_cast<uint64_t>(c.num_layers))
-        << "a step's layer did not run the gated GEMM";
+    for (const Run* g_on : {&on, &pairs}) {
+      const char* what = g_on == &on ? "lone blocks" : "pairs, staged";
+      EXPECT_EQ(g_on->launches, g_on->plans.size() * static_cast<uint64_t>(c.num_layers))
+          << what << ": a step's layer did not run the gated GEMM";
+      for (size_t i = 0; i < r.prompts.size(); ++i) {
+        EXPECT_EQ(ids(g_on->tokens[i]), ids(r.prompts[i].tokens))
+            << "gated GEMM on (" << what << "), prompt " << i;
+      }
+      LogitsComparison cmp;
+      ASSERT_NO_FATAL_FAILURE(compare_step_logits(off.plans, off.logits, g_on->plans, g_on->logits,
+                                                  c.vocab_size, r.logit_tol, &cmp));
+      std::printf(
+          "[gate] %s: gated GEMM (%s) on vs off: %zu steps, %llu gated launches, %d logits rows, "
+          "max |dlogit| %.5f (tol %.5f), argmax compared on %d\n",
+          g, what, g_on->plans.size(), static_cast<unsigned long long>(g_on->launches),
+          cmp.compared, cmp.worst, r.logit_tol, cmp.argmax_checked);
+    }
     for (size_t i = 0; i < r.prompts.size(); ++i) {
-      EXPECT_EQ(ids(on.tokens[i]), ids(r.prompts[i].tokens)) << "gated GEMM on, prompt " << i;
       EXPECT_EQ(ids(off.tokens[i]), ids(r.prompts[i].tokens)) << "gated GEMM off, prompt " << i;
     }
-    LogitsComparison cmp;
-    ASSERT_NO_FATAL_FAILURE(compare_step_logits(off.plans, off.logits, on.plans, on.logits,
-                                                c.vocab_size, r.logit_tol, &cmp));
-    std::printf(
-        "[gate] %s: gated GEMM on vs off: %zu steps, %llu gated launches, %d logits rows, max "
-        "|dlogit| %.5f (tol %.5f), argmax compared on %d\n",
-        g, on.plans.size(), static_cast<unsigned long long>(on.launches), cmp.compared, cmp.worst,
-        r.logit_tol, cmp.argmax_checked);
   }
 }
 

@@ -55,10 +55,15 @@ inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 9, 0, true, true, 256};
 // ms against 311.9 / 312.3 with it off (one process an arm; perf/NOTES.md). Decode steps with
 // it were not measured with lone blocks, so it stays off there.
 inline constexpr int32_t kDefaultGatedGemmMinRows = 129;
-// CudaDeviceOptions::gated_gemm_pair_min_rows and gated_gemm_pair_epilogue by default: lone
-// blocks, stores from registers (session 13 measures the alternatives).
-inline constexpr int32_t kDefaultGatedGemmPairMinRows = 0;
-inline constexpr GatedPairEpilogue kDefaultGatedGemmPairEpilogue = GatedPairEpilogue::kRegisters;
+// CudaDeviceOptions::gated_gemm_pair_min_rows and gated_gemm_pair_epilogue by default: from 512
+// rows, clusters of two sharing each weight slice with the staged epilogue (the producer's spare
+// warps compute and store the products behind the next tile's MMAs). Measured on the H200
+// (session 13, engine prefill 16 x 2048, one process an arm, three rounds): lone blocks 312.4 /
+// 313.0 / 312.3 ms a step, pairs from registers 306.4 / 306.4 / 305.8, pairs staged 304.9 /
+// 303.1 / 302.3, pairs with tensor stores 308.5 / 307.2 / 307.7 (gate_up phase 142 -> 137 ->
+// 132 ms). Below 256 rows pairs were slower (session 11), so the decode buckets keep lone blocks.
+inline constexpr int32_t kDefaultGatedGemmPairMinRows = 512;
+inline constexpr GatedPairEpilogue kDefaultGatedGemmPairEpilogue = GatedPairEpilogue::kStaged;
 
 // CudaDeviceOptions::gemm_memset_penalty_us by default: off. At 4 us it took the b=1 graph
 // from 49 memset nodes to 1, but the step was no faster (H200, session 10: b=1 7.652 vs 7.623
