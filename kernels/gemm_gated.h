@@ -11,7 +11,9 @@
 // wgmma with fp32 accumulators (128 a thread: 128 gate and 128 up columns of 64 rows). As an
 // option, blocks run in clusters of two that take two row tiles of one column tile and share
 // its weight slices by multicast copies (each block fetches half), halving the weights' L2
-// reads (no faster as measured: see gated_gelu_gemm).
+// reads: slower in a cold launch (see gated_gelu_gemm) but faster under the power cap a prefill
+// step runs at, so the engine uses them from 512 rows with the staged epilogue (GatedGemmConfig;
+// CudaDeviceOptions::gated_gemm_pair_min_rows).
 #pragma once
 
 #include <cuda_runtime.h>
