@@ -3,8 +3,10 @@
 // taken from the two-kernel path it replaces (cuBLAS's bf16 gate|up, then gelu_tanh_mul) on the
 // same data in the same run; clusters of two blocks (multicast weight slices) give lone blocks'
 // bits; a row's result does not depend on the rows launched with it.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -217,6 +219,133 @@ TEST_F(GatedGemmGates, RowsDoNotDependOnTheBatch) {
   std::printf(
       "[gate] gated GEMM: %d row windows bitwise equal to the same rows in a launch of %d\n",
       checked, rows);
+}
+
+// The q|k|v GEMM with qkv_write folded in (qkv_gemm_norm_rope_write) against the same kernel's
+// plain GEMM (plain_gemm_pairs) followed by the separate qk_norm_rope and kv_write launches:
+// the q columns of every row and both whole pools (untouched slots and the other layer
+// included) bitwise. The plain GEMM itself against an fp64 product within cuBLAS's error on the
+// same data. Shapes: a row tail of 300 rows at positions from 1000 (mid-sequence, pages
+// shuffled, two kNoKvWrite rows) and the 12B's local layer at 2050 rows.
+TEST_F(GatedGemmGates, QkvGemmMatchesThePlainGemmThenQkvWrite) {
+  auto blas = kernels::Blas::create(stream_);
+  ASSERT_TRUE(blas.ok());
+  struct QkvCase {
+    int32_t rows, q_heads, kv_heads, k, first_pos;
+    const char* what;
+  };
+  constexpr int32_t kHd = 256, kPage = 16, kLayers = 2, kLayer = 1;
+  sim::Rng rng(23);
+  for (const QkvCase& c : {QkvCase{300, 4, 2, 512, 1000, "300 rows from position 1000"},
+                           QkvCase{2050, 16, 8, 3840, 0, "12B local, 2050 rows"}}) {
+    SCOPED_TRACE(c.what);
+    const int32_t n = (c.q_heads + 2 * c.kv_heads) * kHd;
+    const std::vector<bf16> xh = random_bf16(rng, static_cast<size_t>(c.rows) * c.k);
+    const std::vector<bf16> wh = random_bf16(rng, static_cast<size_t>(n) * c.k, -0.05f, 0.05f);
+    DeviceBuffer<bf16> x(xh), w(wh);
+    DeviceBuffer<bf16> q_norm(random_bf16(rng, kHd, 0.5f, 1.5f));
+    DeviceBuffer<bf16> k_norm(random_bf16(rng, kHd, 0.5f, 1.5f));
+    // Positions, shuffled pages (page 0 never named), two rows without a slot.
+    std::vector<int32_t> pos(c.rows);
+    std::iota(pos.begin(), pos.end(), c.first_pos);
+    const int32_t logical_pages = (c.first_pos + c.rows + kPage - 1) / kPage;
+    const int32_t pages_total = logical_pages + 3;
+    std::vector<int32_t> phys(logical_pages);
+    std::iota(phys.begin(), phys.end(), 2);  // pages 2 .. logical_pages + 1: 1 and the last unused
+    for (int32_t i = logical_pages - 1; i > 0; --i) {
+      std::swap(phys[i], phys[static_cast<int32_t>(rng.below(static_cast<uint64_t>(i) + 1))]);
+    }
+    std::vector<int64_t> slot(c.rows);
+    for (int32_t r = 0; r < c.rows; ++r) {
+      slot[r] = int64_t{phys[pos[r] / kPage]} * kPage + pos[r] % kPage;
+    }
+    slot[7] = kernels::kNoKvWrite;
+    slot[c.rows - 2] = kernels::kNoKvWrite;
+    DeviceBuffer<int32_t> d_pos(pos), d_seq(std::vector<int32_t>(c.rows, 0));
+    DeviceBuffer<int64_t> d_slot(slot);
+    const size_t pool_elems =
+        static_cast<size_t>(kLayers) * pages_total * 2 * kPage * c.kv_heads * kHd;
+    const std::vector<bf16> pool_init(pool_elems, sentinel_bf16());
+    DeviceBuffer<bf16> pool_a(pool_init), pool_b(pool_init);
+    kernels::KvPoolView pool{nullptr, kLayers, pages_total, kPage, c.kv_heads, kHd};
+    const kernels::RowsView rows{d_pos.get(), d_seq.get(), c.rows};
+    kernels::PagingView paging;
+    paging.row_slot = d_slot.get();
+    const kernels::Rope rope = kernels::Rope::default_rope(kHd, 10000.0f);
+    const float eps = 1e-6f;
+
+    // A: the plain GEMM, then the two launches the forward runs for > 128 rows.
+    DeviceBuffer<bf16> qkv_a(static_cast<size_t>(c.rows) * n);
+    KERNEL_OK(kernels::plain_gemm_pairs(x.get(), w.get(), qkv_a.get(), c.rows, n, c.k, stream_));
+    const std::vector<bf16> plain_h = qkv_a.download();
+    KERNEL_OK(kernels::qk_norm_rope(qkv_a.get(), n, q_norm.get(), d_pos.get(), c.rows, c.q_heads,
+                                    kHd, eps, rope, stream_));
+    pool.data = pool_a.get();
+    const bf16* k_raw = qkv_a.get() + c.q_heads * kHd;
+    KERNEL_OK(kernels::kv_write(k_raw, n, k_raw + c.kv_heads * kHd, n, k_norm.get(), eps, rope,
+                                pool, kLayer, rows, paging, stream_));
+    // B: one launch.
+    DeviceBuffer<bf16> qkv_b(std::vector<bf16>(static_cast<size_t>(c.rows) * n, sentinel_bf16()));
+    kernels::QkvGemmArgs a;
+    a.q = qkv_b.get();
+    a.q_row_stride = n;
+    a.q_heads = c.q_heads;
+    a.q_norm = q_norm.get();
+    a.k_norm = k_norm.get();
+    a.eps = eps;
+    a.rope = rope;
+    pool.data = pool_b.get();
+    a.pool = pool;
+    a.layer = kLayer;
+    a.rows = rows;
+    a.paging = paging;
+    ASSERT_EQ(kernels::qkv_gemm_refusal(c.rows, c.k, a), "");
+    KERNEL_OK(kernels::qkv_gemm_norm_rope_write(x.get(), w.get(), c.rows, c.k, a, stream_));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    const std::vector<bf16> qa = qkv_a.download(), qb = qkv_b.download();
+    const std::vector<bf16> pa = pool_a.download(), pb = pool_b.download();
+    size_t q_differ = 0;
+    for (int32_t r = 0; r < c.rows; ++r) {
+      q_differ += bitwise_diffs(qa, static_cast<size_t>(r) * n, qb, static_cast<size_t>(r) * n,
+                                static_cast<size_t>(c.q_heads) * kHd);
+    }
+    const size_t pool_differ = bitwise_diffs(pa, 0, pb, 0, pool_elems);
+    const size_t written = count_not_sentinel(pa, 0, pool_elems);
+    // The plain GEMM against fp64 on sampled rows, beside cuBLAS's bf16 output.
+    DeviceBuffer<bf16> ref_gemm(static_cast<size_t>(c.rows) * n);
+    KERNEL_OK(blas.value().gemm(x.get(), w.get(), ref_gemm.get(), c.rows, n, c.k));
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    const std::vector<bf16> cublas_h = ref_gemm.download();
+    const std::vector<float> xf = to_float(xh), wf = to_float(wh);
+    std::vector<double> ref;
+    std::vector<float> mine, theirs;
+    for (int32_t r : {0, 1, 63, 64, 127, 128, c.rows / 2, c.rows - 1}) {
+      for (int32_t col = 0; col < n; ++col) {
+        double v = 0;
+        for (int32_t j = 0; j < c.k; ++j) {
+          v += static_cast<double>(xf[static_cast<size_t>(r) * c.k + j]) *
+               wf[static_cast<size_t>(col) * c.k + j];
+        }
+        ref.push_back(v);
+        mine.push_back(to_f(plain_h[static_cast<size_t>(r) * n + col]));
+        theirs.push_back(to_f(cublas_h[static_cast<size_t>(r) * n + col]));
+      }
+    }
+    const Errors e_mine = errors(mine, ref), e_cublas = errors(theirs, ref);
+    std::printf(
+        "[gate] qkv GEMM + norm/rope/KV write, %-28s rows=%5d heads %d+%d+%d k=%4d: q elements "
+        "differing from plain GEMM + qk_norm_rope %zu, pool elements differing from kv_write %zu "
+        "(%zu written); plain GEMM vs fp64 max %.3g rms %.3g (cuBLAS max %.3g rms %.3g)\n",
+        c.what, c.rows, c.q_heads, c.kv_heads, c.kv_heads, c.k, q_differ, pool_differ, written,
+        e_mine.max_rel, e_mine.rms_rel, e_cublas.max_rel, e_cublas.rms_rel);
+    EXPECT_EQ(q_differ, 0u) << "q differs from qk_norm_rope on the plain GEMM's output";
+    EXPECT_EQ(pool_differ, 0u) << "the pools differ from kv_write's";
+    EXPECT_EQ(written, static_cast<size_t>(c.rows - 2) * 2 * c.kv_heads * kHd)
+        << "kv_write wrote other than every slotted row's K and V";
+    ASSERT_TRUE(e_mine.finite);
+    EXPECT_LE(e_mine.rms_rel, 1.25 * e_cublas.rms_rel) << "plain GEMM RMS error beyond cuBLAS's";
+    EXPECT_LE(e_mine.max_rel, 2.0 * e_cublas.max_rel) << "plain GEMM max error beyond cuBLAS's";
+  }
 }
 
 }  // namespace

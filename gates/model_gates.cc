@@ -2,6 +2,7 @@
 // first: HF transformers' greedy generate() and fp32 logits on tiny random-weight models it
 // built itself (gates/hf/make_refs.py, calibration in its docstring); then the contiguous no-KV
 // oracle forward; then the engine's lifecycle guarantees on device pools, and the 12B geometry.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -992,6 +993,98 @@ TEST_F(ModelGates, GatedGemmMatchesTheTwoKernelPath) {
       EXPECT_EQ(ids(off.tokens[i]), ids(r.prompts[i].tokens)) << "gated GEMM off, prompt " << i;
     }
   }
+}
+
+// ---- the fused q|k|v GEMM (CudaDeviceOptions::qkv_gemm_fused_min_rows) ---------------------
+
+// The 12B's local geometry (head_dim 256, 16 q and 8 KV heads, hidden 3840) in six layers
+// (five local, one global) and a 16k vocab, random weights; prompts of 1500, 900 and 400
+// tokens prefilled in 1024-row steps (the first crosses the 1024-key window in prefill), one
+// token each, so every step is a prefill step. Four engines: A the default (cuBLAS q|k|v GEMM
+// then qkv_write), B the same with the gated MLP GEMM off (TWINSTEP_GATED_GEMM=0, another
+// rounding of the same model: the yardstick), C the fused kernel's GEMM alone then qkv_write
+// (the unfused twin), D the fused kernel. The same plans on all; D's logits EQUAL C's bit for
+// bit (so the fused epilogue writes q, K and V exactly where and what qkv_write does, at every
+// local layer of every step); D within 3x the A-B distance of A, argmax equal where A's margin
+// clears twice the difference; every local layer of every step taken by C and D, none by A.
+TEST_F(ModelGates, FusedQkvGemmMatchesItsUnfusedTwinBitwise) {
+  auto preset = engine::ModelConfig::preset("gemma4-12b");
+  ASSERT_TRUE(preset.ok()) << preset.error().message;
+  engine::ModelConfig c = preset.value();
+  c.num_layers = 6;
+  c.layer_types.resize(6);
+  c.vocab_size = 16384;
+  const int32_t locals = static_cast<int32_t>(
+      std::count(c.layer_types.begin(), c.layer_types.end(), engine::Family::kLocal));
+  ASSERT_EQ(locals, 5) << "the 12B pattern's first six layers: five local, one global";
+  struct Run {
+    std::vector<engine::StepPlan> plans;
+    std::vector<std::vector<float>> logits;
+    kernels::ModelForward::QkvGemmCounters counters;
+  };
+  auto run = [&](int32_t fused_rows, bool twin, const char* gated, Run& out) {
+    const std::string rows = std::to_string(fused_rows);
+    ScopedEnv env("TWINSTEP_QKV_GEMM_FUSED", rows.c_str());
+    ScopedEnv env_gated("TWINSTEP_GATED_GEMM", gated);
+    kernels::CudaDeviceOptions opt;
+    opt.random_seed = 21;
+    opt.capture_logits = true;
+    opt.qkv_gemm_fused_min_rows = fused_rows;
+    opt.qkv_gemm_unfused_twin = twin;
+    auto d = device(c, nullptr, opt);
+    ASSERT_NE(d, nullptr);
+    engine::EngineConfig ec;
+    ec.page_size = 16;
+    ec.pages_global = 256;
+    ec.pages_local = 256;
+    ec.max_running = 4;
+    ec.max_step_tokens = 1024;
+    RecordingDevice rec(*d);
+    auto e = make_engine(c, ec, rec);
+    ASSERT_NE(e, nullptr);
+    sim::Rng rng(9);
+    for (int len : {1500, 900, 400}) {
+      std::vector<int32_t> prompt = {2};
+      while (static_cast<int>(prompt.size()) < len) {
+        prompt.push_back(static_cast<int32_t>(rng.range(3, c.vocab_size - 1)));
+      }
+      e->submit(greedy_request(prompt, 1));
+    }
+    drive(*e, 100, [&](const engine::StepOutputs& step) {
+      if (step.failed || !step.device_ran) return;
+      out.plans.push_back(rec.last_plan());
+      out.logits.push_back(d->last_logits());
+    });
+    out.counters = d->qkv_gemm_counters();
+  };
+  Run a, b, twin, fused;
+  ASSERT_NO_FATAL_FAILURE(run(0, false, "", a));
+  ASSERT_NO_FATAL_FAILURE(run(0, false, "0", b));
+  ASSERT_NO_FATAL_FAILURE(run(1, true, "", twin));
+  ASSERT_NO_FATAL_FAILURE(run(1, false, "", fused));
+  ASSERT_GE(a.plans.size(), 3u);
+  for (const engine::StepPlan& p : a.plans)
+    ASSERT_GT(p.tokens.size(), p.seqs.size()) << "a decode-only step";
+  const uint64_t want = a.plans.size() * static_cast<uint64_t>(locals);
+  EXPECT_EQ(a.counters.layers, 0u);
+  for (const Run* r : {&twin, &fused}) {
+    EXPECT_EQ(r->counters.layers, want) << "a local layer of a step did not take the path";
+    EXPECT_EQ(r->counters.refusals, 0u) << r->counters.last_refusal;
+  }
+  LogitsComparison exact, yardstick, cublas;
+  ASSERT_NO_FATAL_FAILURE(compare_step_logits(twin.plans, twin.logits, fused.plans, fused.logits,
+                                              c.vocab_size, 0.0, &exact));
+  ASSERT_NO_FATAL_FAILURE(
+      compare_step_logits(a.plans, a.logits, b.plans, b.logits, c.vocab_size, 1e30, &yardstick));
+  ASSERT_GT(yardstick.worst, 0.0) << "the gated GEMM off changed no logit: no yardstick";
+  ASSERT_NO_FATAL_FAILURE(compare_step_logits(a.plans, a.logits, fused.plans, fused.logits,
+                                              c.vocab_size, 3 * yardstick.worst, &cublas));
+  std::printf(
+      "[gate] 12B local geometry, 6 layers: %zu prefill steps, %llu fused q|k|v layers; fused vs "
+      "unfused twin: %d logits rows, max |dlogit| %.3g (must be 0); fused vs cuBLAS: max %.5f, "
+      "gated GEMM off vs on (yardstick): %.5f, tol %.5f, argmax compared on %d\n",
+      a.plans.size(), static_cast<unsigned long long>(fused.counters.layers), exact.compared,
+      exact.worst, cublas.worst, yardstick.worst, 3 * yardstick.worst, cublas.argmax_checked);
 }
 
 }  // namespace

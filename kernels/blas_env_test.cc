@@ -225,6 +225,73 @@ TEST(GatedGemmPairs, EnvironmentOverridesBothOptionsAndBadValuesAreNamed) {
       << bad_option.error().message;
 }
 
+TEST(QkvGemmFused, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
+  CudaDeviceOptions o;
+  EXPECT_EQ(o.qkv_gemm_fused_min_rows, 0) << "off unless asked for";
+  o.qkv_gemm_fused_min_rows = 4096;
+  EXPECT_EQ(resolve_qkv_gemm_fused_min_rows(o, nullptr).value(), 4096) << "unset keeps it";
+  EXPECT_EQ(resolve_qkv_gemm_fused_min_rows(o, "").value(), 4096) << "empty is unset";
+  EXPECT_EQ(resolve_qkv_gemm_fused_min_rows(o, "512").value(), 512);
+  EXPECT_EQ(resolve_qkv_gemm_fused_min_rows(o, "0").value(), 0);
+  for (const char* bad : {"-1", "1073741825", "512 ", "x", "5e2"}) {
+    auto got = resolve_qkv_gemm_fused_min_rows(o, bad);
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_QKV_GEMM_FUSED=") + bad),
+              std::string::npos)
+        << got.error().message;
+  }
+}
+
+// The fused q|k|v GEMM's refusals, before any launch: each names what is wrong.
+TEST(QkvGemmFused, RefusesWhatItDoesNotTakeByName) {
+  alignas(16) static bf16 buf[64];
+  alignas(16) static int32_t ints[8];
+  alignas(16) static int64_t slots[8];
+  QkvGemmArgs a;
+  a.q = buf;
+  a.q_norm = buf;
+  a.q_heads = 16;
+  a.q_row_stride = (16 + 2 * 8) * 256;
+  a.pool.data = buf;
+  a.pool.head_dim = 256;
+  a.pool.kv_heads = 8;
+  a.pool.layers = 2;
+  a.pool.page_size = 16;
+  a.pool.pages_total = 4;
+  a.layer = 1;
+  a.rows.rows = 8;
+  a.rows.positions = ints;
+  a.paging.row_slot = slots;
+  EXPECT_EQ(qkv_gemm_refusal(8, 3840, a), "");
+  QkvGemmArgs b = a;
+  b.pool.head_dim = 512;
+  EXPECT_NE(qkv_gemm_refusal(8, 3840, b).find("head_dim must be 256, got 512"), std::string::npos);
+  b = a;
+  b.rows.rows = 7;
+  EXPECT_NE(qkv_gemm_refusal(8, 3840, b).find("must cover the 8 rows"), std::string::npos);
+  b = a;
+  b.q_row_stride = (16 + 2 * 8) * 256 - 8;
+  EXPECT_NE(qkv_gemm_refusal(8, 3840, b).find("q_row_stride 8184 must cover q|k|v"),
+            std::string::npos);
+  b = a;
+  b.layer = 2;
+  EXPECT_NE(qkv_gemm_refusal(8, 3840, b).find("layer outside the pool"), std::string::npos);
+  b = a;
+  b.q_norm = nullptr;
+  EXPECT_NE(qkv_gemm_refusal(8, 3840, b).find("q_norm"), std::string::npos);
+  EXPECT_NE(qkv_gemm_refusal(8, 12, a).find("k must be a positive multiple of 8, got 12"),
+            std::string::npos);
+  auto s = qkv_gemm_norm_rope_write(buf, buf, 8, 3840, b, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("qkv_gemm_norm_rope_write: q, q_norm"), std::string::npos)
+      << s.error().message;
+  EXPECT_NE(plain_gemm_pairs(buf, buf, buf, 8, 128, 64, nullptr)
+                .error()
+                .message.find("n must be a positive multiple of 256, got 128"),
+            std::string::npos);
+}
+
 // The gated GEMM's shape rules, checked before any launch (no GPU needed).
 TEST(GatedGemm, RefusesShapesItDoesNotTakeByName) {
   EXPECT_EQ(gated_gemm_refusal(8192, 15360, 3840), "");

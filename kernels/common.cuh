@@ -103,11 +103,16 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // rotary_pairs gets theta^(-2d/head_dim) (computed like HF: 1 / theta^(2d/head_dim) in fp32),
 // the others 0 (no rotation). Call with every thread of the block, then __syncthreads().
 __device__ __forceinline__ void fill_inv_freq(float* inv_freq, int head_dim, float theta,
-                                              int rotary_pairs) {
-  for (int d = threadIdx.x; d < head_dim / 2; d += blockDim.x) {
+                                              int rotary_pairs, int first, int stride) {
+  for (int d = first; d < head_dim / 2; d += stride) {
     inv_freq[d] =
         d < rotary_pairs ? 1.0f / powf(theta, static_cast<float>(2 * d) / head_dim) : 0.0f;
   }
+}
+// The same, every thread of the block taking a share.
+__device__ __forceinline__ void fill_inv_freq(float* inv_freq, int head_dim, float theta,
+                                              int rotary_pairs) {
+  fill_inv_freq(inv_freq, head_dim, theta, rotary_pairs, threadIdx.x, blockDim.x);
 }
 
 // Per-head RMSNorm (optional weight) then rotate_half rope of one head held by a warp: lane l

@@ -228,10 +228,16 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   if (gated.value() > 0) {  // before any graph capture could hold the kernel's first launch
     if (auto s = gated_gemm_prepare(); !s.ok()) return unexpected(from_kernel(s.error()));
   }
+  auto qkv_fused = resolve_qkv_gemm_fused_min_rows(options, std::getenv("TWINSTEP_QKV_GEMM_FUSED"));
+  if (!qkv_fused) return unexpected(qkv_fused.error());
+  d->options_.qkv_gemm_fused_min_rows = qkv_fused.value();
   auto model = DeviceModel::create(config, weights, options.random_seed, d->stream_);
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());
   d->forward_ = std::make_unique<ModelForward>(*d->model_, *d->blas_);
+  d->forward_->set_qkv_gemm_fused(qkv_fused.value(), options.qkv_gemm_unfused_twin
+                                                         ? ModelForward::QkvGemmPath::kUnfusedTwin
+                                                         : ModelForward::QkvGemmPath::kFused);
   if (options.batch_invariant) {  // before any GEMM or graph capture
     d->forward_->set_batch_invariant(true, options.batch_invariant_variant_256);
     d->blas_->set_batch_invariant(true);
@@ -556,6 +562,12 @@ Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDevic
                                                                  const char* env) {
   return resolve_env_int(options.gated_gemm_min_rows, "gated_gemm_min_rows", env,
                          "TWINSTEP_GATED_GEMM", 0, int32_t{1} << 30);
+}
+
+Result<int32_t, engine::DeviceError> resolve_qkv_gemm_fused_min_rows(
+    const CudaDeviceOptions& options, const char* env) {
+  return resolve_env_int(options.qkv_gemm_fused_min_rows, "qkv_gemm_fused_min_rows", env,
+                         "TWINSTEP_QKV_GEMM_FUSED", 0, int32_t{1} << 30);
 }
 
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,

@@ -182,6 +182,14 @@ struct CudaDeviceOptions {
   // staged or tma) (resolve_gated_gemm_pairs).
   int32_t gated_gemm_pair_min_rows = kDefaultGatedGemmPairMinRows;
   GatedPairEpilogue gated_gemm_pair_epilogue = kDefaultGatedGemmPairEpilogue;
+  // Steps of at least this many rows run a local layer's q|k|v GEMM with the q norm + rope and
+  // the KV write folded into its epilogue (qkv_gemm_norm_rope_write, kernels/gemm_gated.h;
+  // ModelForward::set_qkv_gemm_fused_min_rows; 0: never). TWINSTEP_QKV_GEMM_FUSED (rows, an
+  // integer in [0, 2^30]) overrides it in create() (resolve_qkv_gemm_fused_min_rows).
+  int32_t qkv_gemm_fused_min_rows = 0;
+  // Gates only: those layers run the fused kernel's GEMM alone (plain_gemm_pairs) then
+  // qkv_write, the unfused twin whose bits the fused kernel must equal.
+  bool qkv_gemm_unfused_twin = false;
 };
 
 // An on/off option as create() resolves it from the environment variable `var` (value `env`,
@@ -203,6 +211,9 @@ Result<int32_t, engine::DeviceError> resolve_decode_graph_pieces(const CudaDevic
 // [0, 2^30] (0: off); unset or empty the option, which must be in that range too.
 Result<int32_t, engine::DeviceError> resolve_gated_gemm_min_rows(const CudaDeviceOptions& options,
                                                                  const char* env);
+// CudaDeviceOptions::qkv_gemm_fused_min_rows from TWINSTEP_QKV_GEMM_FUSED the same way.
+Result<int32_t, engine::DeviceError> resolve_qkv_gemm_fused_min_rows(
+    const CudaDeviceOptions& options, const char* env);
 // CudaDeviceOptions::gated_gemm_pair_min_rows from TWINSTEP_GATED_GEMM_PAIRS (`pairs_env`: an
 // integer in [0, 2^30], as above) and gated_gemm_pair_epilogue from
 // TWINSTEP_GATED_GEMM_EPILOGUE (`epilogue_env`: registers, staged or tma); unset or empty
@@ -317,6 +328,10 @@ class CudaDevice final : public engine::Device {
   int device_ordinal() const { return options_.device_ordinal; }
   const DeviceModel& model() const { return *model_; }
   Blas& blas() { return *blas_; }
+  // What the fused q|k|v GEMM path did (CudaDeviceOptions::qkv_gemm_fused_min_rows).
+  const ModelForward::QkvGemmCounters& qkv_gemm_counters() const {
+    return forward_->qkv_gemm_counters();
+  }
   // Logits of the last successful step, [num_logits, vocab] (capture_logits only).
   const std::vector<float>& last_logits() const { return last_logits_; }
   // Kernel launch sequences started (steps that got past validation and the launch fault).

@@ -37,23 +37,84 @@ enum Epi : int {
   kNoStore = 3,
   kTanh = 4,
   kTma = 5,
-  kTmaTanh = 6
+  kTmaTanh = 6,
+  // The plain GEMM (w's 256 rows a tile contiguous, out = bf16(x w^T)) through the staged
+  // hand-over: kPlain stores the bf16 tile as it is; kQkv runs each row of a tile (one head of
+  // 256) through norm_rope_head in the reference's lane layout and writes q in place, k and v
+  // into their page slots (qkv_gemm_norm_rope_write).
+  kPlain = 7,
+  kQkv = 8
 };
 constexpr bool tma_out(int e) { return e == kTma || e == kTmaTanh; }
+constexpr bool plain_w(int e) { return e == kPlain || e == kQkv; }
+constexpr bool staged_hand_over(int e) { return e == kStaged || plain_w(e); }
 constexpr bool tanh_approx(int e) { return e == kTanh || e == kTmaTanh; }
 constexpr int kStagedBytes = 64 * 2 * kBN * 2;  // a consumer's 64 rows x (128 g + 128 u) bf16
 constexpr int kOutBoxBytes = 64 * 64 * 2;       // a tensor store box: 64 rows x 64 products
-constexpr int stages_of(int e) { return e == kStaged ? 3 : 4; }
+constexpr int stages_of(int e) { return staged_hand_over(e) ? 3 : 4; }
 constexpr int staging_bytes(int e) {
-  return e == kStaged ? 2 * kStagedBytes : tma_out(e) ? 2 * 2 * kOutBoxBytes : 0;
+  return staged_hand_over(e) ? 2 * kStagedBytes : tma_out(e) ? 2 * 2 * kOutBoxBytes : 0;
 }
-constexpr int smem_bytes(int e) {  // 1024: alignment; barriers: the ring's and the staging's
-  return 1024 + stages_of(e) * kStageBytes + staging_bytes(e) + 2 * stages_of(e) * 8 + 4 * 8;
+constexpr int kQkvHeadDim = 2 * kBN;  // a kQkv tile is one head
+constexpr int smem_bytes(int e) {     // 1024: alignment; barriers: the ring's and the staging's
+  return 1024 + stages_of(e) * kStageBytes + staging_bytes(e) + 2 * stages_of(e) * 8 + 4 * 8 +
+         (e == kQkv ? kQkvHeadDim / 2 * 4 : 0);  // kQkv: the rope's inv_freq table
 }
 static_assert(smem_bytes(kRegisters) <= 227 * 1024 && smem_bytes(kStaged) <= 227 * 1024 &&
                   smem_bytes(kTma) <= 227 * 1024,
               "one block per SM must fit");
 static_assert(kBM == 2 * 64 && 2 * kBN == 256, "two consumer warpgroups of m64n256 tiles");
+
+// kQkv's destinations (qkv_gemm_norm_rope_write's arguments, device side).
+struct QkvOut {
+  bf16* q = nullptr;
+  int64_t q_row_stride = 0;
+  int32_t q_heads = 0, kv_heads = 0;
+  const bf16* q_norm = nullptr;
+  const bf16* k_norm = nullptr;
+  float eps = 0, theta = 0;
+  int32_t rotary_pairs = 0;
+  bf16* layer_base = nullptr;  // pool.data + layer * pages_total * elements_per_page
+  int32_t pages_total = 0, page_size = 0;
+  const int32_t* positions = nullptr;
+  const int64_t* row_slot = nullptr;
+};
+
+// Row r's head `head` of a kQkv tile, held by a warp as norm_rope_head holds it (lane l: columns
+// 8 l .. 8 l + 7): q normed with its weight and roped, in place; k likewise into its K slot; v
+// normed without a weight into its V slot (kv_write's and qk_norm_rope's arithmetic).
+__device__ __forceinline__ void qkv_row(const QkvOut& a, float (&x)[8], int32_t r, int32_t head,
+                                        const float* inv_freq) {
+  constexpr int HD = kQkvHeadDim;
+  const int lane = threadIdx.x % detail::kWarp;
+  const int32_t position = a.positions[r];
+  const float* rope = a.rotary_pairs > 0 ? inv_freq : nullptr;
+  if (head < a.q_heads) {
+    detail::norm_rope_head<HD>(x, a.q_norm, a.eps, position, rope);
+    detail::store_bf16<8>(a.q + r * a.q_row_stride + static_cast<int64_t>(head) * HD + lane * 8, x);
+    return;
+  }
+  const int32_t kv = head - a.q_heads;
+  const bool is_v = kv >= a.kv_heads;
+  const int32_t h = is_v ? kv - a.kv_heads : kv;
+  const int64_t slot = a.row_slot[r];
+  if (slot == kNoKvWrite) return;
+  TS_DEVICE_REQUIRE(position >= 0 && slot >= 0);
+  const int64_t page = slot / a.page_size;
+  const int32_t offset = static_cast<int32_t>(slot % a.page_size);
+  TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
+  TS_DEVICE_REQUIRE(offset == position % a.page_size);
+  if (is_v) {
+    detail::norm_rope_head<HD>(x, nullptr, a.eps, position, nullptr);
+  } else {
+    detail::norm_rope_head<HD>(x, a.k_norm, a.eps, position, rope);
+  }
+  const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+  bf16* dst = a.layer_base + (page * 2 * a.page_size + offset) * token_elems +
+              static_cast<int64_t>(h) * HD + lane * 8 +
+              (is_v ? static_cast<int64_t>(a.page_size) * token_elems : 0);
+  detail::store_bf16<8>(dst, x);
+}
 
 struct Shape {
   int32_t rows, inter;
@@ -125,7 +186,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
     gated_gemm_kernel(const __grid_constant__ CUtensorMap x_map,
                       const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap out_map, bf16* __restrict__ out,
-                      const Shape s) {
+                      const Shape s, const __grid_constant__ QkvOut qa) {
   static_assert(C == 1 || C == 2, "clusters of 1 or 2 blocks");
   constexpr int kStages = stages_of(E);
   extern __shared__ unsigned char smem_raw[];
@@ -158,7 +219,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // Producer: one thread walks the same (unit, k slice) sequence as the consumers.
-    detail::warpgroup_registers_dec<E == kStaged ? 56 : 40>();
+    detail::warpgroup_registers_dec<E == kQkv ? 72 : staged_hand_over(E) ? 56 : 40>();
     if (threadIdx.x == 0) {
       int stage = 0;
       uint32_t phase = 0;
@@ -172,7 +233,12 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
           unsigned char* b_s = a_s + kABytes;
           detail::mbarrier_arrive_expect_tx(&full[stage], kStageBytes);
           detail::tensor_copy_2d(a_s, &x_map, ks * kBK, tm * kBM, &full[stage]);
-          if constexpr (C == 1) {
+          if constexpr (plain_w(E)) {  // the tile's 256 w rows, half from each block
+            static_assert(C == 2, "the plain GEMM runs in pairs");
+            detail::tensor_copy_2d_multicast(b_s + rank * (kBBytes / 2), &w_map, ks * kBK,
+                                             tn * 2 * kBN + static_cast<int32_t>(rank) * kBN,
+                                             &full[stage], 0x3);
+          } else if constexpr (C == 1) {
             detail::tensor_copy_2d(b_s, &w_map, ks * kBK, tn * kBN, &full[stage]);
             detail::tensor_copy_2d(b_s + kBBytes / 2, &w_map, ks * kBK, s.inter + tn * kBN,
                                    &full[stage]);
@@ -185,6 +251,51 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
             stage = 0;
             phase ^= 1;
           }
+        }
+      }
+    } else if (plain_w(E) && threadIdx.x >= detail::kWarp) {
+      // The plain GEMM's hand-over: a warp per row of a consumer's staged 64 (rows hw, hw + 3,
+      // ...), lane l the row's 16-byte chunk l (columns 8 l ..), at l ^ (row % 8).
+      const int et = threadIdx.x - detail::kWarp;  // 0 .. 95
+      const int hw = et / detail::kWarp, lane = et % detail::kWarp;
+      constexpr int kHelpers = kWgThreads - detail::kWarp;
+      float* inv_freq = reinterpret_cast<float*>(staged_free + 2);
+      if constexpr (E == kQkv) {
+        detail::fill_inv_freq(inv_freq, kQkvHeadDim, qa.theta, qa.rotary_pairs, et, kHelpers);
+        detail::named_barrier(3, kHelpers);
+      }
+      uint32_t it = 0;
+      for (int64_t t = first_unit; t < s.units; t += unit_stride, ++it) {
+        int32_t tm, tn;
+        unit_of<C>(s, t, tm, tn);
+        tm += static_cast<int32_t>(rank);
+#pragma unroll 1
+        for (int cw = 0; cw < 2; ++cw) {
+          detail::mbarrier_wait(&staged_full[cw], it & 1);
+          const unsigned char* src = staged + cw * kStagedBytes;
+#pragma unroll 1
+          for (int rr = hw; rr < 64; rr += kHelpers / detail::kWarp) {
+            const int32_t r = tm * kBM + cw * 64 + rr;
+            if (r >= s.rows) break;  // warp-uniform; the later rows are past the end too
+            const uint4 c =
+                *reinterpret_cast<const uint4*>(src + rr * 512 + ((lane ^ (rr % 8)) * 16));
+            if constexpr (E == kPlain) {
+              *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * (2 * s.inter) +
+                                        tn * 2 * kBN + 8 * lane) = c;
+            } else {
+              const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+              float x[8];
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                float f[2];
+                detail::unpack2(words[k], f);
+                x[2 * k] = f[0];
+                x[2 * k + 1] = f[1];
+              }
+              qkv_row(qa, x, r, tn, inv_freq);
+            }
+          }
+          detail::mbarrier_arrive(&staged_free[cw]);
         }
       }
     } else if (E == kStaged && threadIdx.x >= detail::kWarp) {
@@ -227,7 +338,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    detail::warpgroup_registers_inc<E == kStaged ? 224 : 232>();
+    detail::warpgroup_registers_inc<E == kQkv ? 216 : staged_hand_over(E) ? 224 : 232>();
     const int cw = wg - 1;  // rows 64 cw .. 64 cw + 63 of the tile
     const int tid = threadIdx.x % kWgThreads;
     const int warp = tid / detail::kWarp, lane = tid % detail::kWarp;
@@ -400,22 +511,25 @@ struct Maps {
 
 // Launches the (C, E) kernel on as many clusters as fit at once (persistent).
 template <int C, int E>
-KernelStatus launch(const Maps& m, bf16* out, const Shape& s, cudaStream_t stream) {
+KernelStatus launch(const Maps& m, bf16* out, const Shape& s, cudaStream_t stream,
+                    const QkvOut& qa = QkvOut{}) {
   const Setup& st = setup<C, E>();
   if (st.err != cudaSuccess) return cuda_status(st.err, "gated_gelu_gemm: kernel set-up");
   if (st.clusters < 1) return detail::bad_argument("gated_gelu_gemm: no cluster fits on this GPU");
   const int64_t grid = std::min<int64_t>(s.units, st.clusters) * C;
-  gated_gemm_kernel<C, E>
-      <<<static_cast<unsigned>(grid), kThreads, smem_bytes(E), stream>>>(m.x, m.w, m.out, out, s);
+  gated_gemm_kernel<C, E><<<static_cast<unsigned>(grid), kThreads, smem_bytes(E), stream>>>(
+      m.x, m.w, m.out, out, s, qa);
   return detail::launch_status("gated_gemm_kernel");
 }
 
+// inter: half the weight's rows (the plain GEMM's n / 2); qa: kQkv's destinations.
 KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter, int32_t k,
-                 cudaStream_t stream, int32_t cluster, int epi, int32_t group_tiles) {
+                 cudaStream_t stream, int32_t cluster, int epi, int32_t group_tiles,
+                 const QkvOut* qa = nullptr) {
   if (std::string why = gated_gemm_refusal(rows, inter, k); !why.empty()) {
     return detail::bad_argument("gated_gelu_gemm: " + why);
   }
-  if (!detail::aligned16(x) || !detail::aligned16(w) || !detail::aligned16(out)) {
+  if (!detail::aligned16(x) || !detail::aligned16(w) || (epi != kQkv && !detail::aligned16(out))) {
     return detail::bad_argument("gated_gelu_gemm: x, w and out must be 16-byte aligned");
   }
   if (rows == 0) return Ok{};
@@ -466,6 +580,10 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
         return launch<2, kTma>(m, out, s, stream);
       case kTmaTanh:
         return launch<2, kTmaTanh>(m, out, s, stream);
+      case kPlain:
+        return launch<2, kPlain>(m, out, s, stream);
+      case kQkv:
+        return launch<2, kQkv>(m, out, s, stream, *qa);
       default:
         return launch<2, kRegisters>(m, out, s, stream);
     }
@@ -482,7 +600,7 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
 
 KernelStatus gated_gemm_prepare() {
   for (const Setup* st : {&setup<1, kRegisters>(), &setup<2, kRegisters>(), &setup<2, kStaged>(),
-                          &setup<2, kTma>()}) {
+                          &setup<2, kTma>(), &setup<2, kQkv>()}) {
     if (st->err != cudaSuccess) return cuda_status(st->err, "gated_gemm_prepare");
     if (st->clusters < 1) return detail::bad_argument("gated_gemm_prepare: no cluster fits");
   }
@@ -531,6 +649,61 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
       break;
   }
   return run(x, w, out, rows, inter, k, stream, config.cluster, epi, config.group_tiles);
+}
+
+KernelStatus plain_gemm_pairs(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t n,
+                              int32_t k, cudaStream_t stream) {
+  if (n <= 0 || n % (2 * kBN) != 0) {
+    return detail::bad_argument("plain_gemm_pairs: n must be a positive multiple of " +
+                                std::to_string(2 * kBN) + ", got " + std::to_string(n));
+  }
+  return run(x, w, out, rows, n / 2, k, stream, 2, kPlain, kGroupTiles);
+}
+
+std::string qkv_gemm_refusal(int32_t rows, int32_t k, const QkvGemmArgs& a) {
+  if (a.pool.head_dim != kQkvHeadDim) {
+    return "head_dim must be " + std::to_string(kQkvHeadDim) + ", got " +
+           std::to_string(a.pool.head_dim);
+  }
+  if (a.q_heads <= 0 || a.pool.kv_heads <= 0) return "q_heads and kv_heads must be positive";
+  if (a.rows.rows != rows || a.paging.row_slot == nullptr || a.rows.positions == nullptr) {
+    return "rows views must cover the " + std::to_string(rows) + " rows";
+  }
+  if (a.q_row_stride < int64_t{a.q_heads + 2 * a.pool.kv_heads} * kQkvHeadDim ||
+      a.q_row_stride % 8 != 0) {
+    return "q_row_stride " + std::to_string(a.q_row_stride) +
+           " must cover q|k|v and be a multiple of 8";
+  }
+  if (a.layer < 0 || a.layer >= a.pool.layers) return "layer outside the pool";
+  if (a.q == nullptr || a.q_norm == nullptr || a.pool.data == nullptr) {
+    return "q, q_norm and the pool must be set";
+  }
+  return gated_gemm_refusal(rows, (a.q_heads + 2 * a.pool.kv_heads) * kBN, k);
+}
+
+KernelStatus qkv_gemm_norm_rope_write(const bf16* x, const bf16* w, int32_t rows, int32_t k,
+                                      const QkvGemmArgs& a, cudaStream_t stream) {
+  if (std::string why = qkv_gemm_refusal(rows, k, a); !why.empty()) {
+    return detail::bad_argument("qkv_gemm_norm_rope_write: " + why);
+  }
+  QkvOut qa;
+  qa.q = a.q;
+  qa.q_row_stride = a.q_row_stride;
+  qa.q_heads = a.q_heads;
+  qa.kv_heads = a.pool.kv_heads;
+  qa.q_norm = a.q_norm;
+  qa.k_norm = a.k_norm;
+  qa.eps = a.eps;
+  qa.theta = a.rope.theta;
+  qa.rotary_pairs = a.rope.rotary_pairs;
+  const int64_t page_elems = int64_t{2} * a.pool.page_size * a.pool.kv_heads * kQkvHeadDim;
+  qa.layer_base = a.pool.data + int64_t{a.layer} * a.pool.pages_total * page_elems;
+  qa.pages_total = a.pool.pages_total;
+  qa.page_size = a.pool.page_size;
+  qa.positions = a.rows.positions;
+  qa.row_slot = a.paging.row_slot;
+  const int32_t heads = a.q_heads + 2 * a.pool.kv_heads;
+  return run(x, w, nullptr, rows, heads * kBN, k, stream, 2, kQkv, kGroupTiles, &qa);
 }
 
 }  // namespace twinstep::kernels

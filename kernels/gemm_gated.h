@@ -73,4 +73,36 @@ struct GatedGemmConfig {
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
                              int32_t k, cudaStream_t stream, const GatedGemmConfig& config);
 
+// The same kernel as a plain GEMM in clusters of two, out = bf16(x w^T) (x [rows, k], w [n, k],
+// out [rows, n], n a multiple of 256), through the staged hand-over: the staged epilogue's
+// arithmetic-free twin, for gates (GatedGemmGates.QkvGemmMatchesThePlainGemmThenQkvWrite).
+KernelStatus plain_gemm_pairs(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t n,
+                              int32_t k, cudaStream_t stream);
+
+// A local layer's q|k|v GEMM with qkv_write folded in (issue 12, session 13): the plain GEMM of
+// x [rows, k] by w [(q_heads + 2 kv_heads) * 256, k] whose every tile is one head of 256, handed
+// row by row to the producer warpgroup's spare warps, which run norm_rope_head (the reference
+// arithmetic of qk_norm_rope and kv_write) on it: q normed and roped into q (row stride
+// q_row_stride, the q columns of the fused q|k|v rows; the k and v columns are not written), k
+// (k_norm, roped) and v (no weight, not roped) into their page slots, rows whose slot is
+// kNoKvWrite writing no K/V. So its output equals plain_gemm_pairs then qk_norm_rope + kv_write
+// bitwise. Traps as kv_write on a bad slot. head_dim 256 only (pool.head_dim), no K==V.
+struct QkvGemmArgs {
+  bf16* q = nullptr;
+  int64_t q_row_stride = 0;
+  int32_t q_heads = 0;
+  const bf16* q_norm = nullptr;
+  const bf16* k_norm = nullptr;  // nullptr: weightless
+  float eps = 0;
+  Rope rope;
+  KvPoolView pool;
+  int32_t layer = 0;
+  RowsView rows;
+  PagingView paging;
+};
+// Empty when qkv_gemm_norm_rope_write takes the call; else what is wrong.
+std::string qkv_gemm_refusal(int32_t rows, int32_t k, const QkvGemmArgs& a);
+KernelStatus qkv_gemm_norm_rope_write(const bf16* x, const bf16* w, int32_t rows, int32_t k,
+                                      const QkvGemmArgs& a, cudaStream_t stream);
+
 }  // namespace twinstep::kernels

@@ -12,6 +12,7 @@
 
 #include "kernels/attention_decode_split.h"
 #include "kernels/fused_norms.h"
+#include "kernels/gemm_gated.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -595,6 +596,8 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     return int64_t{L.qkv_cols} * c.hidden_size * 2;
   };
   if (c.num_layers > 0) TS_TRY(prefetch_.fetch(model_.layer(0).qkv, qkv_bytes(model_.layer(0))));
+  const bool qkv_fused_step = qkv_gemm_fused_min_rows_ > 0 && R >= qkv_gemm_fused_min_rows_ &&
+                              !step.decode_only && !batch_invariant_;
   for (int32_t l = 0; l < c.num_layers; ++l) {
     if (l > 0 && layer_cut_ != nullptr) TS_TRY((*layer_cut_)(l));
     const DeviceModel::Layer& L = model_.layer(l);
@@ -609,14 +612,46 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     const int64_t o_bytes = int64_t{c.hidden_size} * q_out * 2;
     mark(ForwardPhase::kQkvGemm, stream);
     TS_TRY(prefetch_next(&prefetch_, true, L.o, o_bytes));
-    TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
+    bool fused_qkv = false, gemm_done = false;
+    if (qkv_fused_step && L.family == Family::kLocal && !L.k_eq_v) {
+      QkvGemmArgs a;
+      a.q = b.qkv;
+      a.q_row_stride = L.qkv_cols;
+      a.q_heads = c.num_q_heads;
+      a.q_norm = L.q_norm;
+      a.k_norm = L.k_norm;
+      a.eps = eps;
+      a.rope = rope;
+      a.pool = step.pools[f];
+      a.layer = L.family_index;
+      a.rows = step.rows;
+      a.paging = step.paging[f];
+      if (std::string why = qkv_gemm_refusal(R, c.hidden_size, a); why.empty()) {
+        ++qkv_gemm_counters_.layers;
+        if (qkv_gemm_path_ == QkvGemmPath::kUnfusedTwin) {
+          TS_TRY(plain_gemm_pairs(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size, stream));
+          gemm_done = true;
+        } else {
+          TS_TRY(qkv_gemm_norm_rope_write(b.h, L.qkv, R, c.hidden_size, a, stream));
+          fused_qkv = true;
+        }
+      } else {
+        ++qkv_gemm_counters_.refusals;
+        qkv_gemm_counters_.last_refusal = std::move(why);
+      }
+    }
+    if (!fused_qkv && !gemm_done) {
+      TS_TRY(blas_.gemm(b.h, L.qkv, b.qkv, R, L.qkv_cols, c.hidden_size));
+    }
     TS_TRY(prefetch_next(&prefetch_, false, L.o, o_bytes));
     mark(ForwardPhase::kRopeKvWrite, stream);
     // q normed and roped in place, k and v into their page slots (one launch for small steps).
     const bf16* k_raw = b.qkv + q_out;
     const bf16* v_raw = L.k_eq_v ? k_raw : k_raw + kv_out;
-    TS_TRY(qkv_write(b.qkv, L.qkv_cols, L.q_norm, c.num_q_heads, k_raw, v_raw, L.k_norm, eps, rope,
-                     step.pools[f], L.family_index, step.rows, step.paging[f], stream));
+    if (!fused_qkv) {
+      TS_TRY(qkv_write(b.qkv, L.qkv_cols, L.q_norm, c.num_q_heads, k_raw, v_raw, L.k_norm, eps,
+                       rope, step.pools[f], L.family_index, step.rows, step.paging[f], stream));
+    }
     const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
     mark(ForwardPhase::kAttention, stream);
     if (step.decode_only && !batch_invariant_) {

@@ -190,6 +190,24 @@ class ModelForward {
   // capture there and begins the next (kernels/decode_graphs.h). Queues nothing itself.
   using LayerCut = std::function<KernelStatus(int32_t layer)>;
   void set_layer_cut(const LayerCut* cut) { layer_cut_ = cut; }
+  // Steps of at least `rows` rows (0: none) that are not decode-only nor batch-invariant run
+  // each local layer of head_dim 256 (K != V) as one kernel, qkv_gemm_norm_rope_write: its
+  // q|k|v GEMM with the q norm + rope and the KV write in the epilogue, the k and v columns of
+  // the qkv buffer left unwritten (attention reads K/V from the pool). kUnfusedTwin (gates)
+  // runs that kernel's GEMM alone (plain_gemm_pairs) then qkv_write instead: the same bits
+  // (GatedGemmGates.QkvGemmMatchesThePlainGemmThenQkvWrite, ModelGates.FusedQkvGemm*).
+  enum class QkvGemmPath : uint8_t { kFused, kUnfusedTwin };
+  void set_qkv_gemm_fused(int32_t rows, QkvGemmPath path = QkvGemmPath::kFused) {
+    qkv_gemm_fused_min_rows_ = rows;
+    qkv_gemm_path_ = path;
+  }
+  int32_t qkv_gemm_fused_min_rows() const { return qkv_gemm_fused_min_rows_; }
+  struct QkvGemmCounters {
+    uint64_t layers = 0;    // local layers that ran the fused kernel (or its unfused twin)
+    uint64_t refusals = 0;  // local layers of eligible steps it refused (they ran cuBLAS)
+    std::string last_refusal;
+  };
+  const QkvGemmCounters& qkv_gemm_counters() const { return qkv_gemm_counters_; }
 
  private:
   const DeviceModel& model_;
@@ -204,6 +222,9 @@ class ModelForward {
   // (row_seq[i] == i), per family, in the arena; a step of R such rows uses the first
   // R * ceil(group / kPrefillTileM) of them (the plan of a prefix of rows is a prefix).
   bool batch_invariant_ = false;
+  int32_t qkv_gemm_fused_min_rows_ = 0;  // set_qkv_gemm_fused
+  QkvGemmPath qkv_gemm_path_ = QkvGemmPath::kFused;
+  QkvGemmCounters qkv_gemm_counters_;
   bool programmatic_decode_ = false;
   const LayerCut* layer_cut_ = nullptr;
   PrefillVariant invariant_variant_256_ = PrefillVariant::kWgmma;
