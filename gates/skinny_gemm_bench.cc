@@ -18,7 +18,8 @@
 // --gated: the prefill gate|up GEMM + GELU, cuBLAS + gelu_tanh_mul against the gated GEMM;
 // --gated-profile: one of each (the gated GEMM clustered and lone) at 8192 rows between
 // cudaProfilerStart/Stop, for ncu; --gated-probe: the gated GEMM's design variants at 8192 rows
-// (gated::probe). Not a test: it prints figures (perf/NOTES.md).
+// (gated::probe); --qkv: a local layer's q|k|v GEMM and q/k/v write, the engine's path against
+// the fused kernel and its parts (qkv::run). Not a test: it prints figures (perf/NOTES.md).
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -295,6 +296,123 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
     }
   }
 }
+
+}  // namespace gated
+
+// ---- --qkv ------------------------------------------------------------------------------
+// A local layer's q|k|v GEMM and its q norm + rope + KV write (issue 12, session 14): the
+// engine's path (cuBLAS, then qk_norm_rope and kv_write, as it runs them above 128 rows)
+// against the fused kernel (qkv_gemm_norm_rope_write), and the parts that tell where the fused
+// kernel's time goes: its GEMM alone (plain_gemm_pairs), the fused kernel with no rope, and
+// with every row's slot kNoKvWrite (k and v tiles then skipped). 12B local geometry (k 3840,
+// 16 + 8 + 8 heads of 256), 4 seqs of 2048 positions (8192 rows) and one of 2048.
+namespace qkv {
+
+void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
+  constexpr int32_t H = 3840, kQ = 16, kKv = 8, kHd = 256, kPage = 16, kRows = 8192;
+  constexpr int32_t N = (kQ + 2 * kKv) * kHd;
+  const int32_t pages_total = kRows / kPage + 1;
+  bf16 *x = nullptr, *w = nullptr, *qkv = nullptr, *pool = nullptr, *norms = nullptr;
+  int32_t *pos = nullptr, *seq = nullptr;
+  int64_t *slot = nullptr, *no_slot = nullptr;
+  const int64_t pool_elems = int64_t{pages_total} * 2 * kPage * kKv * kHd;
+  BENCH_CUDA(cudaMalloc(&x, int64_t{kRows} * H * 2));
+  BENCH_CUDA(cudaMalloc(&w, int64_t{N} * H * 2));
+  BENCH_CUDA(cudaMalloc(&qkv, int64_t{kRows} * N * 2));
+  BENCH_CUDA(cudaMalloc(&pool, pool_elems * 2));
+  BENCH_CUDA(cudaMalloc(&norms, 2 * kHd * 2));
+  fill_random(x, int64_t{kRows} * H, 21, 1.0f, stream);
+  fill_random(w, int64_t{N} * H, 22, 0.02f, stream);
+  fill_random(norms, 2 * kHd, 23, 1.0f, stream);
+  std::vector<int32_t> hp(kRows), hs(kRows);
+  std::vector<int64_t> hslot(kRows), hnone(kRows, kernels::kNoKvWrite);
+  for (int32_t r = 0; r < kRows; ++r) {
+    hp[r] = r % 2048;
+    hs[r] = r / 2048;
+    hslot[r] = int64_t{1 + r / kPage} * kPage + r % kPage;  // page 1 + r / 16, offset pos % 16
+  }
+  BENCH_CUDA(cudaMalloc(&pos, kRows * 4));
+  BENCH_CUDA(cudaMalloc(&seq, kRows * 4));
+  BENCH_CUDA(cudaMalloc(&slot, kRows * 8));
+  BENCH_CUDA(cudaMalloc(&no_slot, kRows * 8));
+  BENCH_CUDA(cudaMemcpy(pos, hp.data(), kRows * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(seq, hs.data(), kRows * 4, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(slot, hslot.data(), kRows * 8, cudaMemcpyHostToDevice));
+  BENCH_CUDA(cudaMemcpy(no_slot, hnone.data(), kRows * 8, cudaMemcpyHostToDevice));
+  const kernels::KvPoolView view{pool, 1, pages_total, kPage, kKv, kHd};
+  const kernels::Rope rope = kernels::Rope::default_rope(kHd, 10000.0f);
+  std::printf(
+      "\nlocal q|k|v GEMM + q norm/rope + KV write, 12B (k %d, n %d = %d+%d+%d heads of %d); ms, "
+      "and TFLOP/s of the GEMM (%% of the %.0f TFLOP/s peak):\n%5s | %-20s | %-20s | %8s | %8s | "
+      "%-20s | %8s | %8s\n",
+      H, N, kQ, kKv, kKv, kHd, peak / 1e12, "rows", "cuBLAS", "plain pairs", "write", "engine",
+      "fused", "no rope", "no K/V");
+  for (int32_t rows : {8192, 2048}) {
+    const double flops = 2.0 * rows * N * H;
+    const kernels::RowsView rv{pos, seq, rows};
+    kernels::PagingView pv;
+    pv.row_slot = slot;
+    auto args = [&](const int64_t* slots, kernels::Rope r) {
+      kernels::QkvGemmArgs a;
+      a.q = qkv;
+      a.q_row_stride = N;
+      a.q_heads = kQ;
+      a.q_norm = norms;
+      a.k_norm = norms + kHd;
+      a.eps = 1e-6f;
+      a.rope = r;
+      a.pool = view;
+      a.layer = 0;
+      a.rows = rv;
+      a.paging = pv;
+      a.paging.row_slot = slots;
+      return a;
+    };
+    auto write = [&] {
+      BENCH_OK(kernels::qk_norm_rope(qkv, N, norms, pos, rows, kQ, kHd, 1e-6f, rope, stream));
+      BENCH_OK(kernels::kv_write(qkv + kQ * kHd, N, qkv + (kQ + kKv) * kHd, N, norms + kHd, 1e-6f,
+                                 rope, view, 0, rv, pv, stream));
+    };
+    const double t_cublas =
+        gates::median_ms(stream, 3, 15, [&] { BENCH_OK(blas.gemm(x, w, qkv, rows, N, H)); });
+    const double t_plain = gates::median_ms(
+        stream, 3, 15, [&] { BENCH_OK(kernels::plain_gemm_pairs(x, w, qkv, rows, N, H, stream)); });
+    const double t_write = gates::median_ms(stream, 3, 15, write);
+    const double t_engine = gates::median_ms(stream, 3, 15, [&] {
+      BENCH_OK(blas.gemm(x, w, qkv, rows, N, H));
+      write();
+    });
+    const kernels::QkvGemmArgs full = args(slot, rope), bare = args(slot, kernels::Rope::none()),
+                               q_only = args(no_slot, rope);
+    auto fused = [&](const kernels::QkvGemmArgs& a) {
+      return gates::median_ms(stream, 3, 15, [&] {
+        BENCH_OK(kernels::qkv_gemm_norm_rope_write(x, w, rows, H, a, stream));
+      });
+    };
+    const double t_fused = fused(full), t_bare = fused(bare), t_q = fused(q_only);
+    auto tf = [&](double ms) { return flops / (ms * 1e9); };
+    auto pct = [&](double ms) { return 100.0 * flops / (ms * 1e-3) / peak; };
+    std::printf(
+        "%5d | %8.3f %4.0f (%3.0f%%) | %8.3f %4.0f (%3.0f%%) | %8.3f | %8.3f | %8.3f %4.0f "
+        "(%3.0f%%) "
+        "| %8.3f | %8.3f\n",
+        rows, t_cublas, tf(t_cublas), pct(t_cublas), t_plain, tf(t_plain), pct(t_plain), t_write,
+        t_engine, t_fused, tf(t_fused), pct(t_fused), t_bare, t_q);
+  }
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(qkv);
+  cudaFree(pool);
+  cudaFree(norms);
+  cudaFree(pos);
+  cudaFree(seq);
+  cudaFree(slot);
+  cudaFree(no_slot);
+}
+
+}  // namespace qkv
+
+namespace gated {
 
 // --gated-profile: one cuBLAS gate|up GEMM, the gated GEMM and its staged-epilogue probe in
 // clusters of two at 8192 rows, for ncu.
@@ -746,6 +864,11 @@ int main(int argc, char** argv) {
     gated::probe(blas[kDefault], stream, peak);
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--qkv") {
+    const double peak = bf16_peak(blas[kDefault], stream);
+    for (int rep = 0; rep < 2; ++rep) qkv::run(blas[kDefault], stream, peak);
+    return 0;
+  }
   if (argc == 2 && std::string(argv[1]) == "--gated") {
     const double peak = bf16_peak(blas[kDefault], stream);
     for (int rep = 0; rep < 2; ++rep) gated::run(blas[kDefault], stream, peak);
@@ -755,7 +878,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: skinny_gemm_bench [--pdl | --profile | --prefill | --gated | --gated-profile | "
-        "--gated-probe]\n");
+        "--gated-probe | --qkv]\n");
     return 2;
   }
   if (pdl_only) {
