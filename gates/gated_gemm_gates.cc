@@ -266,7 +266,7 @@ TEST_F(GatedGemmGates, QkvGemmMatchesThePlainGemmThenQkvWrite) {
     const size_t pool_elems =
         static_cast<size_t>(kLayers) * pages_total * 2 * kPage * c.kv_heads * kHd;
     const std::vector<bf16> pool_init(pool_elems, sentinel_bf16());
-    DeviceBuffer<bf16> pool_a(pool_init), pool_b(pool_init);
+    DeviceBuffer<bf16> pool_a(pool_init);
     kernels::KvPoolView pool{nullptr, kLayers, pages_total, kPage, c.kv_heads, kHd};
     const kernels::RowsView rows{d_pos.get(), d_seq.get(), c.rows};
     kernels::PagingView paging;
@@ -284,33 +284,46 @@ TEST_F(GatedGemmGates, QkvGemmMatchesThePlainGemmThenQkvWrite) {
     const bf16* k_raw = qkv_a.get() + c.q_heads * kHd;
     KERNEL_OK(kernels::kv_write(k_raw, n, k_raw + c.kv_heads * kHd, n, k_norm.get(), eps, rope,
                                 pool, kLayer, rows, paging, stream_));
-    // B: one launch.
-    DeviceBuffer<bf16> qkv_b(std::vector<bf16>(static_cast<size_t>(c.rows) * n, sentinel_bf16()));
-    kernels::QkvGemmArgs a;
-    a.q = qkv_b.get();
-    a.q_row_stride = n;
-    a.q_heads = c.q_heads;
-    a.q_norm = q_norm.get();
-    a.k_norm = k_norm.get();
-    a.eps = eps;
-    a.rope = rope;
-    pool.data = pool_b.get();
-    a.pool = pool;
-    a.layer = kLayer;
-    a.rows = rows;
-    a.paging = paging;
-    ASSERT_EQ(kernels::qkv_gemm_refusal(c.rows, c.k, a), "");
-    KERNEL_OK(kernels::qkv_gemm_norm_rope_write(x.get(), w.get(), c.rows, c.k, a, stream_));
-    CUDA_OK(cudaStreamSynchronize(stream_));
-    const std::vector<bf16> qa = qkv_a.download(), qb = qkv_b.download();
-    const std::vector<bf16> pa = pool_a.download(), pb = pool_b.download();
-    size_t q_differ = 0;
-    for (int32_t r = 0; r < c.rows; ++r) {
-      q_differ += bitwise_diffs(qa, static_cast<size_t>(r) * n, qb, static_cast<size_t>(r) * n,
-                                static_cast<size_t>(c.q_heads) * kHd);
-    }
-    const size_t pool_differ = bitwise_diffs(pa, 0, pb, 0, pool_elems);
+    // B: one launch, the rope's cos and sin computed in the epilogue (inline) or first into a
+    // table it reads.
+    const std::vector<bf16> qa = qkv_a.download(), pa = pool_a.download();
     const size_t written = count_not_sentinel(pa, 0, pool_elems);
+    DeviceBuffer<float> table(static_cast<size_t>(c.rows) * kHd);
+    for (const bool with_table : {false, true}) {
+      SCOPED_TRACE(with_table ? "rope table" : "inline rope");
+      DeviceBuffer<bf16> qkv_b(std::vector<bf16>(static_cast<size_t>(c.rows) * n, sentinel_bf16()));
+      DeviceBuffer<bf16> pool_b(pool_init);
+      kernels::QkvGemmArgs a;
+      a.q = qkv_b.get();
+      a.q_row_stride = n;
+      a.q_heads = c.q_heads;
+      a.q_norm = q_norm.get();
+      a.k_norm = k_norm.get();
+      a.eps = eps;
+      a.rope = rope;
+      pool.data = pool_b.get();
+      a.pool = pool;
+      a.layer = kLayer;
+      a.rows = rows;
+      a.paging = paging;
+      a.rope_table = with_table ? table.get() : nullptr;
+      ASSERT_EQ(kernels::qkv_gemm_refusal(c.rows, c.k, a), "");
+      KERNEL_OK(kernels::qkv_gemm_norm_rope_write(x.get(), w.get(), c.rows, c.k, a, stream_));
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      const std::vector<bf16> qb = qkv_b.download(), pb = pool_b.download();
+      size_t q_differ = 0;
+      for (int32_t r = 0; r < c.rows; ++r) {
+        q_differ += bitwise_diffs(qa, static_cast<size_t>(r) * n, qb, static_cast<size_t>(r) * n,
+                                  static_cast<size_t>(c.q_heads) * kHd);
+      }
+      const size_t pool_differ = bitwise_diffs(pa, 0, pb, 0, pool_elems);
+      std::printf(
+          "[gate] qkv GEMM + norm/rope/KV write (%s), %-28s: q elements differing from plain "
+          "GEMM + qk_norm_rope %zu, pool elements differing from kv_write %zu (%zu written)\n",
+          with_table ? "rope table" : "inline rope", c.what, q_differ, pool_differ, written);
+      EXPECT_EQ(q_differ, 0u) << "q differs from qk_norm_rope on the plain GEMM's output";
+      EXPECT_EQ(pool_differ, 0u) << "the pools differ from kv_write's";
+    }
     // The plain GEMM against fp64 on sampled rows, beside cuBLAS's bf16 output.
     DeviceBuffer<bf16> ref_gemm(static_cast<size_t>(c.rows) * n);
     KERNEL_OK(blas.value().gemm(x.get(), w.get(), ref_gemm.get(), c.rows, n, c.k));
@@ -333,13 +346,10 @@ TEST_F(GatedGemmGates, QkvGemmMatchesThePlainGemmThenQkvWrite) {
     }
     const Errors e_mine = errors(mine, ref), e_cublas = errors(theirs, ref);
     std::printf(
-        "[gate] qkv GEMM + norm/rope/KV write, %-28s rows=%5d heads %d+%d+%d k=%4d: q elements "
-        "differing from plain GEMM + qk_norm_rope %zu, pool elements differing from kv_write %zu "
-        "(%zu written); plain GEMM vs fp64 max %.3g rms %.3g (cuBLAS max %.3g rms %.3g)\n",
-        c.what, c.rows, c.q_heads, c.kv_heads, c.kv_heads, c.k, q_differ, pool_differ, written,
-        e_mine.max_rel, e_mine.rms_rel, e_cublas.max_rel, e_cublas.rms_rel);
-    EXPECT_EQ(q_differ, 0u) << "q differs from qk_norm_rope on the plain GEMM's output";
-    EXPECT_EQ(pool_differ, 0u) << "the pools differ from kv_write's";
+        "[gate] qkv GEMM, %-28s rows=%5d heads %d+%d+%d k=%4d: plain GEMM vs fp64 max %.3g rms "
+        "%.3g (cuBLAS max %.3g rms %.3g)\n",
+        c.what, c.rows, c.q_heads, c.kv_heads, c.kv_heads, c.k, e_mine.max_rel, e_mine.rms_rel,
+        e_cublas.max_rel, e_cublas.rms_rel);
     EXPECT_EQ(written, static_cast<size_t>(c.rows - 2) * 2 * c.kv_heads * kHd)
         << "kv_write wrote other than every slotted row's K and V";
     ASSERT_TRUE(e_mine.finite);

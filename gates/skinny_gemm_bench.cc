@@ -304,8 +304,8 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
 // engine's path (cuBLAS, then qk_norm_rope and kv_write, as it runs them above 128 rows)
 // against the fused kernel (qkv_gemm_norm_rope_write), and the parts that tell where the fused
 // kernel's time goes: its GEMM alone (plain_gemm_pairs), the fused kernel with no rope, and
-// with every row's slot kNoKvWrite (k and v tiles then skipped). 12B local geometry (k 3840,
-// 16 + 8 + 8 heads of 256), 4 seqs of 2048 positions (8192 rows) and one of 2048.
+// with every row's slot kNoKvWrite (k and v tiles then skipped), and with the rope table. 12B local
+// geometry (k 3840, 16 + 8 + 8 heads of 256), 4 seqs of 2048 positions (8192 rows) and one of 2048.
 namespace qkv {
 
 void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
@@ -315,12 +315,14 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
   bf16 *x = nullptr, *w = nullptr, *qkv = nullptr, *pool = nullptr, *norms = nullptr;
   int32_t *pos = nullptr, *seq = nullptr;
   int64_t *slot = nullptr, *no_slot = nullptr;
+  float* table = nullptr;
   const int64_t pool_elems = int64_t{pages_total} * 2 * kPage * kKv * kHd;
   BENCH_CUDA(cudaMalloc(&x, int64_t{kRows} * H * 2));
   BENCH_CUDA(cudaMalloc(&w, int64_t{N} * H * 2));
   BENCH_CUDA(cudaMalloc(&qkv, int64_t{kRows} * N * 2));
   BENCH_CUDA(cudaMalloc(&pool, pool_elems * 2));
   BENCH_CUDA(cudaMalloc(&norms, 2 * kHd * 2));
+  BENCH_CUDA(cudaMalloc(&table, int64_t{kRows} * kHd * 4));
   fill_random(x, int64_t{kRows} * H, 21, 1.0f, stream);
   fill_random(w, int64_t{N} * H, 22, 0.02f, stream);
   fill_random(norms, 2 * kHd, 23, 1.0f, stream);
@@ -344,9 +346,9 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
   std::printf(
       "\nlocal q|k|v GEMM + q norm/rope + KV write, 12B (k %d, n %d = %d+%d+%d heads of %d); ms, "
       "and TFLOP/s of the GEMM (%% of the %.0f TFLOP/s peak):\n%5s | %-20s | %-20s | %8s | %8s | "
-      "%-20s | %8s | %8s\n",
+      "%-20s | %8s | %8s | %s\n",
       H, N, kQ, kKv, kKv, kHd, peak / 1e12, "rows", "cuBLAS", "plain pairs", "write", "engine",
-      "fused", "no rope", "no K/V");
+      "fused", "no rope", "no K/V", "fused, rope table");
   for (int32_t rows : {8192, 2048}) {
     const double flops = 2.0 * rows * N * H;
     const kernels::RowsView rv{pos, seq, rows};
@@ -384,20 +386,24 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
     });
     const kernels::QkvGemmArgs full = args(slot, rope), bare = args(slot, kernels::Rope::none()),
                                q_only = args(no_slot, rope);
+    kernels::QkvGemmArgs tabled = full;
+    tabled.rope_table = table;
     auto fused = [&](const kernels::QkvGemmArgs& a) {
       return gates::median_ms(stream, 3, 15, [&] {
         BENCH_OK(kernels::qkv_gemm_norm_rope_write(x, w, rows, H, a, stream));
       });
     };
-    const double t_fused = fused(full), t_bare = fused(bare), t_q = fused(q_only);
+    const double t_fused = fused(full), t_bare = fused(bare), t_q = fused(q_only),
+                 t_table = fused(tabled);
     auto tf = [&](double ms) { return flops / (ms * 1e9); };
     auto pct = [&](double ms) { return 100.0 * flops / (ms * 1e-3) / peak; };
     std::printf(
         "%5d | %8.3f %4.0f (%3.0f%%) | %8.3f %4.0f (%3.0f%%) | %8.3f | %8.3f | %8.3f %4.0f "
         "(%3.0f%%) "
-        "| %8.3f | %8.3f\n",
+        "| %8.3f | %8.3f | %8.3f %4.0f (%3.0f%%)\n",
         rows, t_cublas, tf(t_cublas), pct(t_cublas), t_plain, tf(t_plain), pct(t_plain), t_write,
-        t_engine, t_fused, tf(t_fused), pct(t_fused), t_bare, t_q);
+        t_engine, t_fused, tf(t_fused), pct(t_fused), t_bare, t_q, t_table, tf(t_table),
+        pct(t_table));
   }
   cudaFree(x);
   cudaFree(w);
@@ -408,6 +414,7 @@ void run(kernels::Blas& blas, cudaStream_t stream, double peak) {
   cudaFree(seq);
   cudaFree(slot);
   cudaFree(no_slot);
+  cudaFree(table);
 }
 
 }  // namespace qkv

@@ -115,6 +115,23 @@ __device__ __forceinline__ void fill_inv_freq(float* inv_freq, int head_dim, flo
   fill_inv_freq(inv_freq, head_dim, theta, rotary_pairs, threadIdx.x, blockDim.x);
 }
 
+// norm_rope_head's rotation of the lane's elements kFirst .. kFirst + 4 given their cos and
+// sin (element i of lane l pairs with d = (l % 16) * E + i: c[i - kFirst] = cos(position *
+// inv_freq[d]), as sincosf gives it), x[i] with its partner element (lane l ^ 16, same i): the
+// same arithmetic, the same bits, four elements at a time to keep few registers live.
+template <int HD, int kFirst>
+__device__ __forceinline__ void rope_apply4(float (&x)[HD / kWarp], const float4& c,
+                                            const float4& s) {
+  const bool upper = threadIdx.x % kWarp >= kWarp / 2;
+  const float cs[4] = {c.x, c.y, c.z, c.w}, sn[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = kFirst + j;
+    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
+    x[i] = upper ? x[i] * cs[j] + partner * sn[j] : x[i] * cs[j] - partner * sn[j];
+  }
+}
+
 // Per-head RMSNorm (optional weight) then rotate_half rope of one head held by a warp: lane l
 // holds elements [l*E, (l+1)*E); the partner of element d (< head_dim/2) is d + head_dim/2,
 // which sits in lane l ^ 16 at the same register index. A lane and its partner need the same

@@ -78,7 +78,29 @@ struct QkvOut {
   int32_t pages_total = 0, page_size = 0;
   const int32_t* positions = nullptr;
   const int64_t* row_slot = nullptr;
+  // [rows][2][128] fp32 (cos then sin of each pair at the row's position, rope_table_kernel),
+  // or nullptr: each row's sincosf computed in the epilogue.
+  const float* rope_table = nullptr;
 };
+
+// The rope's cos and sin of each row's 128 pairs, as rope_cos_sin computes them (the same
+// inv_freq, the same sincosf: the same bits), for the kQkv epilogue to read instead of
+// computing them once per head tile. A block of 128 threads per 8 rows, thread d pair d.
+__global__ void __launch_bounds__(128)
+    rope_table_kernel(const int32_t* __restrict__ positions, int32_t rows, float theta,
+                      int32_t rotary_pairs, float* __restrict__ table) {
+  constexpr int kPairs = kQkvHeadDim / 2;
+  __shared__ float inv_freq[kPairs];
+  detail::fill_inv_freq(inv_freq, kQkvHeadDim, theta, rotary_pairs);
+  __syncthreads();
+  const int d = threadIdx.x;
+  for (int32_t r = blockIdx.x * 8; r < min(rows, static_cast<int32_t>(blockIdx.x * 8 + 8)); ++r) {
+    float sn, cs;
+    sincosf(static_cast<float>(positions[r]) * inv_freq[d], &sn, &cs);
+    table[static_cast<int64_t>(r) * 2 * kPairs + d] = cs;
+    table[static_cast<int64_t>(r) * 2 * kPairs + kPairs + d] = sn;
+  }
+}
 
 // Row r's head `head` of a kQkv tile, held by a warp as norm_rope_head holds it (lane l: columns
 // 8 l .. 8 l + 7): q normed with its weight and roped, in place; k likewise into its K slot; v
@@ -89,8 +111,23 @@ __device__ __forceinline__ void qkv_row(const QkvOut& a, float (&x)[8], int32_t 
   const int lane = threadIdx.x % detail::kWarp;
   const int32_t position = a.positions[r];
   const float* rope = a.rotary_pairs > 0 ? inv_freq : nullptr;
+  // With a table, the row's cos and sin are read after the norm and applied as
+  // norm_rope_head applies its own: its arithmetic in its order, the same bits.
+  const bool table = rope != nullptr && a.rope_table != nullptr;
+  const auto table_rope = [&] {
+    const float* row = a.rope_table + static_cast<int64_t>(r) * HD + (lane % 16) * 8;
+    detail::rope_apply4<HD, 0>(x, __ldg(reinterpret_cast<const float4*>(row)),
+                               __ldg(reinterpret_cast<const float4*>(row + HD / 2)));
+    detail::rope_apply4<HD, 4>(x, __ldg(reinterpret_cast<const float4*>(row + 4)),
+                               __ldg(reinterpret_cast<const float4*>(row + HD / 2 + 4)));
+  };
   if (head < a.q_heads) {
-    detail::norm_rope_head<HD>(x, a.q_norm, a.eps, position, rope);
+    if (table) {
+      detail::norm_rope_head<HD>(x, a.q_norm, a.eps, position, nullptr);
+      table_rope();
+    } else {
+      detail::norm_rope_head<HD>(x, a.q_norm, a.eps, position, rope);
+    }
     detail::store_bf16<8>(a.q + r * a.q_row_stride + static_cast<int64_t>(head) * HD + lane * 8, x);
     return;
   }
@@ -106,6 +143,9 @@ __device__ __forceinline__ void qkv_row(const QkvOut& a, float (&x)[8], int32_t 
   TS_DEVICE_REQUIRE(offset == position % a.page_size);
   if (is_v) {
     detail::norm_rope_head<HD>(x, nullptr, a.eps, position, nullptr);
+  } else if (table) {
+    detail::norm_rope_head<HD>(x, a.k_norm, a.eps, position, nullptr);
+    table_rope();
   } else {
     detail::norm_rope_head<HD>(x, a.k_norm, a.eps, position, rope);
   }
@@ -678,6 +718,9 @@ std::string qkv_gemm_refusal(int32_t rows, int32_t k, const QkvGemmArgs& a) {
   if (a.q == nullptr || a.q_norm == nullptr || a.pool.data == nullptr) {
     return "q, q_norm and the pool must be set";
   }
+  if (a.rope_table != nullptr && !detail::aligned16(a.rope_table)) {
+    return "rope_table must be 16-byte aligned";
+  }
   return gated_gemm_refusal(rows, (a.q_heads + 2 * a.pool.kv_heads) * kBN, k);
 }
 
@@ -702,6 +745,12 @@ KernelStatus qkv_gemm_norm_rope_write(const bf16* x, const bf16* w, int32_t rows
   qa.page_size = a.pool.page_size;
   qa.positions = a.rows.positions;
   qa.row_slot = a.paging.row_slot;
+  if (a.rope_table != nullptr && a.rope.rotary_pairs > 0 && rows > 0) {
+    rope_table_kernel<<<(rows + 7) / 8, kQkvHeadDim / 2, 0, stream>>>(
+        a.rows.positions, rows, a.rope.theta, a.rope.rotary_pairs, a.rope_table);
+    if (auto st = detail::launch_status("rope_table_kernel"); !st.ok()) return st;
+    qa.rope_table = a.rope_table;
+  }
   const int32_t heads = a.q_heads + 2 * a.pool.kv_heads;
   return run(x, w, nullptr, rows, heads * kBN, k, stream, 2, kQkv, kGroupTiles, &qa);
 }

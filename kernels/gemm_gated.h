@@ -99,6 +99,10 @@ struct QkvGemmArgs {
   int32_t layer = 0;
   RowsView rows;
   PagingView paging;
+  // Optional workspace of rows x 256 floats (16-byte aligned): the rows' rope cos and sin are
+  // computed there first by a small kernel (the same sincosf: the same bits) and read by the
+  // epilogue, instead of each q and k head tile computing them again. nullptr: inline.
+  float* rope_table = nullptr;
 };
 // Empty when qkv_gemm_norm_rope_write takes the call; else what is wrong.
 std::string qkv_gemm_refusal(int32_t rows, int32_t k, const QkvGemmArgs& a);

@@ -626,6 +626,9 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
       a.layer = L.family_index;
       a.rows = step.rows;
       a.paging = step.paging[f];
+      // The rope table (rows x 256 floats) in the attention output buffer: free from the last
+      // layer's o_proj GEMM to this layer's attention, and 8x the size at head_dim 256.
+      a.rope_table = reinterpret_cast<float*>(b.attn);
       if (std::string why = qkv_gemm_refusal(R, c.hidden_size, a); why.empty()) {
         ++qkv_gemm_counters_.layers;
         if (qkv_gemm_path_ == QkvGemmPath::kUnfusedTwin) {

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # perf/gpu_s14_qkv_run.sh (session 14, issue 12): the fused q|k|v GEMM (qkv_gemm_norm_rope_write):
 # its kernel gate (GatedGemmGates.QkvGemm*, bitwise against plain_gemm_pairs then
-# qk_norm_rope + kv_write), its model gate (ModelGates.FusedQkvGemm*), then the engine's
+# qk_norm_rope + kv_write, inline rope and rope table), its model gate (ModelGates.FusedQkvGemm*),
+# the kernel bench (skinny_gemm_bench --qkv), then the engine's
 # prefill step one process an arm and three rounds, off (cuBLAS then qkv_write) and fused from
 # 512 rows (TWINSTEP_QKV_GEMM_FUSED=512): the step line and the qkv and q/k write phases.
 # Logs under $OUT.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-build_gates gated_gemm_gates model_gates engine_throughput_bench
+build_gates gated_gemm_gates model_gates engine_throughput_bench skinny_gemm_bench
 t built
 BIN=build/gpu-gates/bin
 part gates 120 "$BIN/gated_gemm_gates"
@@ -14,6 +15,8 @@ SUMMARY_CUT=260 summary "$OUT/gates.log" | grep -E "gate\]|OK|FAIL|rror|xpected|
 part model 300 "$BIN/model_gates" --gtest_filter='ModelGates.FusedQkv*'
 SUMMARY_CUT=400 summary "$OUT/model.log" | grep -E "gate\]|OK|FAIL|rror|xpected|Which|Value"
 t gates done
+part qkv_bench 200 "$BIN/skinny_gemm_bench" --qkv
+tail -9 "$OUT/qkv_bench.log"
 n=0
 for round in 1 2 3; do
   for arm in off fused; do
