@@ -185,7 +185,9 @@ struct CudaDeviceOptions {
   // Steps of at least this many rows run a local layer's q|k|v GEMM with the q norm + rope and
   // the KV write folded into its epilogue (qkv_gemm_norm_rope_write, kernels/gemm_gated.h;
   // ModelForward::set_qkv_gemm_fused_min_rows; 0: never). TWINSTEP_QKV_GEMM_FUSED (rows, an
-  // integer in [0, 2^30]) overrides it in create() (resolve_qkv_gemm_fused_min_rows).
+  // integer in [0, 2^30]) overrides it in create() (resolve_qkv_gemm_fused_min_rows). Off: on
+  // the H200 (session 14) it ties the cuBLAS + qkv_write path (prefill 16 x 2048: 298.3-299.8
+  // ms on, 298.4-299.4 off; perf/NOTES.md), its epilogue not yet hidden behind its MMAs.
   int32_t qkv_gemm_fused_min_rows = 0;
   // Gates only: those layers run the fused kernel's GEMM alone (plain_gemm_pairs) then
   // qkv_write, the unfused twin whose bits the fused kernel must equal.
