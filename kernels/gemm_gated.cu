@@ -179,6 +179,28 @@ __device__ __forceinline__ void unit_of(const Shape& s, int64_t t, int32_t& tm, 
   tn = static_cast<int32_t>(r / in_group);
 }
 
+// The helper warps' walk of the staged hand-over: for each of this block's units in order, each
+// consumer's 64 staged rows in turn once it has written them, body(src, tm, tn, cw) (src its
+// staged rows, tm this block's row tile, tn the column tile, cw the consumer), then the release.
+template <int C, class Body>
+__device__ __forceinline__ void for_each_staged(const Shape& s, int64_t first_unit,
+                                                int64_t unit_stride, uint32_t rank,
+                                                uint64_t* staged_full, uint64_t* staged_free,
+                                                const unsigned char* staged, Body&& body) {
+  uint32_t it = 0;
+  for (int64_t t = first_unit; t < s.units; t += unit_stride, ++it) {
+    int32_t tm, tn;
+    unit_of<C>(s, t, tm, tn);
+    tm += static_cast<int32_t>(rank);
+#pragma unroll 1
+    for (int cw = 0; cw < 2; ++cw) {
+      detail::mbarrier_wait(&staged_full[cw], it & 1);
+      body(staged + cw * kStagedBytes, tm, tn, cw);
+      detail::mbarrier_arrive(&staged_free[cw]);
+    }
+  }
+}
+
 __device__ __forceinline__ float round_bf16(float v) {
   return __bfloat162float(__float2bfloat16(v));
 }
@@ -304,78 +326,62 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
         detail::fill_inv_freq(inv_freq, kQkvHeadDim, qa.theta, qa.rotary_pairs, et, kHelpers);
         detail::named_barrier(3, kHelpers);
       }
-      uint32_t it = 0;
-      for (int64_t t = first_unit; t < s.units; t += unit_stride, ++it) {
-        int32_t tm, tn;
-        unit_of<C>(s, t, tm, tn);
-        tm += static_cast<int32_t>(rank);
+      for_each_staged<C>(
+          s, first_unit, unit_stride, rank, staged_full, staged_free, staged,
+          [&](const unsigned char* src, int32_t tm, int32_t tn, int cw) {
 #pragma unroll 1
-        for (int cw = 0; cw < 2; ++cw) {
-          detail::mbarrier_wait(&staged_full[cw], it & 1);
-          const unsigned char* src = staged + cw * kStagedBytes;
-#pragma unroll 1
-          for (int rr = hw; rr < 64; rr += kHelpers / detail::kWarp) {
-            const int32_t r = tm * kBM + cw * 64 + rr;
-            if (r >= s.rows) break;  // warp-uniform; the later rows are past the end too
-            const uint4 c =
-                *reinterpret_cast<const uint4*>(src + rr * 512 + ((lane ^ (rr % 8)) * 16));
-            if constexpr (E == kPlain) {
-              *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * (2 * s.inter) +
-                                        tn * 2 * kBN + 8 * lane) = c;
-            } else {
-              const uint32_t words[4] = {c.x, c.y, c.z, c.w};
-              float x[8];
+            for (int rr = hw; rr < 64; rr += kHelpers / detail::kWarp) {
+              const int32_t r = tm * kBM + cw * 64 + rr;
+              if (r >= s.rows) break;  // warp-uniform; the later rows are past the end too
+              const uint4 c =
+                  *reinterpret_cast<const uint4*>(src + rr * 512 + ((lane ^ (rr % 8)) * 16));
+              if constexpr (E == kPlain) {
+                *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * (2 * s.inter) +
+                                          tn * 2 * kBN + 8 * lane) = c;
+              } else {
+                const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+                float x[8];
 #pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                float f[2];
-                detail::unpack2(words[k], f);
-                x[2 * k] = f[0];
-                x[2 * k + 1] = f[1];
+                for (int k = 0; k < 4; ++k) {
+                  float f[2];
+                  detail::unpack2(words[k], f);
+                  x[2 * k] = f[0];
+                  x[2 * k + 1] = f[1];
+                }
+                qkv_row(qa, x, r, tn, inv_freq);
               }
-              qkv_row(qa, x, r, tn, inv_freq);
             }
-          }
-          detail::mbarrier_arrive(&staged_free[cw]);
-        }
-      }
+          });
     } else if (E == kStaged && threadIdx.x >= detail::kWarp) {
       // Epilogue warps: per tile, each consumer's staged rows in turn. Item i of a consumer's
       // 64 x 16 items is row i / 16, output columns 8 (i % 16) ..: 16 bytes of g (chunk i % 16
       // of the row) and of u (chunk 16 + i % 16), both at chunk ^ (row % 8) (the consumers'
       // swizzle); a warp's items are two rows' 256 contiguous output bytes.
       const int et = threadIdx.x - detail::kWarp;  // 0 .. 95
-      uint32_t it = 0;
-      for (int64_t t = first_unit; t < s.units; t += unit_stride, ++it) {
-        int32_t tm, tn;
-        unit_of<C>(s, t, tm, tn);
-        tm += static_cast<int32_t>(rank);
+      for_each_staged<C>(
+          s, first_unit, unit_stride, rank, staged_full, staged_free, staged,
+          [&](const unsigned char* src, int32_t tm, int32_t tn, int cw) {
+            const int32_t row0 = tm * kBM + cw * 64;
 #pragma unroll 1
-        for (int cw = 0; cw < 2; ++cw) {
-          detail::mbarrier_wait(&staged_full[cw], it & 1);
-          const unsigned char* src = staged + cw * kStagedBytes;
-          const int32_t row0 = tm * kBM + cw * 64;
-#pragma unroll 1
-          for (int i = et; i < 64 * 16; i += kWgThreads - detail::kWarp) {
-            const int r = i / 16, c = i % 16;
-            const uint4 g = *reinterpret_cast<const uint4*>(src + r * 512 + ((c ^ (r % 8)) * 16));
-            const uint4 u =
-                *reinterpret_cast<const uint4*>(src + r * 512 + (((16 + c) ^ (r % 8)) * 16));
-            if (row0 + r >= s.rows) continue;
-            const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
-            uint32_t o[4];
+            for (int i = et; i < 64 * 16; i += kWgThreads - detail::kWarp) {
+              const int r = i / 16, c = i % 16;
+              const uint4 g = *reinterpret_cast<const uint4*>(src + r * 512 + ((c ^ (r % 8)) * 16));
+              const uint4 u =
+                  *reinterpret_cast<const uint4*>(src + r * 512 + (((16 + c) ^ (r % 8)) * 16));
+              if (row0 + r >= s.rows) continue;
+              const uint32_t gw[4] = {g.x, g.y, g.z, g.w}, uw[4] = {u.x, u.y, u.z, u.w};
+              uint32_t o[4];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              float gf[2], uf[2];
-              detail::unpack2(gw[k], gf);
-              detail::unpack2(uw[k], uf);
-              o[k] = detail::pack2(gelu_sigmoid(gf[0]) * uf[0], gelu_sigmoid(gf[1]) * uf[1]);
+              for (int k = 0; k < 4; ++k) {
+                float gf[2], uf[2];
+                detail::unpack2(gw[k], gf);
+                detail::unpack2(uw[k], uf);
+                o[k] = detail::pack2(gelu_sigmoid(gf[0]) * uf[0], gelu_sigmoid(gf[1]) * uf[1]);
+              }
+              *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * s.inter + tn * kBN +
+                                        8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
             }
-            *reinterpret_cast<uint4*>(out + static_cast<int64_t>(row0 + r) * s.inter + tn * kBN +
-                                      8 * c) = make_uint4(o[0], o[1], o[2], o[3]);
-          }
-          detail::mbarrier_arrive(&staged_free[cw]);
-        }
-      }
+          });
     }
   } else {
     detail::warpgroup_registers_inc<E == kQkv ? 216 : staged_hand_over(E) ? 224 : 232>();
