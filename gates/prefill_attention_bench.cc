@@ -184,6 +184,10 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
       r.variants.emplace_back(label, variant_ms(v));
     }
   } else if (f.head_dim == 512) {
+    r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 48",
+                            variant_ms(V::kWgmmaSplitDimsCluster));
+    r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 32",
+                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile32));
     r.variants.emplace_back("TMA-fed wgmma, split dims, lean softmax",
                             variant_ms(V::kTmaSplitDimsLean));
     r.variants.emplace_back("TMA-fed wgmma, split dims", variant_ms(V::kTmaSplitDims));

@@ -309,7 +309,10 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"},
                 {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"},
                 {V::kTmaSplitDims, "TMA-fed wgmma, split dims"},
-                {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"}};
+                {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"},
+                {V::kWgmmaSplitDimsCluster, "wgmma, clusters of 2 splitting the dims, key tile 48"},
+                {V::kWgmmaSplitDimsClusterKeyTile32,
+                 "wgmma, clusters of 2 splitting the dims, key tile 32"}};
   }
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);

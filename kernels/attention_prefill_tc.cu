@@ -174,7 +174,9 @@ bool variant_built(PrefillVariant v, int32_t head_dim) {
   if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
   const bool split = v == PrefillVariant::kWgmmaSplitDims ||
                      v == PrefillVariant::kWgmmaSplitDimsPipelined ||
-                     v == PrefillVariant::kTmaSplitDims || v == PrefillVariant::kTmaSplitDimsLean;
+                     v == PrefillVariant::kTmaSplitDims || v == PrefillVariant::kTmaSplitDimsLean ||
+                     v == PrefillVariant::kWgmmaSplitDimsCluster ||
+                     v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32;
   if (head_dim == 512) return split;
   return head_dim == 256 && !split;
 }
@@ -354,6 +356,12 @@ KernelStatus launch_variant(const TcArgs& a, int32_t head_dim, PrefillVariant va
           variant == PrefillVariant::kTmaSplitDimsLean) {
         const bool lean = variant == PrefillVariant::kTmaSplitDimsLean;
         if (auto launched = launch_prefill_tma512(a, lean, stream)) return *launched;
+      }
+      if ((variant == PrefillVariant::kWgmmaSplitDimsCluster ||
+           variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32) &&
+          a.key_chunk == 0) {
+        const int32_t key_tile = variant == PrefillVariant::kWgmmaSplitDimsCluster ? 48 : 32;
+        return launch_prefill_wgmma512_cluster(a, key_tile, stream);
       }
       return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
     default:

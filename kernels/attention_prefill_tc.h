@@ -77,6 +77,11 @@ enum class PrefillVariant {
   kTmaPingPongLean,     // the ping-pong kernel at key tile 64 with the lean softmax
   kTmaSplitDimsLean,    // kTmaSplitDims with the lean softmax
   kTmaPingPongSplitKv,  // kTmaPingPongLean with K and V slots released apart
+  // head_dim 512 in clusters of two blocks (attention_prefill_wgmma512_cluster.cu): both hold the
+  // same two tiles, each owns half of the dims and they sum their partial scores through
+  // distributed shared memory; 48 or 32 keys a stage. Under key chunks kWgmmaSplitDims runs.
+  kWgmmaSplitDimsCluster,
+  kWgmmaSplitDimsClusterKeyTile32,
 };
 // Fixed key chunks (the batch-invariant mode, issue 16): each row's keys are split at absolute
 // key positions that are multiples of key_chunk; every chunk runs the variant's own key stages

@@ -35,6 +35,22 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[4][4], uint64_t a_desc, uint
       : "l"(a_desc), "l"(b_desc), "r"(scale_d));
 }
 
+// The same at m64n48k16 (48 keys a stage).
+__device__ __forceinline__ void wgmma_ss(float (&d)[6][4], uint64_t a_desc, uint64_t b_desc,
+                                         int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23"
+      "}, %24, %25, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+}
+
 // The same at m64n64k16 (64 keys a stage).
 __device__ __forceinline__ void wgmma_ss(float (&d)[8][4], uint64_t a_desc, uint64_t b_desc,
                                          int scale_d) {
@@ -188,14 +204,16 @@ __device__ __forceinline__ void store_wg(const TcArgs& a, const PairRows& pr, fl
 // warpgroup idle (dead rows, zero Q). Declares the thread's warpgroup (wg), its thread and warp in
 // it (tid, warp_wg), its lane, the block's tiles (tile0, tile1, has1, one_seq), its passes and KV
 // head.
-#define TS_PAIR_BLOCK(a)                                                                    \
-  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;                  \
-  const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;                              \
-  const int32_t t0 = 2 * (((a).tile_count + 1) / 2 - 1 - static_cast<int32_t>(blockIdx.x)); \
-  const bool has1 = t0 + 1 < (a).tile_count;                                                \
-  const PrefillTile tile0 = (a).tiles[t0], tile1 = (a).tiles[has1 ? t0 + 1 : t0];           \
-  const bool one_seq = has1 && tile1.seq == tile0.seq;                                      \
-  const int passes = has1 && !one_seq ? 2 : 1;                                              \
+#define TS_PAIR_BLOCK(a) TS_PAIR_BLOCK_AT(a, blockIdx.x)
+// The same for the block pair numbered `bx` (a cluster of two blocks shares one pair of tiles).
+#define TS_PAIR_BLOCK_AT(a, bx)                                                     \
+  const int wg = threadIdx.x / kWgThreads, tid = threadIdx.x % kWgThreads;          \
+  const int lane = threadIdx.x % kWarp, warp_wg = tid / kWarp;                      \
+  const int32_t t0 = 2 * (((a).tile_count + 1) / 2 - 1 - static_cast<int32_t>(bx)); \
+  const bool has1 = t0 + 1 < (a).tile_count;                                        \
+  const PrefillTile tile0 = (a).tiles[t0], tile1 = (a).tiles[has1 ? t0 + 1 : t0];   \
+  const bool one_seq = has1 && tile1.seq == tile0.seq;                              \
+  const int passes = has1 && !one_seq ? 2 : 1;                                      \
   const int32_t kv_head = blockIdx.y
 
 // Declares, for pass `pass` of a TS_PAIR_BLOCK: whether this warpgroup is live in it, its tile

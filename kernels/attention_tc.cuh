@@ -548,5 +548,9 @@ KernelStatus launch_prefill_wgmma512(const TcArgs& a, cudaStream_t stream);
 KernelStatus launch_prefill_wgmma256_pipelined(const TcArgs& a, int32_t key_tile,
                                                cudaStream_t stream);
 KernelStatus launch_prefill_wgmma512_pipelined(const TcArgs& a, cudaStream_t stream);
+// head_dim 512 in clusters of two blocks splitting the dims of two tiles
+// (attention_prefill_wgmma512_cluster.cu), 48 or 32 keys a stage; no key chunks.
+KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile,
+                                             cudaStream_t stream);
 
 }  // namespace twinstep::kernels::tc

@@ -349,5 +349,33 @@ TEST(DecodeGraphCuts, GeometricFromLayerOneAndNeverAtOrPastTheLastLayer) {
   EXPECT_EQ(decode_graph_cuts(8, 1000), (V{1, 4, 16, 64, 256}));
 }
 
+TEST(PrefillVariant512, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
+  CudaDeviceOptions o;
+  EXPECT_EQ(resolve_prefill_variant_512(o, nullptr).value(), PrefillVariant::kDefault);
+  o.prefill_variant_512 = PrefillVariant::kWgmmaSplitDimsCluster;
+  EXPECT_EQ(resolve_prefill_variant_512(o, nullptr).value(), PrefillVariant::kWgmmaSplitDimsCluster)
+      << "unset keeps it";
+  EXPECT_EQ(resolve_prefill_variant_512(o, "").value(), PrefillVariant::kWgmmaSplitDimsCluster)
+      << "empty is unset";
+  EXPECT_EQ(resolve_prefill_variant_512(o, "split").value(), PrefillVariant::kWgmmaSplitDims);
+  EXPECT_EQ(resolve_prefill_variant_512(o, "cluster32").value(),
+            PrefillVariant::kWgmmaSplitDimsClusterKeyTile32);
+  EXPECT_EQ(resolve_prefill_variant_512(o, "default").value(), PrefillVariant::kDefault);
+  for (const char* bad : {"Split", "cluster ", "mma", "1"}) {
+    auto got = resolve_prefill_variant_512(o, bad);
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_PREFILL_512=") + bad +
+                                       ": expected default, split, cluster or cluster32"),
+              std::string::npos)
+        << got.error().message;
+  }
+  o.prefill_variant_512 = PrefillVariant::kMma;  // not a head_dim 512 choice of the option
+  auto got = resolve_prefill_variant_512(o, nullptr);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.error().message.find("prefill_variant_512"), std::string::npos)
+      << got.error().message;
+}
+
 }  // namespace
 }  // namespace twinstep::kernels

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string_view>
+#include <utility>
 
 #include "engine/weight_init.h"
 #include "kernels/blas_lt.h"
@@ -242,6 +244,10 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
     d->forward_->set_batch_invariant(true, options.batch_invariant_variant_256);
     d->blas_->set_batch_invariant(true);
   }
+  auto v512 = resolve_prefill_variant_512(options, std::getenv("TWINSTEP_PREFILL_512"));
+  if (!v512) return unexpected(v512.error());
+  d->options_.prefill_variant_512 = v512.value();
+  d->forward_->set_prefill_variant_512(v512.value());
   auto cudnn = resolve_cudnn_local_prefill(options, std::getenv("TWINSTEP_CUDNN_PREFILL"));
   if (!cudnn) return unexpected(cudnn.error());
   d->cudnn_enabled_ = cudnn.value();
@@ -568,6 +574,32 @@ Result<int32_t, engine::DeviceError> resolve_qkv_gemm_fused_min_rows(
     const CudaDeviceOptions& options, const char* env) {
   return resolve_env_int(options.qkv_gemm_fused_min_rows, "qkv_gemm_fused_min_rows", env,
                          "TWINSTEP_QKV_GEMM_FUSED", 0, int32_t{1} << 30);
+}
+
+Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
+    const CudaDeviceOptions& options, const char* env) {
+  static constexpr std::pair<const char*, PrefillVariant> kNames[] = {
+      {"default", PrefillVariant::kDefault},
+      {"split", PrefillVariant::kWgmmaSplitDims},
+      {"cluster", PrefillVariant::kWgmmaSplitDimsCluster},
+      {"cluster32", PrefillVariant::kWgmmaSplitDimsClusterKeyTile32}};
+  if (env == nullptr || env[0] == '\0') {
+    for (const auto& [name, v] : kNames) {
+      if (v == options.prefill_variant_512) return v;
+    }
+    return unexpected(engine::DeviceError{
+        engine::DeviceErrorCode::kBadLayout,
+        "prefill_variant_512 " + std::to_string(static_cast<int>(options.prefill_variant_512)) +
+            ": expected kDefault, kWgmmaSplitDims, kWgmmaSplitDimsCluster or "
+            "kWgmmaSplitDimsClusterKeyTile32"});
+  }
+  for (const auto& [name, v] : kNames) {
+    if (std::string_view(env) == name) return v;
+  }
+  return unexpected(
+      engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                          std::string("TWINSTEP_PREFILL_512=") + env +
+                              ": expected default, split, cluster or cluster32, or unset"});
 }
 
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,

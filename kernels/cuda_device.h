@@ -192,6 +192,12 @@ struct CudaDeviceOptions {
   // Gates only: those layers run the fused kernel's GEMM alone (plain_gemm_pairs) then
   // qkv_write, the unfused twin whose bits the fused kernel must equal.
   bool qkv_gemm_unfused_twin = false;
+  // The prefill attention kernel of the head_dim 512 (global) layers outside the batch-invariant
+  // mode (which pins kWgmmaSplitDims): kDefault (attention_prefill_tc's choice), kWgmmaSplitDims
+  // (one block per 64 pairs) or kWgmmaSplitDimsCluster / kWgmmaSplitDimsClusterKeyTile32
+  // (clusters of two blocks, attention_prefill_wgmma512_cluster.cu). TWINSTEP_PREFILL_512
+  // (default, split, cluster or cluster32) overrides it in create() (resolve_prefill_variant_512).
+  PrefillVariant prefill_variant_512 = PrefillVariant::kDefault;
 };
 
 // An on/off option as create() resolves it from the environment variable `var` (value `env`,
@@ -223,6 +229,10 @@ Result<int32_t, engine::DeviceError> resolve_qkv_gemm_fused_min_rows(
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,
                                                                         const char* pairs_env,
                                                                         const char* epilogue_env);
+// CudaDeviceOptions::prefill_variant_512 from TWINSTEP_PREFILL_512 the same way: "default",
+// "split", "cluster" or "cluster32"; unset or empty the option, which must be one of those four.
+Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
+    const CudaDeviceOptions& options, const char* env);
 // CudaDeviceOptions::gemm_memset_penalty_us from TWINSTEP_GEMM_MEMSET_PENALTY the same way: a
 // number of microseconds in [0, 100]; unset or empty the option.
 Result<double, engine::DeviceError> resolve_gemm_memset_penalty(const CudaDeviceOptions& options,

@@ -444,7 +444,7 @@ CudnnPrefill* ModelForward::prepare_cudnn(const StepViews& step) {
 }
 
 PrefillVariant ModelForward::prefill_variant(int32_t head_dim) const {
-  if (!batch_invariant_) return PrefillVariant::kDefault;
+  if (!batch_invariant_) return head_dim == 512 ? prefill_variant_512_ : PrefillVariant::kDefault;
   if (head_dim == 256) return invariant_variant_256_;
   return head_dim == 512 ? PrefillVariant::kWgmmaSplitDims : PrefillVariant::kMma;
 }

@@ -202,6 +202,9 @@ class ModelForward {
     qkv_gemm_path_ = path;
   }
   int32_t qkv_gemm_fused_min_rows() const { return qkv_gemm_fused_min_rows_; }
+  // The head_dim 512 prefill attention variant outside the batch-invariant mode (which pins
+  // kWgmmaSplitDims); kDefault: attention_prefill_tc's choice.
+  void set_prefill_variant_512(PrefillVariant v) { prefill_variant_512_ = v; }
   struct QkvGemmCounters {
     uint64_t layers = 0;    // local layers that ran the fused kernel (or its unfused twin)
     uint64_t refusals = 0;  // local layers of eligible steps it refused (they ran cuBLAS)
@@ -228,7 +231,9 @@ class ModelForward {
   bool programmatic_decode_ = false;
   const LayerCut* layer_cut_ = nullptr;
   PrefillVariant invariant_variant_256_ = PrefillVariant::kWgmma;
-  // The variant a layer's attention runs: kDefault outside the mode.
+  PrefillVariant prefill_variant_512_ = PrefillVariant::kDefault;
+  // The variant a layer's attention runs: kDefault outside the mode (prefill_variant_512_ at
+  // head_dim 512).
   PrefillVariant prefill_variant(int32_t head_dim) const;
   // The key chunks a layer's attention of a `rows`-row step runs with: none outside the mode.
   PrefillKeyChunks key_chunks(int32_t rows, int32_t window) const;
