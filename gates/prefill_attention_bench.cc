@@ -188,6 +188,12 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
                             variant_ms(V::kWgmmaSplitDimsCluster));
     r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 32",
                             variant_ms(V::kWgmmaSplitDimsClusterKeyTile32));
+    r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 64",
+                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile64));
+    r.variants.emplace_back("wgmma, clusters of 2, key tile 48, lean softmax",
+                            variant_ms(V::kWgmmaSplitDimsClusterLean));
+    r.variants.emplace_back("wgmma, clusters of 2, key tile 64, lean softmax",
+                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile64Lean));
     r.variants.emplace_back("TMA-fed wgmma, split dims, lean softmax",
                             variant_ms(V::kTmaSplitDimsLean));
     r.variants.emplace_back("TMA-fed wgmma, split dims", variant_ms(V::kTmaSplitDims));

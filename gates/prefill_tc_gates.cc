@@ -312,7 +312,12 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"},
                 {V::kWgmmaSplitDimsCluster, "wgmma, clusters of 2 splitting the dims, key tile 48"},
                 {V::kWgmmaSplitDimsClusterKeyTile32,
-                 "wgmma, clusters of 2 splitting the dims, key tile 32"}};
+                 "wgmma, clusters of 2 splitting the dims, key tile 32"},
+                {V::kWgmmaSplitDimsClusterKeyTile64,
+                 "wgmma, clusters of 2 splitting the dims, key tile 64"},
+                {V::kWgmmaSplitDimsClusterLean, "wgmma, clusters of 2, key tile 48, lean softmax"},
+                {V::kWgmmaSplitDimsClusterKeyTile64Lean,
+                 "wgmma, clusters of 2, key tile 64, lean softmax"}};
   }
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);

@@ -170,13 +170,20 @@ __global__ void __launch_bounds__(256) attention_chunk_merge_kernel(TcArgs a, in
   }
 }
 
+bool is_cluster512(PrefillVariant v) {
+  return v == PrefillVariant::kWgmmaSplitDimsCluster ||
+         v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32 ||
+         v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64 ||
+         v == PrefillVariant::kWgmmaSplitDimsClusterLean ||
+         v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean;
+}
+
 bool variant_built(PrefillVariant v, int32_t head_dim) {
   if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
   const bool split = v == PrefillVariant::kWgmmaSplitDims ||
                      v == PrefillVariant::kWgmmaSplitDimsPipelined ||
                      v == PrefillVariant::kTmaSplitDims || v == PrefillVariant::kTmaSplitDimsLean ||
-                     v == PrefillVariant::kWgmmaSplitDimsCluster ||
-                     v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32;
+                     is_cluster512(v);
   if (head_dim == 512) return split;
   return head_dim == 256 && !split;
 }
@@ -357,11 +364,16 @@ KernelStatus launch_variant(const TcArgs& a, int32_t head_dim, PrefillVariant va
         const bool lean = variant == PrefillVariant::kTmaSplitDimsLean;
         if (auto launched = launch_prefill_tma512(a, lean, stream)) return *launched;
       }
-      if ((variant == PrefillVariant::kWgmmaSplitDimsCluster ||
-           variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32) &&
-          a.key_chunk == 0) {
-        const int32_t key_tile = variant == PrefillVariant::kWgmmaSplitDimsCluster ? 48 : 32;
-        return launch_prefill_wgmma512_cluster(a, key_tile, stream);
+      if (is_cluster512(variant) && a.key_chunk == 0) {
+        const int32_t key_tile =
+            variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32 ? 32
+            : variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64 ||
+                    variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean
+                ? 64
+                : 48;
+        const bool lean = variant == PrefillVariant::kWgmmaSplitDimsClusterLean ||
+                          variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean;
+        return launch_prefill_wgmma512_cluster(a, key_tile, lean, stream);
       }
       return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
     default:

@@ -79,9 +79,13 @@ enum class PrefillVariant {
   kTmaPingPongSplitKv,  // kTmaPingPongLean with K and V slots released apart
   // head_dim 512 in clusters of two blocks (attention_prefill_wgmma512_cluster.cu): both hold the
   // same two tiles, each owns half of the dims and they sum their partial scores through
-  // distributed shared memory; 48 or 32 keys a stage. Under key chunks kWgmmaSplitDims runs.
+  // distributed shared memory; 48 keys a stage, or 32, or 64 (one exchange buffer); Lean: the
+  // lean softmax of the TMA kernels. Under key chunks kWgmmaSplitDims runs.
   kWgmmaSplitDimsCluster,
   kWgmmaSplitDimsClusterKeyTile32,
+  kWgmmaSplitDimsClusterKeyTile64,
+  kWgmmaSplitDimsClusterLean,
+  kWgmmaSplitDimsClusterKeyTile64Lean,
 };
 // Fixed key chunks (the batch-invariant mode, issue 16): each row's keys are split at absolute
 // key positions that are multiples of key_chunk; every chunk runs the variant's own key stages

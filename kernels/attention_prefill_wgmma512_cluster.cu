@@ -27,15 +27,17 @@ namespace {
 constexpr int kHdC = 512;
 constexpr int kHalf = 256;  // dims a block owns
 
-template <int BN>
+template <int BN, int XBUF>
 struct ClusterShape {
   static constexpr int kThreads = 2 * kWgThreads;
-  static constexpr int kQ = 2 * kPrefillTileM * kHalf;      // elements: both warpgroups' Q halves
-  static constexpr int kStage = BN * kHalf;                 // elements: one stage of K (or V), half
-  static constexpr int kX = 2 * 2 * (BN / 8) * kWgThreads;  // float4: [2 buf][2 wg][BN / 8][128]
+  static constexpr int kQ = 2 * kPrefillTileM * kHalf;  // elements: both warpgroups' Q halves
+  static constexpr int kStage = BN * kHalf;             // elements: one stage of K (or V), half
+  static constexpr int kX = XBUF * 2 * (BN / 8) * kWgThreads;  // float4: [buf][2 wg][BN / 8][128]
   static constexpr uint32_t kXBytes = (BN / 8) * kWgThreads * 16;  // one warpgroup's partial S
-  // Q, K[2], V[2], the exchange, key offsets[2], 4 mbarriers; 1024 for the alignment.
-  static constexpr int kSmemBytes = 1024 + (kQ + 4 * kStage) * 2 + kX * 16 + 2 * BN * 8 + 4 * 8;
+  static constexpr int kBars = 2 * XBUF + 2;                       // full[buf][wg], free[wg]
+  // Q, K[2], V[2], the exchange, key offsets[2], the mbarriers; 1024 for the alignment.
+  static constexpr int kSmemBytes = 1024 + (kQ + 4 * kStage) * 2 + kX * 16 + 2 * BN * 8 + kBars * 8;
+  static_assert(XBUF == 1 || XBUF == 2, "exchange buffers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 
@@ -104,18 +106,23 @@ __device__ __forceinline__ void load_kv_half(const TcArgs& a, const int64_t* off
 
 // grid (2 x ceil(tile_count / 2), kv_heads), clusters of two along x: cluster c takes the tiles
 // of block pair c of TS_PAIR_BLOCK (counted from the end, two tiles of one seq in one pass, or a
-// pass each across a run boundary), block rank r its dims.
-template <int BN>
+// pass each across a run boundary), block rank r its dims. XBUF 2: the double-buffered exchange
+// above. XBUF 1 (64-key stages, where two buffers do not fit): one buffer a warpgroup, and the
+// receiver tells the sender when it has read it (an arrival on the sender's free barrier) before
+// the next partial may come. kLean: lean_softmax (the mask only on edge stages, ex2.approx, the
+// rescale only when a row maximum moved).
+template <int BN, int XBUF, bool kLean>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     attention_prefill_wgmma512_cluster_kernel(TcArgs a) {
-  using S = ClusterShape<BN>;
+  using S = ClusterShape<BN, XBUF>;
   extern __shared__ uint8_t smem_raw[];
   bf16* q_s = align1024(smem_raw);                               // [2 wg][64 x 256]: 4 panels
   bf16* k_s = q_s + S::kQ;                                       // [2][BN x 256]
   bf16* v_s = k_s + 2 * S::kStage;                               // [2][BN x 256]
   float4* x_s = reinterpret_cast<float4*>(v_s + 2 * S::kStage);  // the other block's partials
   int64_t* off_s = reinterpret_cast<int64_t*>(x_s + S::kX);      // [2][BN]
-  uint64_t* xbar = reinterpret_cast<uint64_t*>(off_s + 2 * BN);  // [2 buf][2 wg]
+  uint64_t* full = reinterpret_cast<uint64_t*>(off_s + 2 * BN);  // [XBUF][2 wg]
+  uint64_t* free_bar = full + 2 * XBUF;                          // [2 wg] (XBUF 1)
   __shared__ int32_t range_s[2];
 
   const uint32_t rank = cluster_rank(), peer = rank ^ 1u;
@@ -123,13 +130,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
   bf16* my_q = q_s + wg * kPrefillTileM * kHalf;
 
   if (threadIdx.x == 0) {
-    for (int i = 0; i < 4; ++i) mbarrier_init(&xbar[i], 1);
+    for (int i = 0; i < S::kBars; ++i) mbarrier_init(&full[i], 1);
     mbarrier_init_fence();
   }
   __syncthreads();
   if (tid == 0) {  // each buffer's first phase: one arrival, the other block's bytes
-    mbarrier_arrive_expect_tx(&xbar[wg], S::kXBytes);
-    mbarrier_arrive_expect_tx(&xbar[2 + wg], S::kXBytes);
+    for (int b = 0; b < XBUF; ++b) mbarrier_arrive_expect_tx(&full[b * 2 + wg], S::kXBytes);
   }
   cluster_sync();  // both blocks' barriers exist before either sends
 
@@ -142,6 +148,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     const int32_t klo = range.x, khi = range.y;
     const int32_t j_start = (klo / BN) * BN;
     const int32_t n_tiles = (khi - j_start + BN - 1) / BN;
+    const WarpKeys wk = warp_keys(pr);
 
     auto offsets = [&](int32_t j0, int64_t* dst) {
       key_offsets<kHdC, BN, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
@@ -170,16 +177,20 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
       float s[BN / 8][4];
       scores_wg<BN>(my_q, k_s + st * S::kStage, s);
       // The exchange: this partial into the other block's buffer, the other's from ours.
-      const int xb = (xs & 1) * 2 + wg;
+      const int xb = (XBUF == 2 ? (xs & 1) * 2 : 0) + wg;
+      const uint32_t parity = XBUF == 2 ? (xs >> 1) & 1 : xs & 1;
       float4* mine = x_s + xb * (BN / 8) * kWgThreads + tid;
-      const uint32_t dst = peer_address(mine, peer), bar = peer_address(&xbar[xb], peer);
+      const uint32_t dst = peer_address(mine, peer), bar = peer_address(&full[xb], peer);
+      if constexpr (XBUF == 1) {
+        if (xs > 0) mbarrier_wait_cluster(&free_bar[wg], (xs - 1) & 1);  // it read the last one
+      }
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n) store_to_peer(dst + n * kWgThreads * 16, s[n], bar);
-      mbarrier_wait_cluster(&xbar[xb], (xs >> 1) & 1);
+      mbarrier_wait_cluster(&full[xb], parity);
       // Arm the buffer's next phase; the other block cannot send into it before this warpgroup
       // has sent its next partial, so no byte of that phase can arrive before every thread
       // here has passed the wait above.
-      if (tid == 0) mbarrier_arrive_expect_tx(&xbar[xb], S::kXBytes);
+      if (tid == 0) mbarrier_arrive_expect_tx(&full[xb], S::kXBytes);
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n) {
         const float4 other = mine[n * kWgThreads];
@@ -188,7 +199,23 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
         s[n][2] += other.z;
         s[n][3] += other.w;
       }
-      softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_s + st * S::kStage, m_run, l_run, o);
+      if constexpr (XBUF == 1) {
+        named_barrier(1 + wg, kWgThreads);  // every thread of the warpgroup has read it
+        if (tid == 0) mbarrier_arrive_cluster(&free_bar[wg], peer);
+      }
+      const bf16* v_st = v_s + st * S::kStage;
+      if constexpr (kLean) {
+        uint32_t pa[BN / 16][4];
+        lean_softmax<BN>(a, pr, wk, j_start + i * BN, s, m_run, l_run, o, pa);
+        fence_operands(o);
+        wgmma_fence();
+        issue_pv<BN>(pa, v_st, o);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_operands(o);
+      } else {
+        softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_st, m_run, l_run, o);
+      }
       __syncthreads();  // stage st is reloaded next iteration
     }
     store_wg<kHdC>(a, pr, l_run, o, static_cast<int>(rank) * kHalf);  // dead rows store nothing
@@ -200,16 +227,28 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
 
 }  // namespace
 
-KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile,
+KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile, bool lean,
                                              cudaStream_t stream) {
   const dim3 grid(2 * ((a.tile_count + 1) / 2), a.kv_heads);
-  if (key_tile == 32) {
-    return launch<attention_prefill_wgmma512_cluster_kernel<32>, ClusterShape<32>::kSmemBytes>(
-        grid, ClusterShape<32>::kThreads, a, stream,
-        "attention_prefill_wgmma512_cluster_kernel<32>");
+  auto run = [&]<int BN, int XBUF, bool kLean>(const char* name) {
+    using S = ClusterShape<BN, XBUF>;
+    return launch<attention_prefill_wgmma512_cluster_kernel<BN, XBUF, kLean>, S::kSmemBytes>(
+        grid, S::kThreads, a, stream, name);
+  };
+  switch (key_tile) {
+    case 32:
+      return run.template operator()<32, 2, false>("attention_prefill_wgmma512_cluster_kernel<32>");
+    case 64:
+      return lean ? run.template operator()<64, 1, true>(
+                        "attention_prefill_wgmma512_cluster_kernel<64, lean>")
+                  : run.template operator()<64, 1, false>(
+                        "attention_prefill_wgmma512_cluster_kernel<64>");
+    default:
+      return lean ? run.template operator()<48, 2, true>(
+                        "attention_prefill_wgmma512_cluster_kernel<48, lean>")
+                  : run.template operator()<48, 2, false>(
+                        "attention_prefill_wgmma512_cluster_kernel<48>");
   }
-  return launch<attention_prefill_wgmma512_cluster_kernel<48>, ClusterShape<48>::kSmemBytes>(
-      grid, ClusterShape<48>::kThreads, a, stream, "attention_prefill_wgmma512_cluster_kernel<48>");
 }
 
 }  // namespace twinstep::kernels::tc

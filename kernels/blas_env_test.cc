@@ -361,12 +361,15 @@ TEST(PrefillVariant512, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
   EXPECT_EQ(resolve_prefill_variant_512(o, "cluster32").value(),
             PrefillVariant::kWgmmaSplitDimsClusterKeyTile32);
   EXPECT_EQ(resolve_prefill_variant_512(o, "default").value(), PrefillVariant::kDefault);
+  EXPECT_EQ(resolve_prefill_variant_512(o, "cluster64-lean").value(),
+            PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean);
   for (const char* bad : {"Split", "cluster ", "mma", "1"}) {
     auto got = resolve_prefill_variant_512(o, bad);
     ASSERT_FALSE(got.ok()) << bad;
     EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
     EXPECT_NE(got.error().message.find(std::string("TWINSTEP_PREFILL_512=") + bad +
-                                       ": expected default, split, cluster or cluster32"),
+                                       ": expected default, split, cluster, cluster32, "
+                                       "cluster64, cluster-lean or cluster64-lean"),
               std::string::npos)
         << got.error().message;
   }

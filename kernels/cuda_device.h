@@ -194,9 +194,10 @@ struct CudaDeviceOptions {
   bool qkv_gemm_unfused_twin = false;
   // The prefill attention kernel of the head_dim 512 (global) layers outside the batch-invariant
   // mode (which pins kWgmmaSplitDims): kDefault (attention_prefill_tc's choice), kWgmmaSplitDims
-  // (one block per 64 pairs) or kWgmmaSplitDimsCluster / kWgmmaSplitDimsClusterKeyTile32
-  // (clusters of two blocks, attention_prefill_wgmma512_cluster.cu). TWINSTEP_PREFILL_512
-  // (default, split, cluster or cluster32) overrides it in create() (resolve_prefill_variant_512).
+  // (one block per 64 pairs) or a kWgmmaSplitDimsCluster* variant (clusters of two blocks,
+  // attention_prefill_wgmma512_cluster.cu). TWINSTEP_PREFILL_512 (default, split, cluster,
+  // cluster32, cluster64, cluster-lean, cluster64-lean) overrides it in create()
+  // (resolve_prefill_variant_512).
   PrefillVariant prefill_variant_512 = PrefillVariant::kDefault;
 };
 
@@ -230,7 +231,8 @@ Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDevi
                                                                         const char* pairs_env,
                                                                         const char* epilogue_env);
 // CudaDeviceOptions::prefill_variant_512 from TWINSTEP_PREFILL_512 the same way: "default",
-// "split", "cluster" or "cluster32"; unset or empty the option, which must be one of those four.
+// "split", "cluster", "cluster32", "cluster64", "cluster-lean" or "cluster64-lean"; unset or empty
+// the option, which must be one of those.
 Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
     const CudaDeviceOptions& options, const char* env);
 // CudaDeviceOptions::gemm_memset_penalty_us from TWINSTEP_GEMM_MEMSET_PENALTY the same way: a
