@@ -323,6 +323,89 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---- the lean softmax (the ping-pong kernel's, kLean) -------------------------------------
+// Same function as mask_scale_max + fold_softmax + p_fragment, in fewer instructions (ncu, H200
+// call 2: ~950 warp instructions a stage, issued by one warp per scheduler while the other
+// warpgroup is in its products, so the softmax ran latency-bound): the mask only on stages
+// where some key of the warp's pairs is outside their [lo, pos] (warp-uniform test), ex2.approx
+// directly (its argument is <= 0 or -inf; what it flushes to zero is below 2^-126 of the row
+// maximum), and the accumulator rescaled only when some row maximum of the warp moved.
+
+// The warp's pairs: the largest first key and the smallest position (-1 with a dead pair).
+struct WarpKeys {
+  int32_t lo_max, pos_min;
+};
+
+__device__ __forceinline__ WarpKeys warp_keys(const PairRows& pr) {
+  WarpKeys w{max(pr.lo[0], pr.lo[1]), min(pr.pos[0], pr.pos[1])};
+#pragma unroll
+  for (int d = 1; d < kWarp; d *= 2) {
+    w.lo_max = max(w.lo_max, __shfl_xor_sync(kFullMask, w.lo_max, d));
+    w.pos_min = min(w.pos_min, __shfl_xor_sync(kFullMask, w.pos_min, d));
+  }
+  return w;
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int BN>
+__device__ __forceinline__ void lean_softmax(const TcArgs& a, const PairRows& pr,
+                                             const WarpKeys& wk, int32_t j0, float (&s)[BN / 8][4],
+                                             float (&m_run)[2], float (&l_run)[2],
+                                             float (&o)[32][4], uint32_t (&pa)[BN / 16][4]) {
+  float mx[2];
+  if (j0 >= wk.lo_max && j0 + BN - 1 <= wk.pos_min) {  // every key live for every pair
+    mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] *= a.scale_log2;
+        mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(kFullMask, mx[i], 2));
+    }
+  } else {
+    mask_scale_max<BN>(a, pr, j0, s, mx);
+  }
+  float corr[2], m_use[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_new = fmaxf(m_run[i], mx[i]);
+    m_use[i] = m_new == -INFINITY ? 0.0f : m_new;  // nothing attended yet: weights stay 0
+    corr[i] = ex2_approx(m_run[i] - m_use[i]);     // 0 while m_run is -inf
+    m_run[i] = m_new;
+    l_run[i] *= corr[i];
+  }
+#pragma unroll
+  for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[n][e] = ex2_approx(s[n][e] - m_use[e / 2]);
+      l_run[e / 2] += s[n][e];
+    }
+  }
+  if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) p_fragment<BN>(s, kk, pa[kk]);
+}
+
 // ---- head_dim 256 with the two warpgroups' products in turns (ping-pong) ------------------
 // Each warpgroup's loop is a sequence of windows: window i issues P V of stage i - 1 and S of
 // stage i back to back, then the softmax of stage i runs outside the window. Two named
@@ -347,6 +430,16 @@ __device__ __forceinline__ void issue_scores(const bf16* q_base, const bf16* k_b
         sw128_desc(q_base + (kk / 4) * kPrefillTileM * kPanel + (kk % 4) * 16, 16, 1024);
     const uint64_t kd = sw128_desc(k_base + (kk / 4) * BN * kPanel + (kk % 4) * 16, 16, 1024);
     wgmma_ss(s, qd, kd, kk > 0 ? 1 : 0);
+  }
+}
+
+// O += P V of one stage, issued (not waited for).
+template <int BN>
+__device__ __forceinline__ void issue_pv(const uint32_t (&pa)[BN / 16][4], const bf16* v_base,
+                                         float (&o)[32][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    wgmma_m64n256k16_rs(o, pa[kk], sw128_desc(v_base + kk * 16 * kPanel, BN * 128, 1024));
   }
 }
 
