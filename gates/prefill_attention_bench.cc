@@ -185,19 +185,12 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
     }
   } else if (f.head_dim == 512) {
     r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 48",
-                            variant_ms(V::kWgmmaSplitDimsCluster));
-    r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 32",
-                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile32));
-    r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 64",
-                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile64));
-    r.variants.emplace_back("wgmma, clusters of 2, key tile 48, lean softmax",
-                            variant_ms(V::kWgmmaSplitDimsClusterLean));
-    r.variants.emplace_back("wgmma, clusters of 2, key tile 64, lean softmax",
-                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile64Lean));
+                            variant_ms(V::kWgmmaSplitDimsClusterKeyTile48));
     r.variants.emplace_back("TMA-fed wgmma, split dims, lean softmax",
                             variant_ms(V::kTmaSplitDimsLean));
     r.variants.emplace_back("TMA-fed wgmma, split dims", variant_ms(V::kTmaSplitDims));
-    r.variants.emplace_back("wgmma, 2 warpgroups splitting dims", variant_ms(V::kWgmmaSplitDims));
+    r.variants.emplace_back("wgmma, 2 warpgroups splitting dims (one block)",
+                            variant_ms(V::kWgmmaSplitDims));
     r.variants.emplace_back("wgmma, split dims, pipelined",
                             variant_ms(V::kWgmmaSplitDimsPipelined));
     r.variants.emplace_back("mma.sync, pair exchange", variant_ms(V::kMma));

@@ -310,14 +310,10 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"},
                 {V::kTmaSplitDims, "TMA-fed wgmma, split dims"},
                 {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"},
-                {V::kWgmmaSplitDimsCluster, "wgmma, clusters of 2 splitting the dims, key tile 48"},
-                {V::kWgmmaSplitDimsClusterKeyTile32,
-                 "wgmma, clusters of 2 splitting the dims, key tile 32"},
+                {V::kWgmmaSplitDimsClusterKeyTile48,
+                 "wgmma, clusters of 2 splitting the dims, key tile 48"},
                 {V::kWgmmaSplitDimsClusterKeyTile64,
-                 "wgmma, clusters of 2 splitting the dims, key tile 64"},
-                {V::kWgmmaSplitDimsClusterLean, "wgmma, clusters of 2, key tile 48, lean softmax"},
-                {V::kWgmmaSplitDimsClusterKeyTile64Lean,
-                 "wgmma, clusters of 2, key tile 64, lean softmax"}};
+                 "wgmma, clusters of 2 splitting the dims, key tile 64"}};
   }
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);

@@ -170,20 +170,13 @@ __global__ void __launch_bounds__(256) attention_chunk_merge_kernel(TcArgs a, in
   }
 }
 
-bool is_cluster512(PrefillVariant v) {
-  return v == PrefillVariant::kWgmmaSplitDimsCluster ||
-         v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32 ||
-         v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64 ||
-         v == PrefillVariant::kWgmmaSplitDimsClusterLean ||
-         v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean;
-}
-
 bool variant_built(PrefillVariant v, int32_t head_dim) {
   if (v == PrefillVariant::kDefault || v == PrefillVariant::kMma) return true;
   const bool split = v == PrefillVariant::kWgmmaSplitDims ||
                      v == PrefillVariant::kWgmmaSplitDimsPipelined ||
                      v == PrefillVariant::kTmaSplitDims || v == PrefillVariant::kTmaSplitDimsLean ||
-                     is_cluster512(v);
+                     v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile48 ||
+                     v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64;
   if (head_dim == 512) return split;
   return head_dim == 256 && !split;
 }
@@ -364,18 +357,16 @@ KernelStatus launch_variant(const TcArgs& a, int32_t head_dim, PrefillVariant va
         const bool lean = variant == PrefillVariant::kTmaSplitDimsLean;
         if (auto launched = launch_prefill_tma512(a, lean, stream)) return *launched;
       }
-      if (is_cluster512(variant) && a.key_chunk == 0) {
-        const int32_t key_tile =
-            variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile32 ? 32
-            : variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64 ||
-                    variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean
-                ? 64
-                : 48;
-        const bool lean = variant == PrefillVariant::kWgmmaSplitDimsClusterLean ||
-                          variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean;
-        return launch_prefill_wgmma512_cluster(a, key_tile, lean, stream);
+      if (variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile48 && a.key_chunk == 0) {
+        return launch_prefill_wgmma512_cluster(a, 48, stream);
       }
-      return launch_prefill_wgmma512(a, stream);  // kDefault, kWgmmaSplitDims: measured fastest
+      if ((variant == PrefillVariant::kDefault ||
+           variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64) &&
+          a.key_chunk == 0) {
+        return launch_prefill_wgmma512_cluster(a, 64, stream);  // kDefault: measured fastest
+      }
+      // kWgmmaSplitDims, and kDefault or a cluster variant under key chunks
+      return launch_prefill_wgmma512(a, stream);
     default:
       TS_UNREACHABLE() << "head_dim " << head_dim << " passed check_attention_args";
   }

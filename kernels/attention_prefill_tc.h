@@ -52,8 +52,9 @@ struct PrefillTilesView {
 // kWgmmaPairKeyTile32 / 64 (two warpgroups sharing each K/V stage over two tiles of one seq;
 // 64 is kDefault) and kWgmmaPairPipelined / KeyTile32 (the same with the softmax of stage i + 1
 // overlapping P V of stage i); at head_dim 512 kWgmmaSplitDims (two warpgroups, each owning half
-// of the dims; kDefault) and kWgmmaSplitDimsPipelined. A variant not built for the head dim is
-// kBadArgument. Measured in perf/NOTES.md.
+// of the dims; kDefault under key chunks), kWgmmaSplitDimsPipelined and the cluster kernels
+// (kWgmmaSplitDimsClusterKeyTile64 is kDefault without key chunks). A variant not built for the
+// head dim is kBadArgument. Measured in perf/NOTES.md.
 enum class PrefillVariant {
   kDefault,
   kMma,
@@ -79,13 +80,10 @@ enum class PrefillVariant {
   kTmaPingPongSplitKv,  // kTmaPingPongLean with K and V slots released apart
   // head_dim 512 in clusters of two blocks (attention_prefill_wgmma512_cluster.cu): both hold the
   // same two tiles, each owns half of the dims and they sum their partial scores through
-  // distributed shared memory; 48 keys a stage, or 32, or 64 (one exchange buffer); Lean: the
-  // lean softmax of the TMA kernels. Under key chunks kWgmmaSplitDims runs.
-  kWgmmaSplitDimsCluster,
-  kWgmmaSplitDimsClusterKeyTile32,
+  // distributed shared memory; 48 keys a stage (two exchange buffers) or 64 (one, handed back;
+  // kDefault at 512). Under key chunks kWgmmaSplitDims runs instead.
+  kWgmmaSplitDimsClusterKeyTile48,
   kWgmmaSplitDimsClusterKeyTile64,
-  kWgmmaSplitDimsClusterLean,
-  kWgmmaSplitDimsClusterKeyTile64Lean,
 };
 // Fixed key chunks (the batch-invariant mode, issue 16): each row's keys are split at absolute
 // key positions that are multiples of key_chunk; every chunk runs the variant's own key stages

@@ -1,5 +1,5 @@
 // kernels/attention_prefill_wgmma512_cluster.cu: the head_dim 512 prefill attention on wgmma in
-// clusters of two blocks (kWgmmaSplitDimsCluster, kWgmmaSplitDimsClusterKeyTile32; sm_90a).
+// clusters of two blocks (kWgmmaSplitDimsClusterKeyTile48 / 64, 64 the default; sm_90a).
 //
 // Why: the one-block kernel (kWgmmaSplitDims, attention_prefill_wgmma.cu) holds 64 (row, head)
 // pairs, because their 64 x 512 fp32 accumulator is all the registers two warpgroups have; so
@@ -11,12 +11,14 @@
 // partial S to the same warpgroup of the other block (st.async into its shared memory, completing
 // on an mbarrier there), waits for the other's, and adds (float addition commutes: both blocks get
 // the same bits, run the same softmax and the same P). So per pair a key's K and V bytes are read
-// half as often, each block loads half of each stage, and with 48-key stages the per-stage costs
-// are paid per 48 keys. Tensor-core work per block and stage is the one-block kernel's.
+// half as often, each block loads half of each stage, and the 64-key stages that fit (the one-block
+// kernel's Q and two stages fill its shared memory at 32 keys) pay the per-stage costs per 64
+// keys. Tensor-core work per block and key is the one-block kernel's.
 //
-// The exchange buffers are double-buffered and need no "consumed" signal back: block A writes
-// stage i into B's buffer i % 2 only after it received B's partial of stage i - 1, which B sends
-// after it has read (and added) its buffer of stage i - 2, the same buffer.
+// Exchange buffers: with two a warpgroup (48-key stages) no "consumed" signal is needed: block A
+// writes stage i into B's buffer i % 2 only after it received B's partial of stage i - 1, which B
+// sends after it has read (and added) its buffer of stage i - 2, the same buffer. At 64 keys only
+// one fits: the receiver arrives on the sender's free barrier once it has read it.
 //
 // Not built for the batch-invariant key chunks (the dispatcher runs kWgmmaSplitDims there).
 #include "kernels/attention_prefill_wgmma.cuh"
@@ -109,9 +111,8 @@ __device__ __forceinline__ void load_kv_half(const TcArgs& a, const int64_t* off
 // pass each across a run boundary), block rank r its dims. XBUF 2: the double-buffered exchange
 // above. XBUF 1 (64-key stages, where two buffers do not fit): one buffer a warpgroup, and the
 // receiver tells the sender when it has read it (an arrival on the sender's free barrier) before
-// the next partial may come. kLean: lean_softmax (the mask only on edge stages, ex2.approx, the
-// rescale only when a row maximum moved).
-template <int BN, int XBUF, bool kLean>
+// the next partial may come.
+template <int BN, int XBUF>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     attention_prefill_wgmma512_cluster_kernel(TcArgs a) {
   using S = ClusterShape<BN, XBUF>;
@@ -148,7 +149,6 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     const int32_t klo = range.x, khi = range.y;
     const int32_t j_start = (klo / BN) * BN;
     const int32_t n_tiles = (khi - j_start + BN - 1) / BN;
-    const WarpKeys wk = warp_keys(pr);
 
     auto offsets = [&](int32_t j0, int64_t* dst) {
       key_offsets<kHdC, BN, 1>(a, pb, pe - pb, first_page, kv_head, klo, khi, j0, dst);
@@ -203,19 +203,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
         named_barrier(1 + wg, kWgThreads);  // every thread of the warpgroup has read it
         if (tid == 0) mbarrier_arrive_cluster(&free_bar[wg], peer);
       }
-      const bf16* v_st = v_s + st * S::kStage;
-      if constexpr (kLean) {
-        uint32_t pa[BN / 16][4];
-        lean_softmax<BN>(a, pr, wk, j_start + i * BN, s, m_run, l_run, o, pa);
-        fence_operands(o);
-        wgmma_fence();
-        issue_pv<BN>(pa, v_st, o);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_operands(o);
-      } else {
-        softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_st, m_run, l_run, o);
-      }
+      softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_s + st * S::kStage, m_run, l_run, o);
       __syncthreads();  // stage st is reloaded next iteration
     }
     store_wg<kHdC>(a, pr, l_run, o, static_cast<int>(rank) * kHalf);  // dead rows store nothing
@@ -227,28 +215,17 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
 
 }  // namespace
 
-KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile, bool lean,
+KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile,
                                              cudaStream_t stream) {
   const dim3 grid(2 * ((a.tile_count + 1) / 2), a.kv_heads);
-  auto run = [&]<int BN, int XBUF, bool kLean>(const char* name) {
-    using S = ClusterShape<BN, XBUF>;
-    return launch<attention_prefill_wgmma512_cluster_kernel<BN, XBUF, kLean>, S::kSmemBytes>(
-        grid, S::kThreads, a, stream, name);
-  };
-  switch (key_tile) {
-    case 32:
-      return run.template operator()<32, 2, false>("attention_prefill_wgmma512_cluster_kernel<32>");
-    case 64:
-      return lean ? run.template operator()<64, 1, true>(
-                        "attention_prefill_wgmma512_cluster_kernel<64, lean>")
-                  : run.template operator()<64, 1, false>(
-                        "attention_prefill_wgmma512_cluster_kernel<64>");
-    default:
-      return lean ? run.template operator()<48, 2, true>(
-                        "attention_prefill_wgmma512_cluster_kernel<48, lean>")
-                  : run.template operator()<48, 2, false>(
-                        "attention_prefill_wgmma512_cluster_kernel<48>");
+  if (key_tile == 48) {
+    using S = ClusterShape<48, 2>;
+    return launch<attention_prefill_wgmma512_cluster_kernel<48, 2>, S::kSmemBytes>(
+        grid, S::kThreads, a, stream, "attention_prefill_wgmma512_cluster_kernel<48, 2>");
   }
+  using S = ClusterShape<64, 1>;
+  return launch<attention_prefill_wgmma512_cluster_kernel<64, 1>, S::kSmemBytes>(
+      grid, S::kThreads, a, stream, "attention_prefill_wgmma512_cluster_kernel<64, 1>");
 }
 
 }  // namespace twinstep::kernels::tc

@@ -549,9 +549,8 @@ KernelStatus launch_prefill_wgmma256_pipelined(const TcArgs& a, int32_t key_tile
                                                cudaStream_t stream);
 KernelStatus launch_prefill_wgmma512_pipelined(const TcArgs& a, cudaStream_t stream);
 // head_dim 512 in clusters of two blocks splitting the dims of two tiles
-// (attention_prefill_wgmma512_cluster.cu), 32, 48 or 64 keys a stage (`lean`: the lean softmax,
-// at 48 and 64); no key chunks.
-KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile, bool lean,
+// (attention_prefill_wgmma512_cluster.cu), 48 or 64 keys a stage; no key chunks.
+KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile,
                                              cudaStream_t stream);
 
 }  // namespace twinstep::kernels::tc

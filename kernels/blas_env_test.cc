@@ -352,24 +352,23 @@ TEST(DecodeGraphCuts, GeometricFromLayerOneAndNeverAtOrPastTheLastLayer) {
 TEST(PrefillVariant512, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
   CudaDeviceOptions o;
   EXPECT_EQ(resolve_prefill_variant_512(o, nullptr).value(), PrefillVariant::kDefault);
-  o.prefill_variant_512 = PrefillVariant::kWgmmaSplitDimsCluster;
-  EXPECT_EQ(resolve_prefill_variant_512(o, nullptr).value(), PrefillVariant::kWgmmaSplitDimsCluster)
+  o.prefill_variant_512 = PrefillVariant::kWgmmaSplitDimsClusterKeyTile48;
+  EXPECT_EQ(resolve_prefill_variant_512(o, nullptr).value(),
+            PrefillVariant::kWgmmaSplitDimsClusterKeyTile48)
       << "unset keeps it";
-  EXPECT_EQ(resolve_prefill_variant_512(o, "").value(), PrefillVariant::kWgmmaSplitDimsCluster)
+  EXPECT_EQ(resolve_prefill_variant_512(o, "").value(),
+            PrefillVariant::kWgmmaSplitDimsClusterKeyTile48)
       << "empty is unset";
   EXPECT_EQ(resolve_prefill_variant_512(o, "split").value(), PrefillVariant::kWgmmaSplitDims);
-  EXPECT_EQ(resolve_prefill_variant_512(o, "cluster32").value(),
-            PrefillVariant::kWgmmaSplitDimsClusterKeyTile32);
+  EXPECT_EQ(resolve_prefill_variant_512(o, "cluster64").value(),
+            PrefillVariant::kWgmmaSplitDimsClusterKeyTile64);
   EXPECT_EQ(resolve_prefill_variant_512(o, "default").value(), PrefillVariant::kDefault);
-  EXPECT_EQ(resolve_prefill_variant_512(o, "cluster64-lean").value(),
-            PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean);
-  for (const char* bad : {"Split", "cluster ", "mma", "1"}) {
+  for (const char* bad : {"Split", "cluster64 ", "cluster", "mma", "1"}) {
     auto got = resolve_prefill_variant_512(o, bad);
     ASSERT_FALSE(got.ok()) << bad;
     EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
     EXPECT_NE(got.error().message.find(std::string("TWINSTEP_PREFILL_512=") + bad +
-                                       ": expected default, split, cluster, cluster32, "
-                                       "cluster64, cluster-lean or cluster64-lean"),
+                                       ": expected default, split, cluster48 or cluster64"),
               std::string::npos)
         << got.error().message;
   }

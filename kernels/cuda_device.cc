@@ -581,11 +581,8 @@ Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
   static constexpr std::pair<const char*, PrefillVariant> kNames[] = {
       {"default", PrefillVariant::kDefault},
       {"split", PrefillVariant::kWgmmaSplitDims},
-      {"cluster", PrefillVariant::kWgmmaSplitDimsCluster},
-      {"cluster32", PrefillVariant::kWgmmaSplitDimsClusterKeyTile32},
-      {"cluster64", PrefillVariant::kWgmmaSplitDimsClusterKeyTile64},
-      {"cluster-lean", PrefillVariant::kWgmmaSplitDimsClusterLean},
-      {"cluster64-lean", PrefillVariant::kWgmmaSplitDimsClusterKeyTile64Lean}};
+      {"cluster48", PrefillVariant::kWgmmaSplitDimsClusterKeyTile48},
+      {"cluster64", PrefillVariant::kWgmmaSplitDimsClusterKeyTile64}};
   if (env == nullptr || env[0] == '\0') {
     for (const auto& [name, v] : kNames) {
       if (v == options.prefill_variant_512) return v;
@@ -593,16 +590,16 @@ Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
     return unexpected(engine::DeviceError{
         engine::DeviceErrorCode::kBadLayout,
         "prefill_variant_512 " + std::to_string(static_cast<int>(options.prefill_variant_512)) +
-            ": expected kDefault, kWgmmaSplitDims or a kWgmmaSplitDimsCluster* variant"});
+            ": expected kDefault, kWgmmaSplitDims, kWgmmaSplitDimsClusterKeyTile48 or "
+            "kWgmmaSplitDimsClusterKeyTile64"});
   }
   for (const auto& [name, v] : kNames) {
     if (std::string_view(env) == name) return v;
   }
-  return unexpected(engine::DeviceError{
-      engine::DeviceErrorCode::kBadLayout,
-      std::string("TWINSTEP_PREFILL_512=") + env +
-          ": expected default, split, cluster, cluster32, cluster64, cluster-lean or "
-          "cluster64-lean, or unset"});
+  return unexpected(
+      engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                          std::string("TWINSTEP_PREFILL_512=") + env +
+                              ": expected default, split, cluster48 or cluster64, or unset"});
 }
 
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,
