@@ -1451,6 +1451,9 @@ int main(int argc, char** argv) {
                 kPrefillRequests, kPrefillPrompt, kMaxStepTokens);
     std::printf("  %d steps, %.1f ms total, %.1f ms/step (median %.1f), %.0f prompt tokens/s\n",
                 steps, wall, wall / steps, median(ms), rows / (wall * 1e-3));
+    std::string each;
+    for (double m : ms) each += " " + std::to_string(m).substr(0, 7);
+    std::printf("  each step, ms:%s\n", each.c_str());
     std::printf("  floor: %.1f ms (memory %.1f, compute %.1f); measured/floor %.2f\n",
                 cost.floor_ms(total_cost), cost.memory_ms(total_cost), cost.compute_ms(total_cost),
                 wall / cost.floor_ms(total_cost));
