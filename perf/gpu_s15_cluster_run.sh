@@ -13,7 +13,7 @@ t built
 BIN=build/gpu-gates/bin
 part gates 150 "$BIN/prefill_tc_gates"
 gates_rc=$(grep -c "FAILED" "$OUT/gates.log")
-grep -E "hd 512|clusters|FAILED|OK \]|rror|xpected|Which|Value" "$OUT/gates.log" | cut -c1-240 | head -60
+grep -E "hd 512|clusters|pipelined vs|FAILED|OK \]|rror|xpected|Which|Value" "$OUT/gates.log" | cut -c1-240 | head -60
 t gates done
 part attn_bench 200 "$BIN/prefill_attention_bench"
 grep -E -i "device|hd512|512|cluster|split|peak|sdpa" "$OUT/attn_bench.log" | head -60
@@ -23,7 +23,7 @@ for round in 1 2; do
   for arm in ${ARMS:-split cluster}; do
     part "prefill_${round}_$arm" 100 env TWINSTEP_PREFILL_512=$arm "$BIN/engine_throughput_bench" --prefill
     echo "$arm: $(grep -E "^\| prefill 16x2048" "$OUT/prefill_${round}_$arm.log" | cut -c1-70)"
-    grep -E "^  attention " "$OUT/prefill_${round}_$arm.log" | head -1
+    grep -E "^  attention |each step" "$OUT/prefill_${round}_$arm.log" | head -2
   done
 done
 t done
