@@ -1454,6 +1454,12 @@ int main(int argc, char** argv) {
     std::string each;
     for (double m : ms) each += " " + std::to_string(m).substr(0, 7);
     std::printf("  each step, ms:%s\n", each.c_str());
+    if (host.size() == ms.size()) {  // the GPU's part: plan upload to the sampled ids
+      std::string gpu;
+      for (size_t i = 0; i < ms.size(); ++i)
+        gpu += " " + std::to_string(ms[i] - host[i]).substr(0, 7);
+      std::printf("  each step, GPU ms (plan upload to sampled ids):%s\n", gpu.c_str());
+    }
     std::printf("  floor: %.1f ms (memory %.1f, compute %.1f); measured/floor %.2f\n",
                 cost.floor_ms(total_cost), cost.memory_ms(total_cost), cost.compute_ms(total_cost),
                 wall / cost.floor_ms(total_cost));

@@ -186,10 +186,6 @@ CaseTimes run_case(const AttnShape& f, int32_t seqs, int32_t seq_len, cudaStream
   } else if (f.head_dim == 512) {
     r.variants.emplace_back("wgmma, clusters of 2 splitting dims, key tile 48",
                             variant_ms(V::kWgmmaSplitDimsClusterKeyTile48));
-    r.variants.emplace_back("wgmma, clusters of 2, pipelined, key tile 64",
-                            variant_ms(V::kWgmmaSplitDimsClusterPipelined));
-    r.variants.emplace_back("wgmma, clusters of 2, pipelined, key tile 48",
-                            variant_ms(V::kWgmmaSplitDimsClusterPipelinedKeyTile48));
     r.variants.emplace_back("TMA-fed wgmma, split dims, lean softmax",
                             variant_ms(V::kTmaSplitDimsLean));
     r.variants.emplace_back("TMA-fed wgmma, split dims", variant_ms(V::kTmaSplitDims));

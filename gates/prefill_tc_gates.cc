@@ -14,9 +14,6 @@
 // reference sits at the rounding floor, the tensor-core kernel 3-8% above it over the whole
 // output, 25-35% above it on the worst row.)
 #include <cstdio>
-#include <map>
-#include <utility>
-#include <vector>
 
 #include "gates/kernel_gate_util.h"
 #include "kernels/attention_prefill_tc.h"
@@ -308,21 +305,16 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
                 {V::kTmaPingPongLean, "TMA-fed wgmma, ping-pong, lean softmax"},
                 {V::kTmaPingPongSplitKv, "TMA-fed wgmma, ping-pong, lean, K/V apart"}};
   } else if (hd == 512) {
-    variants = {
-        {V::kMma, "mma.sync, pair exchange"},
-        {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"},
-        {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"},
-        {V::kTmaSplitDims, "TMA-fed wgmma, split dims"},
-        {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"},
-        {V::kWgmmaSplitDimsClusterKeyTile48,
-         "wgmma, clusters of 2 splitting the dims, key tile 48"},
-        {V::kWgmmaSplitDimsClusterKeyTile64,
-         "wgmma, clusters of 2 splitting the dims, key tile 64"},
-        {V::kWgmmaSplitDimsClusterPipelined, "wgmma, clusters of 2, pipelined, key tile 64"},
-        {V::kWgmmaSplitDimsClusterPipelinedKeyTile48,
-         "wgmma, clusters of 2, pipelined, key tile 48"}};
+    variants = {{V::kMma, "mma.sync, pair exchange"},
+                {V::kWgmmaSplitDims, "wgmma, two warpgroups splitting the dims"},
+                {V::kWgmmaSplitDimsPipelined, "wgmma, split dims, pipelined"},
+                {V::kTmaSplitDims, "TMA-fed wgmma, split dims"},
+                {V::kTmaSplitDimsLean, "TMA-fed wgmma, split dims, lean softmax"},
+                {V::kWgmmaSplitDimsClusterKeyTile48,
+                 "wgmma, clusters of 2 splitting the dims, key tile 48"},
+                {V::kWgmmaSplitDimsClusterKeyTile64,
+                 "wgmma, clusters of 2 splitting the dims, key tile 64"}};
   }
-  std::map<V, std::vector<bf16>> outputs;
   for (const auto& [variant, label] : variants) {
     DeviceBuffer<bf16> alt(sentinel);
     KERNEL_OK(kernels::attention_prefill_tc(d_q.get() + q_stride, q_stride, alt.get(), tc.q_heads,
@@ -335,26 +327,6 @@ void run_tc_case(const TcCase& tc, cudaStream_t stream) {
     std::printf("[gate]   %s: rel err whole %.2e, worst %.2e\n", label, e.whole, e.worst_row);
     EXPECT_LE(e.whole, std::hypot(e_ref.whole, e_round.whole)) << label;
     EXPECT_LE(e.worst_row, e_ref.worst_row + e_round.worst_row) << label;
-    outputs[variant] = got;
-  }
-  // The pipelined cluster kernels do the unpipelined ones' operations on every value in the
-  // same order (only P V is issued later): their outputs must be the same bits.
-  for (const auto& [pipelined, plain] :
-       {std::pair{V::kWgmmaSplitDimsClusterPipelined, V::kWgmmaSplitDimsClusterKeyTile64},
-        std::pair{V::kWgmmaSplitDimsClusterPipelinedKeyTile48,
-                  V::kWgmmaSplitDimsClusterKeyTile48}}) {
-    if (!outputs.contains(pipelined) || !outputs.contains(plain)) continue;
-    const auto& x = outputs[pipelined];
-    const auto& y = outputs[plain];
-    size_t differ = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      differ += bits(x[i]) != bits(y[i]) ? 1 : 0;
-    }
-    std::printf(
-        "[gate]   pipelined vs unpipelined cluster kernel (variant %d vs %d): %zu of %zu "
-        "outputs differ in bits (must be 0)\n",
-        static_cast<int>(pipelined), static_cast<int>(plain), differ, x.size());
-    EXPECT_EQ(differ, 0u);
   }
   run_chunk_checks(tc, b, d_q.get() + q_stride, pool_b, pb, tiles_of(b, 0, group), ref, e_ref,
                    e_round, stream);

@@ -176,9 +176,7 @@ bool variant_built(PrefillVariant v, int32_t head_dim) {
                      v == PrefillVariant::kWgmmaSplitDimsPipelined ||
                      v == PrefillVariant::kTmaSplitDims || v == PrefillVariant::kTmaSplitDimsLean ||
                      v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile48 ||
-                     v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64 ||
-                     v == PrefillVariant::kWgmmaSplitDimsClusterPipelined ||
-                     v == PrefillVariant::kWgmmaSplitDimsClusterPipelinedKeyTile48;
+                     v == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64;
   if (head_dim == 512) return split;
   return head_dim == 256 && !split;
 }
@@ -360,18 +358,12 @@ KernelStatus launch_variant(const TcArgs& a, int32_t head_dim, PrefillVariant va
         if (auto launched = launch_prefill_tma512(a, lean, stream)) return *launched;
       }
       if (variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile48 && a.key_chunk == 0) {
-        return launch_prefill_wgmma512_cluster(a, 48, false, stream);
-      }
-      if (variant == PrefillVariant::kWgmmaSplitDimsClusterPipelined && a.key_chunk == 0) {
-        return launch_prefill_wgmma512_cluster(a, 64, true, stream);
-      }
-      if (variant == PrefillVariant::kWgmmaSplitDimsClusterPipelinedKeyTile48 && a.key_chunk == 0) {
-        return launch_prefill_wgmma512_cluster(a, 48, true, stream);
+        return launch_prefill_wgmma512_cluster(a, 48, stream);
       }
       if ((variant == PrefillVariant::kDefault ||
            variant == PrefillVariant::kWgmmaSplitDimsClusterKeyTile64) &&
           a.key_chunk == 0) {
-        return launch_prefill_wgmma512_cluster(a, 64, false, stream);  // kDefault: measured fastest
+        return launch_prefill_wgmma512_cluster(a, 64, stream);  // kDefault: measured fastest
       }
       // kWgmmaSplitDims, and kDefault or a cluster variant under key chunks
       return launch_prefill_wgmma512(a, stream);

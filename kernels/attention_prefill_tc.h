@@ -84,10 +84,6 @@ enum class PrefillVariant {
   // kDefault at 512). Under key chunks kWgmmaSplitDims runs instead.
   kWgmmaSplitDimsClusterKeyTile48,
   kWgmmaSplitDimsClusterKeyTile64,
-  // The same with P V of a stage issued behind the next stage's score exchange (the same bits as
-  // the unpipelined kernel at its key tile): 64 keys a stage, or 48.
-  kWgmmaSplitDimsClusterPipelined,
-  kWgmmaSplitDimsClusterPipelinedKeyTile48,
 };
 // Fixed key chunks (the batch-invariant mode, issue 16): each row's keys are split at absolute
 // key positions that are multiples of key_chunk; every chunk runs the variant's own key stages

@@ -29,18 +29,16 @@ namespace {
 constexpr int kHdC = 512;
 constexpr int kHalf = 256;  // dims a block owns
 
-template <int BN, int XBUF, bool kPipe = false>
+template <int BN, int XBUF>
 struct ClusterShape {
   static constexpr int kThreads = 2 * kWgThreads;
   static constexpr int kQ = 2 * kPrefillTileM * kHalf;  // elements: both warpgroups' Q halves
   static constexpr int kStage = BN * kHalf;             // elements: one stage of K (or V), half
   static constexpr int kX = XBUF * 2 * (BN / 8) * kWgThreads;  // float4: [buf][2 wg][BN / 8][128]
   static constexpr uint32_t kXBytes = (BN / 8) * kWgThreads * 16;  // one warpgroup's partial S
-  static constexpr int kOffSlots = kPipe ? 3 : 2;                  // stages of key offsets
   static constexpr int kBars = 2 * XBUF + 2;                       // full[buf][wg], free[wg]
-  // Q, K[2], V[2], the exchange, key offsets, the mbarriers; 1024 for the alignment.
-  static constexpr int kSmemBytes =
-      1024 + (kQ + 4 * kStage) * 2 + kX * 16 + kOffSlots * BN * 8 + kBars * 8;
+  // Q, K[2], V[2], the exchange, key offsets[2], the mbarriers; 1024 for the alignment.
+  static constexpr int kSmemBytes = 1024 + (kQ + 4 * kStage) * 2 + kX * 16 + 2 * BN * 8 + kBars * 8;
   static_assert(XBUF == 1 || XBUF == 2, "exchange buffers");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
@@ -81,9 +79,9 @@ __device__ __forceinline__ void load_q_half(const TcArgs& a, const PrefillTile& 
   }
 }
 
-// One stage's half of K and/or of V (dims [256 rank, + 256) of BN keys) by the block's threads,
+// One stage's half of K and of V (dims [256 rank, + 256) of BN keys) by the block's threads,
 // through the key offsets (off < 0: zero fill, nothing read).
-template <int BN, bool kK = true, bool kV = true>
+template <int BN>
 __device__ __forceinline__ void load_kv_half(const TcArgs& a, const int64_t* off_s, uint32_t rank,
                                              bf16* k_s, bf16* v_s) {
   const int64_t v_off = static_cast<int64_t>(a.page_size) * a.kv_heads * kHdC;
@@ -92,56 +90,9 @@ __device__ __forceinline__ void load_kv_half(const TcArgs& a, const int64_t* off
     const int64_t off = off_s[key];
     const bf16* src = off >= 0 ? a.layer_base + off + rank * kHalf + chunk * 8 : a.layer_base;
     const int bytes = off >= 0 ? 16 : 0;
-    if constexpr (kK) cp_async16(k_s + sw128<BN>(key, chunk), src, bytes);
-    if constexpr (kV) cp_async16(v_s + sw128<BN>(key, chunk), off >= 0 ? src + v_off : src, bytes);
+    cp_async16(k_s + sw128<BN>(key, chunk), src, bytes);
+    cp_async16(v_s + sw128<BN>(key, chunk), off >= 0 ? src + v_off : src, bytes);
   }
-}
-
-// The exchange of one stage's partial scores (see the file comment): this warpgroup's partial
-// into the other block's buffer, then the other's from ours, added. `xs`: stages exchanged so far.
-template <int BN, int XBUF>
-__device__ __forceinline__ void exchange_scores(float (&s)[BN / 8][4], float4* x_s, uint64_t* full,
-                                                uint64_t* free_bar, int32_t xs, int wg, int tid,
-                                                uint32_t peer) {
-  constexpr uint32_t kXBytes = ClusterShape<BN, XBUF>::kXBytes;
-  const int xb = (XBUF == 2 ? (xs & 1) * 2 : 0) + wg;
-  const uint32_t parity = XBUF == 2 ? (xs >> 1) & 1 : xs & 1;
-  float4* mine = x_s + xb * (BN / 8) * kWgThreads + tid;
-  const uint32_t dst = peer_address(mine, peer), bar = peer_address(&full[xb], peer);
-  if constexpr (XBUF == 1) {
-    if (xs > 0) mbarrier_wait(&free_bar[wg], (xs - 1) & 1);  // it has read the last one
-  }
-#pragma unroll
-  for (int n = 0; n < BN / 8; ++n) store_to_peer(dst + n * kWgThreads * 16, s[n], bar);
-  mbarrier_wait(&full[xb], parity);
-  // Arm the buffer's next phase; the other block cannot send into it before this warpgroup
-  // has sent its next partial, so no byte of that phase can arrive before every thread here
-  // has passed the wait above.
-  if (tid == 0) mbarrier_arrive_expect_tx(&full[xb], kXBytes);
-#pragma unroll
-  for (int n = 0; n < BN / 8; ++n) {
-    const float4 other = mine[n * kWgThreads];
-    s[n][0] += other.x;
-    s[n][1] += other.y;
-    s[n][2] += other.z;
-    s[n][3] += other.w;
-  }
-  if constexpr (XBUF == 1) {
-    named_barrier(1 + wg, kWgThreads);  // every thread of the warpgroup has read it
-    if (tid == 0) mbarrier_arrive_cluster(&free_bar[wg], peer);
-  }
-}
-
-// O += P V of one stage, issued (the caller waits).
-template <int BN>
-__device__ __forceinline__ void issue_pv_half(const uint32_t (&pa)[BN / 16][4], const bf16* v_base,
-                                              float (&o)[32][4]) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    wgmma_m64n256k16_rs(o, pa[kk], sw128_desc(v_base + kk * 16 * kPanel, BN * 128, 1024));
-  }
-  wgmma_commit();
 }
 
 // grid (2 x ceil(tile_count / 2), kv_heads), clusters of two along x: cluster c takes the tiles
@@ -149,24 +100,19 @@ __device__ __forceinline__ void issue_pv_half(const uint32_t (&pa)[BN / 16][4], 
 // pass each across a run boundary), block rank r its dims. XBUF 2: the double-buffered exchange
 // above. XBUF 1 (64-key stages, where two buffers do not fit): one buffer a warpgroup, and the
 // receiver tells the sender when it has read it (an arrival on the sender's free barrier) before
-// the next partial may come. kPipe: P V of stage i - 1 is issued after stage i's partial scores
-// are sent, so it runs while the exchange completes and the softmax of stage i computes its
-// weights; the accumulator is rescaled once it has landed (the same operations on it in the
-// same order as without kPipe: the same bits). V then trails K by a stage in the ring: the
-// loads at the top of iteration i are K of stage i + 1 and V of stage i, through a third slot
-// of key offsets.
-template <int BN, int XBUF, bool kPipe>
+// the next partial may come.
+template <int BN, int XBUF>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     attention_prefill_wgmma512_cluster_kernel(TcArgs a) {
-  using S = ClusterShape<BN, XBUF, kPipe>;
+  using S = ClusterShape<BN, XBUF>;
   extern __shared__ uint8_t smem_raw[];
   bf16* q_s = align1024(smem_raw);                               // [2 wg][64 x 256]: 4 panels
   bf16* k_s = q_s + S::kQ;                                       // [2][BN x 256]
   bf16* v_s = k_s + 2 * S::kStage;                               // [2][BN x 256]
   float4* x_s = reinterpret_cast<float4*>(v_s + 2 * S::kStage);  // the other block's partials
-  int64_t* off_s = reinterpret_cast<int64_t*>(x_s + S::kX);      // [2 or 3][BN]
-  uint64_t* full = reinterpret_cast<uint64_t*>(off_s + S::kOffSlots * BN);  // [XBUF][2 wg]
-  uint64_t* free_bar = full + 2 * XBUF;                                     // [2 wg] (XBUF 1)
+  int64_t* off_s = reinterpret_cast<int64_t*>(x_s + S::kX);      // [2][BN]
+  uint64_t* full = reinterpret_cast<uint64_t*>(off_s + 2 * BN);  // [XBUF][2 wg]
+  uint64_t* free_bar = full + 2 * XBUF;                          // [2 wg] (XBUF 1)
   __shared__ int32_t range_s[2];
 
   const uint32_t rank = cluster_rank(), peer = rank ^ 1u;
@@ -200,11 +146,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     offsets(j_start + BN, off_s + BN);
     __syncthreads();
     load_q_half(a, t, kv_head, live, tid, rank, my_q);
-    if constexpr (kPipe) {
-      load_kv_half<BN, true, false>(a, off_s, rank, k_s, nullptr);
-    } else {
-      load_kv_half<BN>(a, off_s, rank, k_s, v_s);
-    }
+    load_kv_half<BN>(a, off_s, rank, k_s, v_s);
     cp_async_commit();
     __syncthreads();  // off_s[0] is rewritten below
 
@@ -212,56 +154,49 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    if constexpr (kPipe) {
-      uint32_t pa[BN / 16][4];  // the weights of the stage before, for its P V
-      for (int32_t i = 0; i < n_tiles; ++i, ++xs) {
-        const int st = i & 1;
-        // K of stage i + 1 into the K slot stage i - 1 used; V of stage i into the V slot of
-        // stage i - 2 (its P V was waited for in iteration i - 1).
-        if (i + 1 < n_tiles) {
-          load_kv_half<BN, true, false>(a, off_s + ((i + 1) % 3) * BN, rank,
-                                        k_s + (st ^ 1) * S::kStage, nullptr);
-        }
-        load_kv_half<BN, false, true>(a, off_s + (i % 3) * BN, rank, nullptr, v_s + st * S::kStage);
-        cp_async_commit();
-        if (i + 2 < n_tiles) offsets(j_start + (i + 2) * BN, off_s + ((i + 2) % 3) * BN);
-        stage_ready();  // K of stage i and V of stage i - 1 have landed
-        float s[BN / 8][4];
-        scores_wg<BN>(my_q, k_s + st * S::kStage, s);
-        if (i > 0) issue_pv_half<BN>(pa, v_s + (st ^ 1) * S::kStage, o);  // P V of stage i - 1
-        exchange_scores<BN, XBUF>(s, x_s, full, free_bar, xs, wg, tid, peer);
-        float mx[2], corr[2];
-        mask_scale_max<BN>(a, pr, j_start + i * BN, s, mx);
-        fold_weights_stage<BN>(mx, s, m_run, l_run, corr);
-        wgmma_wait_all();  // P V of stage i - 1 (unconditional: ptxas must see every path wait)
-        fence_operands(o);
-        rescale<32>(o, corr);
+    for (int32_t i = 0; i < n_tiles; ++i, ++xs) {
+      const int st = i & 1;
+      if (i + 1 < n_tiles) {
+        load_kv_half<BN>(a, off_s + (st ^ 1) * BN, rank, k_s + (st ^ 1) * S::kStage,
+                         v_s + (st ^ 1) * S::kStage);
+      }
+      cp_async_commit();
+      if (i + 2 < n_tiles) offsets(j_start + (i + 2) * BN, off_s + st * BN);
+      stage_ready();
+      float s[BN / 8][4];
+      scores_wg<BN>(my_q, k_s + st * S::kStage, s);
+      // The exchange: this partial into the other block's buffer, the other's from ours.
+      const int xb = (XBUF == 2 ? (xs & 1) * 2 : 0) + wg;
+      const uint32_t parity = XBUF == 2 ? (xs >> 1) & 1 : xs & 1;
+      float4* mine = x_s + xb * (BN / 8) * kWgThreads + tid;
+      const uint32_t dst = peer_address(mine, peer), bar = peer_address(&full[xb], peer);
+      if constexpr (XBUF == 1) {
+        if (xs > 0) mbarrier_wait(&free_bar[wg], (xs - 1) & 1);  // it read the last one
+      }
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) p_fragment<BN>(s, kk, pa[kk]);
-        __syncthreads();  // the K slot st and the V slot st ^ 1 are reloaded next iteration
+      for (int n = 0; n < BN / 8; ++n) store_to_peer(dst + n * kWgThreads * 16, s[n], bar);
+      // CTA scope is enough: the mbarrier's transaction count makes the other block's st.async
+      // bytes visible to the threads that see the phase complete (a cluster-scope acquire cost
+      // an L1 invalidation, CCTL.IVALL, per wait: perf/NOTES.md session 15).
+      mbarrier_wait(&full[xb], parity);
+      // Arm the buffer's next phase; the other block cannot send into it before this warpgroup
+      // has sent its next partial, so no byte of that phase can arrive before every thread
+      // here has passed the wait above.
+      if (tid == 0) mbarrier_arrive_expect_tx(&full[xb], S::kXBytes);
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+        const float4 other = mine[n * kWgThreads];
+        s[n][0] += other.x;
+        s[n][1] += other.y;
+        s[n][2] += other.z;
+        s[n][3] += other.w;
       }
-      cp_async_wait<0>();  // V of the last stage
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncthreads();
-      issue_pv_half<BN>(pa, v_s + ((n_tiles - 1) & 1) * S::kStage, o);
-      wgmma_wait_all();
-      fence_operands(o);
-    } else {
-      for (int32_t i = 0; i < n_tiles; ++i, ++xs) {
-        const int st = i & 1;
-        if (i + 1 < n_tiles) {
-          load_kv_half<BN>(a, off_s + (st ^ 1) * BN, rank, k_s + (st ^ 1) * S::kStage,
-                           v_s + (st ^ 1) * S::kStage);
-        }
-        cp_async_commit();
-        if (i + 2 < n_tiles) offsets(j_start + (i + 2) * BN, off_s + st * BN);
-        stage_ready();
-        float s[BN / 8][4];
-        scores_wg<BN>(my_q, k_s + st * S::kStage, s);
-        exchange_scores<BN, XBUF>(s, x_s, full, free_bar, xs, wg, tid, peer);
-        softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_s + st * S::kStage, m_run, l_run, o);
-        __syncthreads();  // stage st is reloaded next iteration
+      if constexpr (XBUF == 1) {
+        named_barrier(1 + wg, kWgThreads);  // every thread of the warpgroup has read it
+        if (tid == 0) mbarrier_arrive_cluster(&free_bar[wg], peer);
       }
+      softmax_pv_wg<BN>(a, pr, j_start + i * BN, s, v_s + st * S::kStage, m_run, l_run, o);
+      __syncthreads();  // stage st is reloaded next iteration
     }
     store_wg<kHdC>(a, pr, l_run, o, static_cast<int>(rank) * kHalf);  // dead rows store nothing
     cp_async_wait<0>();  // the last (empty) group: nothing left in flight
@@ -272,24 +207,17 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
 
 }  // namespace
 
-KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile, bool pipelined,
+KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile,
                                              cudaStream_t stream) {
   const dim3 grid(2 * ((a.tile_count + 1) / 2), a.kv_heads);
-  auto run = [&]<int BN, int XBUF, bool kPipe>(const char* name) {
-    using S = ClusterShape<BN, XBUF, kPipe>;
-    return launch<attention_prefill_wgmma512_cluster_kernel<BN, XBUF, kPipe>, S::kSmemBytes>(
-        grid, S::kThreads, a, stream, name);
-  };
   if (key_tile == 48) {
-    return pipelined ? run.template operator()<48, 2, true>(
-                           "attention_prefill_wgmma512_cluster_kernel<48, 2, pipelined>")
-                     : run.template operator()<48, 2, false>(
-                           "attention_prefill_wgmma512_cluster_kernel<48, 2>");
+    using S = ClusterShape<48, 2>;
+    return launch<attention_prefill_wgmma512_cluster_kernel<48, 2>, S::kSmemBytes>(
+        grid, S::kThreads, a, stream, "attention_prefill_wgmma512_cluster_kernel<48, 2>");
   }
-  return pipelined ? run.template operator()<64, 1, true>(
-                         "attention_prefill_wgmma512_cluster_kernel<64, 1, pipelined>")
-                   : run.template operator()<64, 1, false>(
-                         "attention_prefill_wgmma512_cluster_kernel<64, 1>");
+  using S = ClusterShape<64, 1>;
+  return launch<attention_prefill_wgmma512_cluster_kernel<64, 1>, S::kSmemBytes>(
+      grid, S::kThreads, a, stream, "attention_prefill_wgmma512_cluster_kernel<64, 1>");
 }
 
 }  // namespace twinstep::kernels::tc

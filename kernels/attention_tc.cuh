@@ -250,14 +250,13 @@ __device__ __forceinline__ void mask_scale_max(const TcArgs& a, const PairRows& 
   }
 }
 
-// Folds the stage's row maxima into the running (max, sum) of each pair and turns the scores
-// into exp2 weights (the sum gets this warp's keys only); `corr` is what the accumulator must
-// be multiplied by (rescale) before this stage's weights are added to it.
-template <int KW>
-__device__ __forceinline__ void fold_weights_stage(const float (&mx)[2], float (&s)[KW / 8][4],
-                                                   float (&m_run)[2], float (&l_run)[2],
-                                                   float (&corr)[2]) {
-  float m_use[2];
+// Folds the stage's row maxima into the running (max, sum) of each pair, rescales the
+// accumulator and turns the scores into exp2 weights (the sum gets this warp's keys only).
+template <int KW, int NO>
+__device__ __forceinline__ void fold_softmax(const float (&mx)[2], float (&s)[KW / 8][4],
+                                             float (&m_run)[2], float (&l_run)[2],
+                                             float (&o)[NO][4]) {
+  float corr[2], m_use[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float m_new = fmaxf(m_run[i], mx[i]);
@@ -274,10 +273,6 @@ __device__ __forceinline__ void fold_weights_stage(const float (&mx)[2], float (
       l_run[e / 2] += s[n][e];
     }
   }
-}
-
-template <int NO>
-__device__ __forceinline__ void rescale(float (&o)[NO][4], const float (&corr)[2]) {
 #pragma unroll
   for (int n = 0; n < NO; ++n) {
     o[n][0] *= corr[0];
@@ -285,16 +280,6 @@ __device__ __forceinline__ void rescale(float (&o)[NO][4], const float (&corr)[2
     o[n][2] *= corr[1];
     o[n][3] *= corr[1];
   }
-}
-
-// Both: the stage's weights, and the accumulator rescaled.
-template <int KW, int NO>
-__device__ __forceinline__ void fold_softmax(const float (&mx)[2], float (&s)[KW / 8][4],
-                                             float (&m_run)[2], float (&l_run)[2],
-                                             float (&o)[NO][4]) {
-  float corr[2];
-  fold_weights_stage<KW>(mx, s, m_run, l_run, corr);
-  rescale<NO>(o, corr);
 }
 
 // The weights of key block kk (16 keys) as the A fragment of m16n8k16: the accumulator layout
@@ -564,9 +549,8 @@ KernelStatus launch_prefill_wgmma256_pipelined(const TcArgs& a, int32_t key_tile
                                                cudaStream_t stream);
 KernelStatus launch_prefill_wgmma512_pipelined(const TcArgs& a, cudaStream_t stream);
 // head_dim 512 in clusters of two blocks splitting the dims of two tiles
-// (attention_prefill_wgmma512_cluster.cu), 48 or 64 keys a stage, `pipelined`: P V of a stage
-// issued behind the next stage's score exchange; no key chunks.
-KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile, bool pipelined,
+// (attention_prefill_wgmma512_cluster.cu), 48 or 64 keys a stage; no key chunks.
+KernelStatus launch_prefill_wgmma512_cluster(const TcArgs& a, int32_t key_tile,
                                              cudaStream_t stream);
 
 }  // namespace twinstep::kernels::tc

@@ -363,15 +363,12 @@ TEST(PrefillVariant512, EnvironmentOverridesTheOptionAndBadValuesAreNamed) {
   EXPECT_EQ(resolve_prefill_variant_512(o, "cluster64").value(),
             PrefillVariant::kWgmmaSplitDimsClusterKeyTile64);
   EXPECT_EQ(resolve_prefill_variant_512(o, "default").value(), PrefillVariant::kDefault);
-  EXPECT_EQ(resolve_prefill_variant_512(o, "pipelined48").value(),
-            PrefillVariant::kWgmmaSplitDimsClusterPipelinedKeyTile48);
   for (const char* bad : {"Split", "cluster64 ", "cluster", "mma", "1"}) {
     auto got = resolve_prefill_variant_512(o, bad);
     ASSERT_FALSE(got.ok()) << bad;
     EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
     EXPECT_NE(got.error().message.find(std::string("TWINSTEP_PREFILL_512=") + bad +
-                                       ": expected default, split, cluster48, cluster64, "
-                                       "pipelined or pipelined48"),
+                                       ": expected default, split, cluster48 or cluster64"),
               std::string::npos)
         << got.error().message;
   }

@@ -582,9 +582,7 @@ Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
       {"default", PrefillVariant::kDefault},
       {"split", PrefillVariant::kWgmmaSplitDims},
       {"cluster48", PrefillVariant::kWgmmaSplitDimsClusterKeyTile48},
-      {"cluster64", PrefillVariant::kWgmmaSplitDimsClusterKeyTile64},
-      {"pipelined", PrefillVariant::kWgmmaSplitDimsClusterPipelined},
-      {"pipelined48", PrefillVariant::kWgmmaSplitDimsClusterPipelinedKeyTile48}};
+      {"cluster64", PrefillVariant::kWgmmaSplitDimsClusterKeyTile64}};
   if (env == nullptr || env[0] == '\0') {
     for (const auto& [name, v] : kNames) {
       if (v == options.prefill_variant_512) return v;
@@ -592,15 +590,16 @@ Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
     return unexpected(engine::DeviceError{
         engine::DeviceErrorCode::kBadLayout,
         "prefill_variant_512 " + std::to_string(static_cast<int>(options.prefill_variant_512)) +
-            ": expected kDefault, kWgmmaSplitDims or a kWgmmaSplitDimsCluster* variant"});
+            ": expected kDefault, kWgmmaSplitDims, kWgmmaSplitDimsClusterKeyTile48 or "
+            "kWgmmaSplitDimsClusterKeyTile64"});
   }
   for (const auto& [name, v] : kNames) {
     if (std::string_view(env) == name) return v;
   }
-  return unexpected(engine::DeviceError{
-      engine::DeviceErrorCode::kBadLayout,
-      std::string("TWINSTEP_PREFILL_512=") + env +
-          ": expected default, split, cluster48, cluster64, pipelined or pipelined48, or unset"});
+  return unexpected(
+      engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                          std::string("TWINSTEP_PREFILL_512=") + env +
+                              ": expected default, split, cluster48 or cluster64, or unset"});
 }
 
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,

@@ -195,10 +195,9 @@ struct CudaDeviceOptions {
   // The prefill attention kernel of the head_dim 512 (global) layers outside the batch-invariant
   // mode (which pins kWgmmaSplitDims): kDefault (attention_prefill_tc's choice: the cluster
   // kernel at key tile 64), kWgmmaSplitDims (one block per 64 pairs) or
-  // kWgmmaSplitDimsClusterKeyTile48 / 64 and the pipelined kWgmmaSplitDimsClusterPipelined /
-  // ...KeyTile48 (clusters of two blocks, attention_prefill_wgmma512_cluster.cu).
-  // TWINSTEP_PREFILL_512 (default, split, cluster48, cluster64, pipelined, pipelined48) overrides
-  // it in create() (resolve_prefill_variant_512).
+  // kWgmmaSplitDimsClusterKeyTile48 / 64 (clusters of two blocks,
+  // attention_prefill_wgmma512_cluster.cu). TWINSTEP_PREFILL_512 (default, split, cluster48,
+  // cluster64) overrides it in create() (resolve_prefill_variant_512).
   PrefillVariant prefill_variant_512 = PrefillVariant::kDefault;
 };
 
@@ -232,8 +231,7 @@ Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDevi
                                                                         const char* pairs_env,
                                                                         const char* epilogue_env);
 // CudaDeviceOptions::prefill_variant_512 from TWINSTEP_PREFILL_512 the same way: "default",
-// "split", "cluster48", "cluster64", "pipelined" or "pipelined48"; unset or empty the option,
-// which must be one of those.
+// "split", "cluster48" or "cluster64"; unset or empty the option, which must be one of those.
 Result<PrefillVariant, engine::DeviceError> resolve_prefill_variant_512(
     const CudaDeviceOptions& options, const char* env);
 // CudaDeviceOptions::gemm_memset_penalty_us from TWINSTEP_GEMM_MEMSET_PENALTY the same way: a
