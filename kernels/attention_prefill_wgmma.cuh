@@ -81,36 +81,37 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[32][4], const uin
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
 }
 
-// Stage loads by all THREADS threads of the block: BN keys x HD dims of K and of V through the
-// key offsets (off < 0: zero fill, nothing read).
-template <int HD, int BN, int THREADS>
+// Stage loads by all THREADS threads of the block: BN keys x DIMS dims (from dim0; all HD by
+// default) of K and of V through the key offsets (off < 0: zero fill, nothing read).
+template <int HD, int BN, int THREADS, int DIMS = HD>
 __device__ __forceinline__ void load_kv_sw(const TcArgs& a, const int64_t* off_s, bf16* k_s,
-                                           bf16* v_s) {
+                                           bf16* v_s, uint32_t dim0 = 0) {
   const int64_t v_off = static_cast<int64_t>(a.page_size) * a.kv_heads * HD;
-  for (int c = threadIdx.x; c < BN * (HD / 8); c += THREADS) {
-    const int key = c / (HD / 8), chunk = c % (HD / 8);
+  for (int c = threadIdx.x; c < BN * (DIMS / 8); c += THREADS) {
+    const int key = c / (DIMS / 8), chunk = c % (DIMS / 8);
     const int64_t off = off_s[key];
-    const bf16* src = off >= 0 ? a.layer_base + off + chunk * 8 : a.layer_base;
+    const bf16* src = off >= 0 ? a.layer_base + off + dim0 + chunk * 8 : a.layer_base;
     const int bytes = off >= 0 ? 16 : 0;
     cp_async16(k_s + sw128<BN>(key, chunk), src, bytes);
     cp_async16(v_s + sw128<BN>(key, chunk), off >= 0 ? src + v_off : src, bytes);
   }
 }
 
-// The 64 x HD Q tile of `t` by THREADS threads (tid in [0, THREADS)); zeros past the run, and
-// everywhere when !live (a warpgroup that sits out a pass must not feed garbage to the MMAs).
-template <int HD, int THREADS>
+// The 64 x DIMS Q tile of `t` (dims from dim0; all HD by default) by THREADS threads (tid in
+// [0, THREADS)); zeros past the run, and everywhere when !live (a warpgroup that sits out a pass
+// must not feed garbage to the MMAs).
+template <int HD, int THREADS, int DIMS = HD>
 __device__ __forceinline__ void load_q_sw(const TcArgs& a, const PrefillTile& t, int32_t kv_head,
-                                          bool live, int tid, bf16* q_s) {
+                                          bool live, int tid, bf16* q_s, uint32_t dim0 = 0) {
   const int32_t pairs = live ? t.run_rows * a.group : 0;
-  for (int c = tid; c < kPrefillTileM * (HD / 8); c += THREADS) {
-    const int r = c / (HD / 8), chunk = c % (HD / 8);
+  for (int c = tid; c < kPrefillTileM * (DIMS / 8); c += THREADS) {
+    const int r = c / (DIMS / 8), chunk = c % (DIMS / 8);
     const int32_t m = t.m_begin + r;
     const bf16* src = a.q;
     if (m < pairs) {
       const int64_t row = t.row_begin + m / a.group;
       const int64_t head = kv_head * a.group + m % a.group;
-      src = a.q + row * a.q_row_stride + head * HD + chunk * 8;
+      src = a.q + row * a.q_row_stride + head * HD + dim0 + chunk * 8;
     }
     cp_async16(q_s + sw128<kPrefillTileM>(r, chunk), src, m < pairs ? 16 : 0);
   }

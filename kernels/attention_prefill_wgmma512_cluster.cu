@@ -61,40 +61,6 @@ __device__ __forceinline__ void store_to_peer(uint32_t dst, const float (&v)[4],
       : "memory");
 }
 
-// The 64 x 256 Q tile half of `t` (dims [256 rank, + 256)) by one warpgroup (tid in [0, 128));
-// zeros past the run and everywhere when !live.
-__device__ __forceinline__ void load_q_half(const TcArgs& a, const PrefillTile& t, int32_t kv_head,
-                                            bool live, int tid, uint32_t rank, bf16* q_s) {
-  const int32_t pairs = live ? t.run_rows * a.group : 0;
-  for (int c = tid; c < kPrefillTileM * (kHalf / 8); c += kWgThreads) {
-    const int r = c / (kHalf / 8), chunk = c % (kHalf / 8);
-    const int32_t m = t.m_begin + r;
-    const bf16* src = a.q;
-    if (m < pairs) {
-      const int64_t row = t.row_begin + m / a.group;
-      const int64_t head = kv_head * a.group + m % a.group;
-      src = a.q + row * a.q_row_stride + head * kHdC + rank * kHalf + chunk * 8;
-    }
-    cp_async16(q_s + sw128<kPrefillTileM>(r, chunk), src, m < pairs ? 16 : 0);
-  }
-}
-
-// One stage's half of K and of V (dims [256 rank, + 256) of BN keys) by the block's threads,
-// through the key offsets (off < 0: zero fill, nothing read).
-template <int BN>
-__device__ __forceinline__ void load_kv_half(const TcArgs& a, const int64_t* off_s, uint32_t rank,
-                                             bf16* k_s, bf16* v_s) {
-  const int64_t v_off = static_cast<int64_t>(a.page_size) * a.kv_heads * kHdC;
-  for (int c = threadIdx.x; c < BN * (kHalf / 8); c += 2 * kWgThreads) {
-    const int key = c / (kHalf / 8), chunk = c % (kHalf / 8);
-    const int64_t off = off_s[key];
-    const bf16* src = off >= 0 ? a.layer_base + off + rank * kHalf + chunk * 8 : a.layer_base;
-    const int bytes = off >= 0 ? 16 : 0;
-    cp_async16(k_s + sw128<BN>(key, chunk), src, bytes);
-    cp_async16(v_s + sw128<BN>(key, chunk), off >= 0 ? src + v_off : src, bytes);
-  }
-}
-
 // grid (2 x ceil(tile_count / 2), kv_heads), clusters of two along x: cluster c takes the tiles
 // of block pair c of TS_PAIR_BLOCK (counted from the end, two tiles of one seq in one pass, or a
 // pass each across a run boundary), block rank r its dims. XBUF 2: the double-buffered exchange
@@ -145,8 +111,8 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     offsets(j_start, off_s);
     offsets(j_start + BN, off_s + BN);
     __syncthreads();
-    load_q_half(a, t, kv_head, live, tid, rank, my_q);
-    load_kv_half<BN>(a, off_s, rank, k_s, v_s);
+    load_q_sw<kHdC, kWgThreads, kHalf>(a, t, kv_head, live, tid, my_q, rank * kHalf);
+    load_kv_sw<kHdC, BN, 2 * kWgThreads, kHalf>(a, off_s, k_s, v_s, rank * kHalf);
     cp_async_commit();
     __syncthreads();  // off_s[0] is rewritten below
 
@@ -157,8 +123,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(2 * kWgThreads, 1)
     for (int32_t i = 0; i < n_tiles; ++i, ++xs) {
       const int st = i & 1;
       if (i + 1 < n_tiles) {
-        load_kv_half<BN>(a, off_s + (st ^ 1) * BN, rank, k_s + (st ^ 1) * S::kStage,
-                         v_s + (st ^ 1) * S::kStage);
+        load_kv_sw<kHdC, BN, 2 * kWgThreads, kHalf>(a, off_s + (st ^ 1) * BN,
+                                                    k_s + (st ^ 1) * S::kStage,
+                                                    v_s + (st ^ 1) * S::kStage, rank * kHalf);
       }
       cp_async_commit();
       if (i + 2 < n_tiles) offsets(j_start + (i + 2) * BN, off_s + st * BN);
