@@ -341,6 +341,38 @@ void print_breakdown(const char* title, const std::vector<double>& ms, double fo
               unobserved_ms);
 }
 
+// TWINSTEP_BENCH_PREFILL_REQUESTS: the prefill section's prompt count (default
+// kPrefillRequests; a multiple of the four prompts a step holds, at most 256).
+int prefill_request_count() {
+  const char* v = std::getenv("TWINSTEP_BENCH_PREFILL_REQUESTS");
+  if (v == nullptr) return kPrefillRequests;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  const int per_step = kMaxStepTokens / kPrefillPrompt;
+  if (end == v || *end != '\0' || n < per_step || n > 256 || n % per_step != 0) {
+    die("TWINSTEP_BENCH_PREFILL_REQUESTS=%s: expected a multiple of %d in [%d, 256]", v, per_step,
+        per_step);
+  }
+  return static_cast<int>(n);
+}
+
+// One observed prefill step as a line: its wall-clock start (ms since the epoch), wall and
+// forward time, and the phases that hold its time.
+std::string observed_step_line(const PhaseTimer& timer, double start_epoch_ms, double wall_ms) {
+  double forward_ms = 0;
+  const std::vector<double> p = timer.phase_ms(&forward_ms);
+  using P = kernels::ForwardPhase;
+  const auto at = [&](P phase) { return p[static_cast<int>(phase)]; };
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "  OBSERVED start_epoch_ms %.1f wall %.3f forward %.3f | qkv %.2f q/k write %.2f "
+                "attention %.2f o %.2f gate_up %.2f down %.2f norms %.2f lm %.2f",
+                start_epoch_ms, wall_ms, forward_ms, at(P::kQkvGemm), at(P::kRopeKvWrite),
+                at(P::kAttention), at(P::kOGemm), at(P::kGateUpGemm), at(P::kDownGemm),
+                at(P::kNorms), at(P::kLmHead));
+  return line;
+}
+
 }  // namespace
 
 // The device of the bench's engine (its time_steps events give each step's GPU time).
@@ -1426,14 +1458,30 @@ int main(int argc, char** argv) {
     // Warm-up: one full step (activation buffers grow, cuBLAS picks its kernels).
     for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);
     drain(e);
-    for (int i = 0; i < kPrefillRequests; ++i) submit(e, rng, kPrefillPrompt, 1);
+    // TWINSTEP_BENCH_PREFILL_REQUESTS=N (a multiple of 4, default 16) and
+    // TWINSTEP_BENCH_PREFILL_OBSERVE=1 (every timed step under the phase observer, its phases
+    // and its wall-clock start printed, to match with an nvidia-smi log of clocks and power):
+    // the diagnosis of session 15's slow third step.
+    const int prefill_requests = prefill_request_count();
+    const bool observe_each = std::getenv("TWINSTEP_BENCH_PREFILL_OBSERVE") != nullptr;
+    for (int i = 0; i < prefill_requests; ++i) submit(e, rng, kPrefillPrompt, 1);
     std::vector<double> ms, host, host_phases[10];
+    std::vector<std::string> observed;
     Cost total_cost;
     int64_t rows = 0;
     const auto t0 = std::chrono::steady_clock::now();
     while (!e.idle()) {
+      const double start_epoch_ms = std::chrono::duration<double, std::milli>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
+      if (observe_each) {
+        timer.reset();
+        kernels::set_forward_phase_observer(&timer);
+      }
       Timed t = step(e);
+      if (observe_each) kernels::set_forward_phase_observer(nullptr);
       if (t.out.rows == 0) continue;
+      if (observe_each) observed.push_back(observed_step_line(timer, start_epoch_ms, t.ms));
       ms.push_back(t.ms);
       if (g_device != nullptr) host.push_back(t.ms - g_device->last_step_gpu_ms());
       push_host_phases(e, t.ms, host_phases);
@@ -1442,13 +1490,14 @@ int main(int argc, char** argv) {
     }
     const double wall =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (rows != int64_t{kPrefillRequests} * kPrefillPrompt) {
+    if (rows != int64_t{prefill_requests} * kPrefillPrompt) {
       die("prefill computed %lld rows, expected %d", static_cast<long long>(rows),
-          kPrefillRequests * kPrefillPrompt);
+          prefill_requests * kPrefillPrompt);
     }
     const int steps = static_cast<int>(ms.size());
     std::printf("\n== prefill: %d x %d-token prompts, max_tokens 1, max_step_tokens %d ==\n",
-                kPrefillRequests, kPrefillPrompt, kMaxStepTokens);
+                prefill_requests, kPrefillPrompt, kMaxStepTokens);
+    for (const std::string& line : observed) std::printf("%s\n", line.c_str());
     std::printf("  %d steps, %.1f ms total, %.1f ms/step (median %.1f), %.0f prompt tokens/s\n",
                 steps, wall, wall / steps, median(ms), rows / (wall * 1e-3));
     std::string each;
@@ -1473,9 +1522,9 @@ int main(int argc, char** argv) {
           median(host), median(ph[0]), median(ph[1]), median(ph[2]), median(ph[3]), median(ph[4]),
           median(ph[9]), median(ph[5]), median(ph[6]), median(ph[7]), median(ph[8]));
     }
-    table.push_back({"prefill 16x2048", double(rows) / steps, wall / steps, rows / (wall * 1e-3),
-                     cost.memory_ms(total_cost) / steps, cost.compute_ms(total_cost) / steps,
-                     cost.floor_ms(total_cost) / steps});
+    table.push_back({"prefill " + std::to_string(prefill_requests) + "x2048", double(rows) / steps,
+                     wall / steps, rows / (wall * 1e-3), cost.memory_ms(total_cost) / steps,
+                     cost.compute_ms(total_cost) / steps, cost.floor_ms(total_cost) / steps});
 
     // Breakdown: one more full 8192-row step, observed.
     for (int i = 0; i < kMaxStepTokens / kPrefillPrompt; ++i) submit(e, rng, kPrefillPrompt, 1);

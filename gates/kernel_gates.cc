@@ -369,11 +369,25 @@ TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
     float scalar;
     bool weights, trailing_norm;
   };
-  const Case cases[] = {{37, 3840, 0.73f, true, true}, {37, 3840, 1.0f, true, true},
-                        {19, 256, 1.7f, true, true},   {11, 640, 1.0f, false, true},
-                        {8, 5376, 0.5f, true, false},  {3, 1024, 2.0f, true, true},
-                        {5, 12288, 0.9f, true, true},  {9, 3840, 1.0f, false, false}};
-  for (const Case& k : cases) {
+  const Case cases[] = {{37, 3840, 0.73f, true, true},
+                        {37, 3840, 1.0f, true, true},
+                        {19, 256, 1.7f, true, true},
+                        {11, 640, 1.0f, false, true},
+                        {8, 5376, 0.5f, true, false},
+                        {3, 1024, 2.0f, true, true},
+                        {5, 12288, 0.9f, true, true},
+                        {9, 3840, 1.0f, false, false},
+                        // Above the persistent grid (kAuto walks several rows a block, both
+                        // register sets, an odd count of rows past the last full wave).
+                        {0, 3840, 0.73f, true, true},
+                        {0, 5376, 1.0f, true, false},
+                        {0, 2048, 1.3f, false, true}};
+  for (Case k : cases) {
+    if (k.rows == 0) {
+      const int32_t grid = kernels::residual_norm_rows_grid(k.dim);
+      ASSERT_GT(grid, 0) << "dim " << k.dim << " should run the persistent kernel";
+      k.rows = 3 * grid + 7;
+    }
     SCOPED_TRACE("rows " + std::to_string(k.rows) + " dim " + std::to_string(k.dim));
     sim::Rng rng(41 + k.dim);
     const size_t n = size_t(k.rows) * k.dim;
@@ -409,6 +423,16 @@ TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
     if (k.trailing_norm) {
       EXPECT_EQ(bitwise_diffs(out_ref.download(), 0, out_fused.download(), 0, n), 0u)
           << "the trailing norm vs the reference kernel";
+    }
+    // The block-per-row kernel kAuto replaces above the persistent grid: the same bits.
+    DeviceBuffer<bf16> x_blocks(x), out_blocks(n);
+    KERNEL_OK(kernels::residual_norm_with(
+        kernels::ResidualNormKernel::kRowBlocks, d_delta.get(), pw1, x_blocks.get(), k.scalar, pw2,
+        k.trailing_norm ? out_blocks.get() : nullptr, k.rows, k.dim, 1e-6f, stream_));
+    EXPECT_EQ(bitwise_diffs(x_blocks.download(), 0, xf, 0, n), 0u) << "x vs the row blocks";
+    if (k.trailing_norm) {
+      EXPECT_EQ(bitwise_diffs(out_blocks.download(), 0, out_fused.download(), 0, n), 0u)
+          << "the trailing norm vs the row blocks";
     }
   }
 }
