@@ -286,20 +286,20 @@ int main() {
                                                 stream));
     });
     report("residual_norm, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
-    // Session 16: the residual_norm above is the persistent kernel at this row count; session
-    // 6's block-per-row kernel (kRowBlocks) beside it, then session 5's (the reference).
+    // Session 16: the persistent kernel (kPersistent) beside the default row blocks above, then
+    // session 5's kernel (the reference).
     ms = median_ms(stream, [&] {
       BENCH_OK(
-          twinstep::kernels::residual_norm_with(twinstep::kernels::ResidualNormKernel::kRowBlocks,
+          twinstep::kernels::residual_norm_with(twinstep::kernels::ResidualNormKernel::kPersistent,
                                                 delta, nw, xr, 1.0f, nw, h, R, H, 1e-6f, stream));
     });
-    report("residual_norm row blocks (before)", 4.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
+    report("residual_norm persistent", 4.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
     ms = median_ms(stream, [&] {
       BENCH_OK(twinstep::kernels::residual_norm_with(
-          twinstep::kernels::ResidualNormKernel::kRowBlocks, delta, nw, xr, 0.5f, nullptr, nullptr,
+          twinstep::kernels::ResidualNormKernel::kPersistent, delta, nw, xr, 0.5f, nullptr, nullptr,
           R, H, 1e-6f, stream));
     });
-    report("  row blocks, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
+    report("  persistent, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
     ms = median_ms(stream, [&] {
       BENCH_OK(twinstep::kernels::residual_norm_reference(delta, nw, xr, 1.0f, nw, h, R, H, 1e-6f,
                                                           stream));

@@ -377,7 +377,7 @@ TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
                         {3, 1024, 2.0f, true, true},
                         {5, 12288, 0.9f, true, true},
                         {9, 3840, 1.0f, false, false},
-                        // Above the persistent grid (kAuto walks several rows a block, both
+                        // Above the persistent grid (kPersistent walks several rows a block, both
                         // register sets, an odd count of rows past the last full wave).
                         {0, 3840, 0.73f, true, true},
                         {0, 5376, 1.0f, true, false},
@@ -424,15 +424,21 @@ TEST_F(KernelGates, ResidualNormFusedEqualsSequence) {
       EXPECT_EQ(bitwise_diffs(out_ref.download(), 0, out_fused.download(), 0, n), 0u)
           << "the trailing norm vs the reference kernel";
     }
-    // The block-per-row kernel kAuto replaces above the persistent grid: the same bits.
-    DeviceBuffer<bf16> x_blocks(x), out_blocks(n);
-    KERNEL_OK(kernels::residual_norm_with(
-        kernels::ResidualNormKernel::kRowBlocks, d_delta.get(), pw1, x_blocks.get(), k.scalar, pw2,
-        k.trailing_norm ? out_blocks.get() : nullptr, k.rows, k.dim, 1e-6f, stream_));
-    EXPECT_EQ(bitwise_diffs(x_blocks.download(), 0, xf, 0, n), 0u) << "x vs the row blocks";
-    if (k.trailing_norm) {
-      EXPECT_EQ(bitwise_diffs(out_blocks.download(), 0, out_fused.download(), 0, n), 0u)
-          << "the trailing norm vs the row blocks";
+    // The row-block kernel and the persistent one (it walks rows only above its grid, the
+    // last three cases; below, it is the row blocks again): the same bits.
+    for (const kernels::ResidualNormKernel which :
+         {kernels::ResidualNormKernel::kRowBlocks, kernels::ResidualNormKernel::kPersistent}) {
+      const char* name =
+          which == kernels::ResidualNormKernel::kRowBlocks ? "the row blocks" : "the persistent";
+      DeviceBuffer<bf16> x_with(x), out_with(n);
+      KERNEL_OK(kernels::residual_norm_with(which, d_delta.get(), pw1, x_with.get(), k.scalar, pw2,
+                                            k.trailing_norm ? out_with.get() : nullptr, k.rows,
+                                            k.dim, 1e-6f, stream_));
+      EXPECT_EQ(bitwise_diffs(x_with.download(), 0, xf, 0, n), 0u) << "x vs " << name;
+      if (k.trailing_norm) {
+        EXPECT_EQ(bitwise_diffs(out_with.download(), 0, out_fused.download(), 0, n), 0u)
+            << "the trailing norm vs " << name;
+      }
     }
   }
 }

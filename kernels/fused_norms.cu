@@ -355,6 +355,9 @@ int persistent_grid(int threads) {
   return sms * per_sm;
 }
 
+// The process default behind kAuto (set_residual_norm_kernel).
+std::atomic<ResidualNormKernel> g_residual_norm_kernel{ResidualNormKernel::kRowBlocks};
+
 KernelStatus residual_norm_launch(const bf16* delta, const bf16* delta_weight, bf16* x,
                                   float scalar, const bf16* out_weight, bf16* out, int32_t rows,
                                   int32_t dim, float eps, cudaStream_t stream,
@@ -390,8 +393,9 @@ KernelStatus residual_norm_launch(const bf16* delta, const bf16* delta_weight, b
     blocks = rows;
     group = threads;
   }
+  if (which == ResidualNormKernel::kAuto) which = g_residual_norm_kernel.load();
   const bool reference = which == ResidualNormKernel::kReference;
-  if (!reference && which != ResidualNormKernel::kRowBlocks && group == threads &&
+  if (which == ResidualNormKernel::kPersistent && group == threads &&
       threads <= kPrefetchThreadsMax) {
     const int grid = persistent_grid(threads);
     if (grid < 0) return cuda_status(cudaGetLastError(), "residual_norm: occupancy query");
@@ -437,6 +441,11 @@ KernelStatus residual_norm_reference(const bf16* delta, const bf16* delta_weight
                                      int32_t dim, float eps, cudaStream_t stream) {
   return residual_norm_launch(delta, delta_weight, x, scalar, out_weight, out, rows, dim, eps,
                               stream, ResidualNormKernel::kReference);
+}
+
+void set_residual_norm_kernel(ResidualNormKernel which) {
+  g_residual_norm_kernel.store(which == ResidualNormKernel::kAuto ? ResidualNormKernel::kRowBlocks
+                                                                  : which);
 }
 
 int32_t residual_norm_rows_grid(int32_t dim) {
