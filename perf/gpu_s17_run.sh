@@ -5,8 +5,8 @@
 #   observe.log       engine_throughput_bench --prefill, 32 prompts, every step observed (phases,
 #                     wall-clock start), beside smi.csv (nvidia-smi every 50 ms: SM clock,
 #                     power, temperature, throttle reasons): session 15's slow third step
-#   pf_{rows,pers}_N  engine prefill 16 x 2048 with TWINSTEP_BENCH_RESIDUAL_NORM=rows|persistent,
-#                     one process an arm, alternating
+#   pf_{rows,pers}_1  engine prefill 16 x 2048 with TWINSTEP_BENCH_RESIDUAL_NORM=rows|persistent,
+#                     one process an arm
 #   dec_{def,s1}_N    engine decode (quick): the default few-row GEMM (streamed at 9..16 rows)
 #                     against TWINSTEP_SKINNY=1-16,k256 (streamed at every decode row count)
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -25,7 +25,7 @@ TWINSTEP_BENCH_PREFILL_OBSERVE=1 TWINSTEP_BENCH_PREFILL_REQUESTS=32 \
   part observe 90 "$BIN/engine_throughput_bench" --prefill
 kill $smi
 grep -E "steps, |each step|OBSERVED|^\| prefill" "$OUT/observe.log"
-for arm in rows_1:rows pers_1:persistent rows_2:rows pers_2:persistent; do
+for arm in rows_1:rows pers_1:persistent; do
   TWINSTEP_BENCH_RESIDUAL_NORM=${arm#*:} part "pf_${arm%%:*}" 60 "$BIN/engine_throughput_bench" --prefill
   grep -E "steps, |each step|^\| prefill|^  norms" "$OUT/pf_${arm%%:*}.log"
 done
