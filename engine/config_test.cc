@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+#include <vector>
+
 namespace twinstep::engine {
 namespace {
 
@@ -104,6 +108,70 @@ TEST(ModelConfig, MissingAndMistypedFieldsAreNamed) {
   c = ModelConfig::from_json(j);
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.error().message.find("layer_types"), std::string::npos);
+}
+
+// A field that is present but of the wrong type, or out of its range, is an error that names
+// it: never an exception out of the JSON library (which would end the process) and never a
+// value taken silently (an eps of 0 or a negative rope theta gives NaN logits later).
+TEST(ModelConfig, EveryMistypedOrOutOfRangeFieldIsANamedError) {
+  struct Case {
+    const char* what;  // a JSON pointer into the config
+    json value;
+    const char* named;  // what the error must name
+  };
+  const Case cases[] = {
+      {"/model_type", 3, "model_type"},
+      {"/model_type", nullptr, "model_type"},
+      {"/rms_norm_eps", "1e-6", "rms_norm_eps"},
+      {"/rms_norm_eps", nullptr, "rms_norm_eps"},
+      {"/rms_norm_eps", 0.0, "rms_norm_eps"},
+      {"/rms_norm_eps", -1e-6, "rms_norm_eps"},
+      {"/tie_word_embeddings", "yes", "tie_word_embeddings"},
+      {"/tie_word_embeddings", nullptr, "tie_word_embeddings"},
+      {"/attention_k_eq_v", "false", "attention_k_eq_v"},
+      {"/eos_token_id", int64_t{1} << 40, "eos_token_id"},
+      {"/eos_token_id", "</s>", "eos_token_id"},
+      {"/eos_token_id", json::array({1, "x"}), "eos_token_id"},
+      {"/eos_token_id", -1, "eos_token_id"},
+      {"/bos_token_id", int64_t{1} << 40, "bos_token_id"},
+      {"/pad_token_id", 2.5, "pad_token_id"},
+      {"/rope_theta", "big", "rope_theta"},
+      {"/rope_theta", 0.0, "rope_theta"},
+      {"/rope_local_base_freq", -5.0, "rope_local_base_freq"},
+      {"/rope_parameters", json{{"rope_type", 7}}, "rope_type"},
+      {"/rope_parameters", json{{"rope_theta", -1.0}}, "rope_theta"},
+      {"/rope_parameters",
+       json{{"full_attention", {{"rope_type", "proportional"}, {"rope_theta", nullptr}}}},
+       "rope_theta"},
+      {"/final_logit_softcapping", "30", "final_logit_softcapping"},
+      {"/per_layer_config", json{{"1x", {{"head_dim", 32}}}}, "1x"},
+      {"/global_head_dim", 0, "global_head_dim"},
+      {"/num_global_key_value_heads", 0, "num_global_key_value_heads"},
+  };
+  for (const Case& k : cases) {
+    json j = base_config();
+    j[json::json_pointer(k.what)] = k.value;
+    SCOPED_TRACE(std::string(k.what) + " = " + k.value.dump());
+    std::optional<Result<ModelConfig, ConfigError>> c;
+    EXPECT_NO_THROW(c.emplace(ModelConfig::from_json(j)));
+    ASSERT_TRUE(c.has_value());
+    ASSERT_FALSE(c->ok()) << "accepted";
+    EXPECT_NE(c->error().message.find(k.named), std::string::npos) << c->error().message;
+  }
+  // The same fields well formed still parse (the cases above fail for their value alone).
+  json j = base_config();
+  j["rms_norm_eps"] = 1e-5;
+  j["tie_word_embeddings"] = true;
+  j["eos_token_id"] = json::array({1, 106});
+  j["bos_token_id"] = 2;
+  j["pad_token_id"] = nullptr;
+  j["rope_parameters"] = json{{"rope_theta", 5e5}};
+  auto c = ModelConfig::from_json(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{1, 106}));
+  EXPECT_EQ(c->bos_token_id, 2);
+  EXPECT_EQ(c->global.rope.theta, 5e5);
 }
 
 TEST(ModelConfig, Gemma12bPresetMatchesThePublishedGeometry) {
