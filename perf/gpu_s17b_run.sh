@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# perf/gpu_s17b_run.sh (session 17, little device time left): gpu_s17_run.sh's parts in the order
+# of what they decide: the residual_norm kernels' bandwidth, the b=1 decode A/B (default vs
+# TWINSTEP_SKINNY=1-16,k256, one process an arm, alternating), then the observed prefill.
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
+build_gates kernel_bandwidth_bench engine_throughput_bench
+t built
+BIN=build/gpu-gates/bin
+part bandwidth 60 "$BIN/kernel_bandwidth_bench"
+grep -E "copy|residual_norm|persistent|reference" "$OUT/bandwidth.log"
+for arm in def_1: s1_1:1-16,k256 def_2: s1_2:1-16,k256; do
+  name=${arm%%:*}
+  value=${arm#*:}
+  if [ -n "$value" ]; then export TWINSTEP_SKINNY=$value; else unset TWINSTEP_SKINNY; fi
+  TWINSTEP_BENCH_QUICK=1 part "dec_$name" 100 "$BIN/engine_throughput_bench" --decode
+  grep -E "^\| decode" "$OUT/dec_$name.log"
+done
+unset TWINSTEP_SKINNY
+TWINSTEP_BENCH_PREFILL_OBSERVE=1 TWINSTEP_BENCH_PREFILL_REQUESTS=32 \
+  part observe 90 "$BIN/engine_throughput_bench" --prefill
+grep -E "steps, |each step|OBSERVED|^\| prefill" "$OUT/observe.log"
+t done
