@@ -58,7 +58,7 @@ using namespace twinstep;
 // this H200); the bandwidth floor uses the copy bandwidth measured in this process.
 constexpr double kPeakFlops = 790e12;
 constexpr int kPageSize = 16;
-constexpr int kDecodeMaxBatch = 128;
+constexpr int kDecodeMaxBatchDefault = 128;
 constexpr int kDecodePrompt = 1024;
 constexpr int kDecodeWarmup = 5;
 constexpr int kDecodeTimed = 20;
@@ -355,6 +355,19 @@ int prefill_request_count() {
         per_step);
   }
   return static_cast<int>(n);
+}
+
+// TWINSTEP_BENCH_DECODE_MAX_BATCH: the decode section's largest batch (128, the default, or 64;
+// the smaller batches of the table run below it; 16 would leave the long-context prefill too
+// few local pages). The pools are sized for it: at 128 they
+// need an H200's memory (the local pool alone is 57 GB), at 64 the bench runs on an 80 GB H100,
+// for A/B runs when no H200 is lent (figures of other cards are not the issues' targets).
+int decode_max_batch() {
+  const char* v = std::getenv("TWINSTEP_BENCH_DECODE_MAX_BATCH");
+  if (v == nullptr) return kDecodeMaxBatchDefault;
+  const std::string s = v;
+  if (s != "128" && s != "64") die("TWINSTEP_BENCH_DECODE_MAX_BATCH=%s: expected 128 or 64", v);
+  return std::stoi(s);
 }
 
 // One observed prefill step as a line: its wall-clock start (ms since the epoch), wall and
@@ -1424,9 +1437,10 @@ int main(int argc, char** argv) {
   // The long-context case (section 3) holds kLongBatch whole kLongPrompt contexts globally;
   // its local pages are only the window's.
   const int long_pages = (kLongPrompt + kLongTokens + kPageSize - 1) / kPageSize + 1;
-  ec.pages_global = std::max(kDecodeMaxBatch * pages_per_request, kLongBatch * long_pages);
-  ec.pages_local = kDecodeMaxBatch * pages_per_request;
-  ec.max_running = kDecodeMaxBatch;
+  const int max_batch = decode_max_batch();
+  ec.pages_global = std::max(max_batch * pages_per_request, kLongBatch * long_pages);
+  ec.pages_local = max_batch * pages_per_request;
+  ec.max_running = max_batch;
   ec.max_step_tokens = kMaxStepTokens;
   ec.batch_invariant = invariant_decode;
   // Decode CUDA graphs (issue 13 item 2), captured before the pools exist.
@@ -1560,7 +1574,7 @@ int main(int argc, char** argv) {
   // ---- 2. decode --------------------------------------------------------------------------
   if (!prefill_only) {
     std::vector<engine::RequestControl> controls;
-    for (int i = 0; i < kDecodeMaxBatch; ++i) {
+    for (int i = 0; i < max_batch; ++i) {
       controls.push_back(submit(e, rng, kDecodePrompt, max_tokens));
     }
     // Prefill every context (mixed with the decode of the early ones) until a step is pure
@@ -1572,16 +1586,17 @@ int main(int argc, char** argv) {
       ++setup_steps;
       if (setup_steps > 200) die("decode setup did not reach a pure decode step");
       const bool pure_decode =
-          t.out.rows == kDecodeMaxBatch &&
+          t.out.rows == max_batch &&
           std::all_of(t.out.updates.begin(), t.out.updates.end(),
                       [](const engine::RequestUpdate& u) { return u.scheduled_tokens == 1; });
       if (pure_decode) break;
     }
     std::printf("\n== decode setup: %d x %d-token prompts prefilled in %d steps, %.2f s ==\n",
-                kDecodeMaxBatch, kDecodePrompt, setup_steps,
+                max_batch, kDecodePrompt, setup_steps,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    int live = kDecodeMaxBatch;
+    int live = max_batch;
     for (const int batch : {128, 64, 16, 1}) {
+      if (batch > max_batch) continue;
       for (int i = batch; i < live; ++i) controls[i].abort();
       live = batch;
       if (prefetch_ab) {

@@ -4,6 +4,9 @@
 # TWINSTEP_SKINNY=1-16,k256, one process an arm, alternating), then the observed prefill.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
+# An 80 GB card (H100) cannot hold the decode pools of batch 128: the table stops at 64 there.
+mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+[ "${mib:-0}" -lt 100000 ] && export TWINSTEP_BENCH_DECODE_MAX_BATCH=64
 build_gates kernel_bandwidth_bench engine_throughput_bench
 t built
 BIN=build/gpu-gates/bin
