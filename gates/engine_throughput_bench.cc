@@ -45,7 +45,6 @@
 #include "kernels/attention_decode_split.h"
 #include "kernels/cuda_device.h"
 #include "kernels/decode_graphs.h"
-#include "kernels/fused_norms.h"
 #include "kernels/l2_prefetch.h"
 #include "kernels/model_forward.h"
 #include "sim/cost_model.h"
@@ -1360,17 +1359,6 @@ int main(int argc, char** argv) {
   // --decode-prefetch re-captures the graphs with the L2 prefetch's side stream, which cannot
   // cross a graph piece's cut: one piece a bucket there.
   if (argc == 2 && std::string(argv[1]) == "--decode-prefetch") dopt.decode_graph_pieces = 1;
-  // TWINSTEP_BENCH_RESIDUAL_NORM=rows|persistent: the residual_norm kernel of this process
-  // (kernels/fused_norms.h), for the A/B of session 16's persistent grid in the engine.
-  if (const char* v = std::getenv("TWINSTEP_BENCH_RESIDUAL_NORM"); v != nullptr) {
-    const std::string s = v;
-    if (s != "rows" && s != "persistent") {
-      die("TWINSTEP_BENCH_RESIDUAL_NORM=%s: expected rows or persistent", v);
-    }
-    kernels::set_residual_norm_kernel(s == "rows" ? kernels::ResidualNormKernel::kRowBlocks
-                                                  : kernels::ResidualNormKernel::kPersistent);
-    std::printf("residual_norm kernel: %s\n", v);
-  }
   const auto tw = std::chrono::steady_clock::now();
   auto made = kernels::CudaDevice::create(config, nullptr, dopt);
   if (!made) die("cuda device: %s", made.error().message.c_str());

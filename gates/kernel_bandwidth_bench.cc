@@ -286,20 +286,7 @@ int main() {
                                                 stream));
     });
     report("residual_norm, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
-    // Session 16: the persistent kernel (kPersistent) beside the default row blocks above, then
-    // session 5's kernel (the reference).
-    ms = median_ms(stream, [&] {
-      BENCH_OK(
-          twinstep::kernels::residual_norm_with(twinstep::kernels::ResidualNormKernel::kPersistent,
-                                                delta, nw, xr, 1.0f, nw, h, R, H, 1e-6f, stream));
-    });
-    report("residual_norm persistent", 4.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
-    ms = median_ms(stream, [&] {
-      BENCH_OK(twinstep::kernels::residual_norm_with(
-          twinstep::kernels::ResidualNormKernel::kPersistent, delta, nw, xr, 0.5f, nullptr, nullptr,
-          R, H, 1e-6f, stream));
-    });
-    report("  persistent, no next norm", 3.0 * size_t(R) * H * sizeof(bf16), ms, copy_gbs);
+    // Session 6: the residual_norm above prefetches the row; session 5's kernel, beside it.
     ms = median_ms(stream, [&] {
       BENCH_OK(twinstep::kernels::residual_norm_reference(delta, nw, xr, 1.0f, nw, h, R, H, 1e-6f,
                                                           stream));

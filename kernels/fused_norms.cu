@@ -1,9 +1,6 @@
 // kernels/fused_norms.cu: residual_norm (fused_norms.h). The thread layout, the chunk order and
 // the reductions are those of rms_norm_kernel (row_ops.cu) for register-resident rows, which is
 // what makes the fused result bitwise equal to the sequence it replaces.
-#include <algorithm>
-#include <atomic>
-
 #include "kernels/common.cuh"
 #include "kernels/fused_norms.h"
 #include "kernels/row_group.cuh"
@@ -221,147 +218,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Rows of more than one wave (prefill steps): a persistent grid, each block walking rows
-// blockIdx.x, + gridDim.x, ... with the next row's delta and x in flight while this one is
-// reduced, updated and stored (two register sets, the loop unrolled by two so that neither is
-// indexed at run time). The prefetching kernel's blocks each load one row and then hold no load
-// in flight through their reductions, barriers and stores, and a new block launches per row
-// (H200, session 16: 69-70 us idle at 8192 x 3840, 84 us in the prefill step at the power cap's
-// clock). Per row, the same thread layout, chunk order and arithmetic as the prefetching kernel
-// (so the same bits); the weights are read from L1 per row where the arithmetic needs them.
-struct RowRegs {
-  uint4 d[kChunks], x[kChunks];
-};
-
-__device__ __forceinline__ void load_row(const bf16* __restrict__ delta, const bf16* x,
-                                         int64_t base, int t, int stride, int32_t dim, RowRegs& r) {
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      r.d[k] = __ldg(reinterpret_cast<const uint4*>(delta + base + c));
-      r.x[k] = __ldg(reinterpret_cast<const uint4*>(x + base + c));
-    }
-  }
-}
-
-// The prefetching kernel's arithmetic for one row held in r (r.x is overwritten with the new x).
-__device__ __forceinline__ void update_row(const bf16* __restrict__ delta_weight, bf16* x,
-                                           float scalar, const bf16* __restrict__ out_weight,
-                                           bf16* __restrict__ out, int64_t base, int t, int stride,
-                                           int32_t dim, float eps, int group, float* scratch,
-                                           RowRegs& r) {
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      float d[8];
-      unpack8(r.d[k], d);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss += d[i] * d[i];
-    }
-  }
-  const float inv_delta = group_inv_rms(ss, group, scratch, dim, eps);
-  ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      float d[8], w[8], xv[8];
-      unpack8(r.d[k], d);
-      unpack8(r.x[k], xv);
-      unpack8(delta_weight, raw8(delta_weight, c), w);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float s = residual_add(xv[i], d[i], inv_delta, w[i], scalar);
-        xv[i] = s;
-        ss += s * s;
-      }
-      r.x[k] = pack8(xv);  // exact: every value is already a bf16
-      *reinterpret_cast<uint4*>(x + base + c) = r.x[k];
-    }
-  }
-  if (out == nullptr) return;
-  const float inv_x = group_inv_rms(ss, group, scratch, dim, eps);
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      float w[8], v[8];
-      unpack8(out_weight, raw8(out_weight, c), w);
-      unpack8(r.x[k], v);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = v[i] * inv_x * w[i];
-      store_bf16<8>(out + base + c, v);
-    }
-  }
-}
-
-// Block-per-row layouts only (group == blockDim.x): every thread of the block walks the same
-// rows, so the block barriers of the reductions are reached by all.
-template <int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads)
-    residual_norm_rows_kernel(const bf16* __restrict__ delta, const bf16* __restrict__ delta_weight,
-                              bf16* __restrict__ x, float scalar,
-                              const bf16* __restrict__ out_weight, bf16* __restrict__ out,
-                              int32_t rows, int32_t dim, float eps, int group) {
-  detail::launch_dependents();  // as residual_norm_kernel
-  detail::grid_dependency_wait();
-  __shared__ float scratch[kMaxThreads / kWarp];
-  const int t = threadIdx.x;
-  const int stride = group * 8;
-  int64_t row = blockIdx.x;
-  if (row >= rows) return;
-  RowRegs a, b;
-  load_row(delta, x, row * dim, t, stride, dim, a);
-  for (;;) {
-    int64_t next = row + gridDim.x;
-    if (next < rows) load_row(delta, x, next * dim, t, stride, dim, b);
-    update_row(delta_weight, x, scalar, out_weight, out, row * dim, t, stride, dim, eps, group,
-               scratch, a);
-    if (next >= rows) return;
-    row = next;
-    next = row + gridDim.x;
-    if (next < rows) load_row(delta, x, next * dim, t, stride, dim, a);
-    update_row(delta_weight, x, scalar, out_weight, out, row * dim, t, stride, dim, eps, group,
-               scratch, b);
-    if (next >= rows) return;
-    row = next;
-  }
-}
-
 // Threads at most for the prefetching kernel (its registers); wider rows run the reference.
 constexpr int kPrefetchThreadsMax = 256;
 
-// The persistent kernel's grid for blocks of `threads`: as many blocks as are resident at once
-// on the current device (SMs x blocks an SM), cached per device and block size; -1 if the
-// queries failed.
-int persistent_grid(int threads) {
-  constexpr int kDevices = 64, kSizes = kPrefetchThreadsMax / kWarp + 1;
-  static std::atomic<int> cache[kDevices][kSizes];  // 0: not computed yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return -1;
-  std::atomic<int>& slot = cache[device][threads / kWarp];
-  if (const int v = slot.load(std::memory_order_relaxed); v > 0) return v;
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, residual_norm_rows_kernel<kPrefetchThreadsMax>, threads, 0) != cudaSuccess ||
-      sms <= 0 || per_sm <= 0) {
-    return -1;
-  }
-  slot.store(sms * per_sm, std::memory_order_relaxed);
-  return sms * per_sm;
-}
-
-// The process default behind kAuto (set_residual_norm_kernel).
-std::atomic<ResidualNormKernel> g_residual_norm_kernel{ResidualNormKernel::kRowBlocks};
-
 KernelStatus residual_norm_launch(const bf16* delta, const bf16* delta_weight, bf16* x,
                                   float scalar, const bf16* out_weight, bf16* out, int32_t rows,
-                                  int32_t dim, float eps, cudaStream_t stream,
-                                  ResidualNormKernel which) {
+                                  int32_t dim, float eps, cudaStream_t stream, bool reference) {
   if (rows < 0 || dim <= 0 || dim % 8 != 0) {
     return bad_argument("residual_norm: rows must be >= 0 and dim a positive multiple of 8, got " +
                         std::to_string(rows) + " x " + std::to_string(dim));
@@ -393,22 +255,6 @@ KernelStatus residual_norm_launch(const bf16* delta, const bf16* delta_weight, b
     blocks = rows;
     group = threads;
   }
-  if (which == ResidualNormKernel::kAuto) which = g_residual_norm_kernel.load();
-  const bool reference = which == ResidualNormKernel::kReference;
-  if (which == ResidualNormKernel::kPersistent && group == threads &&
-      threads <= kPrefetchThreadsMax) {
-    const int grid = persistent_grid(threads);
-    if (grid < 0) return cuda_status(cudaGetLastError(), "residual_norm: occupancy query");
-    if (rows > grid) {
-      if (cudaError_t err = detail::launch_short(residual_norm_rows_kernel<kPrefetchThreadsMax>,
-                                                 grid, threads, 0, stream, delta, delta_weight, x,
-                                                 scalar, out_weight, out, rows, dim, eps, group);
-          err != cudaSuccess) {
-        return cuda_status(err, "cudaLaunchKernelEx(residual_norm_rows_kernel)");
-      }
-      return launch_status("residual_norm_rows_kernel");
-    }
-  }
   if (!reference && threads <= kPrefetchThreadsMax) {
     if (cudaError_t err = detail::launch_short(residual_norm_prefetch_kernel<kPrefetchThreadsMax>,
                                                blocks, threads, 0, stream, delta, delta_weight, x,
@@ -433,37 +279,14 @@ KernelStatus residual_norm(const bf16* delta, const bf16* delta_weight, bf16* x,
                            const bf16* out_weight, bf16* out, int32_t rows, int32_t dim, float eps,
                            cudaStream_t stream) {
   return residual_norm_launch(delta, delta_weight, x, scalar, out_weight, out, rows, dim, eps,
-                              stream, ResidualNormKernel::kAuto);
+                              stream, /*reference=*/false);
 }
 
 KernelStatus residual_norm_reference(const bf16* delta, const bf16* delta_weight, bf16* x,
                                      float scalar, const bf16* out_weight, bf16* out, int32_t rows,
                                      int32_t dim, float eps, cudaStream_t stream) {
   return residual_norm_launch(delta, delta_weight, x, scalar, out_weight, out, rows, dim, eps,
-                              stream, ResidualNormKernel::kReference);
-}
-
-void set_residual_norm_kernel(ResidualNormKernel which) {
-  g_residual_norm_kernel.store(which == ResidualNormKernel::kAuto ? ResidualNormKernel::kRowBlocks
-                                                                  : which);
-}
-
-int32_t residual_norm_rows_grid(int32_t dim) {
-  if (dim <= 0 || dim % 8 != 0) return 0;
-  const int chunks = dim / 8;
-  if (chunks <= kWarp * kChunks) return 0;  // a warp per row: never the persistent kernel
-  const int per_thread = (chunks + kChunks - 1) / kChunks;
-  const int threads = (per_thread + kWarp - 1) / kWarp * kWarp;
-  if (threads > kPrefetchThreadsMax) return 0;
-  return std::max(persistent_grid(threads), 0);
-}
-
-KernelStatus residual_norm_with(ResidualNormKernel which, const bf16* delta,
-                                const bf16* delta_weight, bf16* x, float scalar,
-                                const bf16* out_weight, bf16* out, int32_t rows, int32_t dim,
-                                float eps, cudaStream_t stream) {
-  return residual_norm_launch(delta, delta_weight, x, scalar, out_weight, out, rows, dim, eps,
-                              stream, which);
+                              stream, /*reference=*/true);
 }
 
 }  // namespace twinstep::kernels
