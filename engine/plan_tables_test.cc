@@ -1,5 +1,5 @@
 // The page tables of every plan, checked against the request state they were built from: the
-// scheduler reuses the tables of the plan before (engine/scheduler.cc build_tables), so a
+// scheduler reuses the tables of the plan before (engine/scheduler_plan.cc build_tables), so a
 // missed edit would list a stale page. The expected lists come from the requests' held pages
 // read before the step and the pools' page states, never from the plan builder.
 #include <gtest/gtest.h>

@@ -249,7 +249,7 @@ class Scheduler {
   void publish_full_pages(RequestState& r);
   void check_published(const RequestState& r,
                        const std::function<void(const std::string&)>& fail) const;
-  // Fills plan_ for `scheduled`, reusing the page tables of the plan it held (scheduler.cc).
+  // Fills plan_ for `scheduled`, reusing the page tables of the plan it held (scheduler_plan.cc).
   void build_plan(std::span<const Scheduled> scheduled);
   void build_rows(std::span<const Scheduled> scheduled);
   void build_tables(std::span<const Scheduled> scheduled, Family f, uint64_t old_step);
