@@ -57,6 +57,11 @@ class Rng {
   bool chance_ppm(uint32_t ppm) { return below(1000000) < ppm; }
   // Uniform double in [0, 1).
   double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  // One of `options`, uniformly (one below() draw).
+  template <class T, size_t N>
+  const T& pick(const T (&options)[N]) {
+    return options[below(N)];
+  }
 
  private:
   static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
