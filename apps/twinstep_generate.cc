@@ -65,7 +65,8 @@ Options parse_args(int argc, char** argv) {
 
 int32_t ceil_div(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
-[[noreturn]] void text_error(const std::string& message) {
+// An operating error (a bad tokenizer, config, checkpoint or device): the reason, exit 1.
+[[noreturn]] void fail(const std::string& message) {
   std::fprintf(stderr, "twinstep-generate: %s\n", message.c_str());
   std::exit(1);
 }
@@ -81,18 +82,18 @@ TextSide load_text(const Options& o) {
   TextSide side;
   if (o.tokenizer.empty()) return side;
   auto files = text::find_tokenizer_files(o.tokenizer);
-  if (!files) text_error("--tokenizer: " + files.error().message);
+  if (!files) fail("--tokenizer: " + files.error().message);
   auto t = text::Tokenizer::from_file(files->tokenizer_json);
-  if (!t) text_error("--tokenizer: " + t.error().message);
+  if (!t) fail("--tokenizer: " + t.error().message);
   side.tokenizer.emplace(std::move(t.value()));
   if (!o.chat) return side;
   if (files->tokenizer_config_json.empty()) {
-    text_error("--chat: no tokenizer_config.json beside " + files->tokenizer_json.string());
+    fail("--chat: no tokenizer_config.json beside " + files->tokenizer_json.string());
   }
   auto c = text::ChatTemplate::from_config_file(files->tokenizer_config_json);
   if (!c)
-    text_error(std::string("--chat: ") + text::chat_error_name(c.error().code) + ": " +
-               c.error().message);
+    fail(std::string("--chat: ") + text::chat_error_name(c.error().code) + ": " +
+         c.error().message);
   side.chat.emplace(std::move(c.value()));
   for (const std::string& s : side.chat->end_of_turn()) {
     if (const auto id = side.tokenizer->token_to_id(s)) side.stop_ids.push_back(*id);
@@ -113,8 +114,8 @@ std::vector<std::vector<int32_t>> text_prompt_ids(const Options& o, const TextSi
       messages.push_back({{"role", "user"}, {"content", p}});
       auto rendered = side.chat->render(messages, /*add_generation_prompt=*/true);
       if (!rendered)
-        text_error(std::string("--chat: ") + text::chat_error_name(rendered.error().code) + ": " +
-                   rendered.error().message);
+        fail(std::string("--chat: ") + text::chat_error_name(rendered.error().code) + ": " +
+             rendered.error().message);
       prompts.push_back(side.tokenizer->encode(*rendered, /*add_special_tokens=*/false));
     }
     if (prompts.back().empty()) usage_error("--prompt '" + p + "' encodes to no tokens");
@@ -153,50 +154,42 @@ class TextOutput {
   std::map<engine::RequestId, std::string> texts_;
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Options o = parse_args(argc, argv);
-  const TextSide text_side = load_text(o);
-  if (!o.text_prompts.empty()) o.prompts = text_prompt_ids(o, text_side);
-  // The model: a checkpoint directory (config + shards), or its config alone / a preset with
-  // --random-weights.
-  std::unique_ptr<engine::ModelWeights> weights;
+// The model: a checkpoint directory (config + shards), or its config alone / a preset with
+// --random-weights. A bad one ends the run with exit 1 and the reason.
+struct Model {
   engine::ModelConfig config;
-  if (std::filesystem::is_directory(o.model)) {
-    if (o.random_weights || o.device == "sim") {
-      auto c = engine::ModelConfig::from_file(std::filesystem::path(o.model) / "config.json");
-      if (!c) {
-        std::fprintf(stderr, "twinstep-generate: %s/config.json: %s\n", o.model.c_str(),
-                     c.error().message.c_str());
-        return 1;
-      }
-      config = c.value();
-    } else {
-      auto w = engine::ModelWeights::load(o.model);
-      if (!w) {
-        std::fprintf(stderr, "twinstep-generate: %s\n", w.error().message.c_str());
-        return 1;
-      }
-      weights = std::move(w.value());
-      config = weights->config();
-    }
-  } else {
+  std::unique_ptr<engine::ModelWeights> weights;  // null: random weights or the sim device
+};
+
+Model load_model(const Options& o) {
+  Model m;
+  if (!std::filesystem::is_directory(o.model)) {
     auto c = engine::ModelConfig::preset(o.model);
     if (!c) {
-      std::fprintf(stderr,
-                   "twinstep-generate: --model '%s' is neither a directory nor a preset: %s\n",
-                   o.model.c_str(), c.error().message.c_str());
-      return 1;
+      fail("--model '" + o.model + "' is neither a directory nor a preset: " + c.error().message);
     }
     if (o.device == "cuda" && !o.random_weights) {
       usage_error("preset '" + o.model + "' has no weights: add --random-weights");
     }
-    config = c.value();
+    m.config = c.value();
+    return m;
   }
+  if (o.random_weights || o.device == "sim") {
+    auto c = engine::ModelConfig::from_file(std::filesystem::path(o.model) / "config.json");
+    if (!c) fail(c.error().message);  // from_file names the file
+    m.config = c.value();
+    return m;
+  }
+  auto w = engine::ModelWeights::load(o.model);
+  if (!w) fail(w.error().message);
+  m.weights = std::move(w.value());
+  m.config = m.weights->config();
+  return m;
+}
 
-  // Pools sized so that every prompt fits at once: the global family holds whole contexts; the
-  // local family holds as much (the scheduler releases pages behind the window as it goes).
+// Pools sized so that every prompt fits at once: the global family holds whole contexts; the
+// local family holds as much (the scheduler releases pages behind the window as it goes).
+engine::EngineConfig engine_config(const Options& o) {
   engine::EngineConfig ec;
   ec.page_size = o.page_size;
   int64_t pages = 0;
@@ -207,46 +200,45 @@ int main(int argc, char** argv) {
   ec.max_running = static_cast<int32_t>(o.prompts.size());
   ec.max_step_tokens = o.max_step_tokens;
   ec.batch_invariant = o.batch_invariant;
+  return ec;
+}
 
-  std::unique_ptr<engine::Device> device;
-  if (o.device == "sim") {
-    device = std::make_unique<sim::SimDevice>(config);
-  } else {
+std::unique_ptr<engine::Device> make_device(const Options& o, const Model& m,
+                                            const engine::EngineConfig& ec) {
+  if (o.device == "sim") return std::make_unique<sim::SimDevice>(m.config);
 #if defined(TWINSTEP_WITH_CUDA)
-    kernels::CudaDeviceOptions dopt;
-    dopt.random_seed = o.seed;
-    dopt.batch_invariant = ec.batch_invariant;
-    auto d = kernels::CudaDevice::create(config, weights.get(), dopt);
-    if (!d) {
-      std::fprintf(stderr, "twinstep-generate: cuda device: %s\n", d.error().message.c_str());
-      return 1;
+  kernels::CudaDeviceOptions dopt;
+  dopt.random_seed = o.seed;
+  dopt.batch_invariant = ec.batch_invariant;
+  auto d = kernels::CudaDevice::create(m.config, m.weights.get(), dopt);
+  if (!d) fail("cuda device: " + d.error().message);
+  if (!o.eager) {
+    // Decode steps replay a CUDA graph per batch bucket (kernels/decode_graphs.h).
+    kernels::DecodeGraphConfig g;
+    g.max_step_rows = ec.max_step_tokens;
+    g.max_logits = ec.max_running;
+    int64_t longest = 1;
+    for (const auto& p : o.prompts) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()) + o.max_tokens);
     }
-    if (!o.eager) {
-      // Decode steps replay a CUDA graph per batch bucket (kernels/decode_graphs.h).
-      kernels::DecodeGraphConfig g;
-      g.max_step_rows = ec.max_step_tokens;
-      g.max_logits = ec.max_running;
-      int64_t longest = 1;
-      for (const auto& p : o.prompts) {
-        longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()) + o.max_tokens);
-      }
-      g.max_context = static_cast<int32_t>(std::min<int64_t>(longest, INT32_MAX));
-      g.page_size = ec.page_size;
-      if (auto s = d.value()->enable_decode_graphs(g); !s.ok()) {
-        std::fprintf(stderr, "twinstep-generate: decode graphs: %s\n", s.error().message.c_str());
-        return 1;
-      }
+    g.max_context = static_cast<int32_t>(std::min<int64_t>(longest, INT32_MAX));
+    g.page_size = ec.page_size;
+    if (auto s = d.value()->enable_decode_graphs(g); !s.ok()) {
+      fail("decode graphs: " + s.error().message);
     }
-    device = std::move(d.value());
+  }
+  return std::move(d.value());
 #else
-    usage_error("this build has no CUDA: use --device sim");
+  (void)ec;
+  usage_error("this build has no CUDA: use --device sim");
 #endif
-  }
-  auto engine = engine::Engine::create(config, ec, *device);
-  if (!engine) {
-    std::fprintf(stderr, "twinstep-generate: engine: %s\n", engine.error().message.c_str());
-    return 1;
-  }
+}
+
+// Submits every prompt, steps until idle, then prints one line a prompt in order (ids, or text
+// with --tokenizer). Returns the exit code: 1 if a prompt was rejected or failed, or more than
+// 8 steps failed.
+int generate(engine::Engine& e, const Options& o, const engine::ModelConfig& config,
+             const TextSide& text_side) {
   std::vector<engine::RequestId> ids;
   for (const auto& p : o.prompts) {
     engine::Request r;
@@ -255,14 +247,14 @@ int main(int argc, char** argv) {
     r.sampling = o.sampling;
     if (!o.ignore_eos) r.stop_ids = config.eos_token_ids;
     r.stop_ids.insert(r.stop_ids.end(), text_side.stop_ids.begin(), text_side.stop_ids.end());
-    ids.push_back(engine.value()->submit(std::move(r)).id());
+    ids.push_back(e.submit(std::move(r)).id());
   }
   TextOutput text_out(text_side, ids);
   std::map<engine::RequestId, std::vector<int32_t>> out;
   std::map<engine::RequestId, engine::Terminal> terminal;
   int failed_steps = 0;
-  while (!engine.value()->idle()) {
-    const engine::StepOutputs step = engine.value()->step();
+  while (!e.idle()) {
+    const engine::StepOutputs step = e.step();
     if (step.failed) {
       std::fprintf(stderr, "twinstep-generate: step %llu failed: %s\n",
                    static_cast<unsigned long long>(step.step_index), step.error.c_str());
@@ -295,4 +287,18 @@ int main(int argc, char** argv) {
     std::printf("%s\n", line.c_str());
   }
   return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse_args(argc, argv);
+  const TextSide text_side = load_text(o);
+  if (!o.text_prompts.empty()) o.prompts = text_prompt_ids(o, text_side);
+  const Model model = load_model(o);
+  const engine::EngineConfig ec = engine_config(o);
+  const std::unique_ptr<engine::Device> device = make_device(o, model, ec);
+  auto engine = engine::Engine::create(model.config, ec, *device);
+  if (!engine) fail("engine: " + engine.error().message);
+  return generate(*engine.value(), o, model.config, text_side);
 }
