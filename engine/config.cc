@@ -67,10 +67,11 @@ bool read_string(const json& j, const char* field, std::string* out, std::string
   return true;
 }
 
-// Absent or null keeps `out`.
-bool read_bool(const json& j, const char* field, bool* out, std::string* error) {
+// Absent keeps `out`; null too where `null_is_absent`, else it is an error.
+bool read_bool(const json& j, const char* field, bool* out, std::string* error,
+               bool null_is_absent = true) {
   auto it = j.find(field);
-  if (it == j.end() || it->is_null()) return true;
+  if (it == j.end() || (null_is_absent && it->is_null())) return true;
   if (!it->is_boolean()) {
     *error = std::string("field '") + field + "' must be true or false, got " + it->dump();
     return false;
@@ -276,11 +277,10 @@ Refusal read_scalars(const json& j, ModelConfig& c) {
     return refusal(ConfigErrorCode::kBadValue, error);
   }
   if (cap > 0) c.final_logit_softcapping = cap;
-  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_boolean()) {
-    return refusal(ConfigErrorCode::kBadValue,
-                   "field 'tie_word_embeddings' must be true or false, got " + it->dump());
+  if (!read_bool(j, "tie_word_embeddings", &c.tie_word_embeddings, &error,
+                 /*null_is_absent=*/false)) {
+    return refusal(ConfigErrorCode::kBadValue, error);
   }
-  c.tie_word_embeddings = j.value("tie_word_embeddings", true);  // a boolean or absent here
   if (!c.tie_word_embeddings) {
     return refusal(ConfigErrorCode::kUnsupported,
                    "field 'tie_word_embeddings' is false; twinstep expects the tied LM head");
