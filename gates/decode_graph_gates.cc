@@ -562,7 +562,7 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmAndProgrammaticDecodeMatchPlainBitwis
   kernels::Blas& blas = d->blas();
   const auto use = [&](int32_t rows, bool streamed, bool programmatic) {
     blas.set_skinny_max_rows(rows);
-    blas.set_skinny_min_rows(1);  // the device's default starts at 9 rows: this gate runs 1..4
+    blas.set_skinny_min_rows(1);  // pinned (the default is 1 since session 18): this gate runs 1..4
     blas.set_skinny_max_weight_bytes(0);
     blas.set_skinny_unit_k(0);
     blas.set_skinny_streamed(streamed);

@@ -382,8 +382,11 @@ TEST_F(GemmLtGates, EnumeratedAndSplitPlansMatchFp64AndReplay) {
       }
       EXPECT_LE(g.workspace, static_cast<size_t>(kernels::kBlasWorkspaceBytes));
       const Sampled ref = reference(x.get(), w[cases[c].weight].get(), m, wt);
-      CUDA_OK(cudaMemset(y.get(), 0x7f, y.size()));
-      CUDA_OK(cudaMemset(y2.get(), 0x7f, y2.size()));
+      // On the GEMMs' stream: `capture` does not wait for the legacy stream, so a cudaMemset
+      // there could still be filling y while a GEMM that writes its first outputs within
+      // microseconds (the streamed few-row kernel on the LM head's 16 rows) stores into it.
+      CUDA_OK(cudaMemsetAsync(y.get(), 0x7f, y.size(), capture));
+      CUDA_OK(cudaMemsetAsync(y2.get(), 0x7f, y2.size(), capture));
       KERNEL_OK(gemm(blas.value(), x.get(), w[cases[c].weight].get(), y.get(), m, wt));
       KERNEL_OK(gemm(blas.value(), x.get(), w[cases[c].weight].get(), y2.get(), m, wt));
       CUDA_OK(cudaStreamSynchronize(capture));
@@ -414,7 +417,8 @@ TEST_F(GemmLtGates, EnumeratedAndSplitPlansMatchFp64AndReplay) {
     CUDA_OK(cudaStreamEndCapture(capture, &graph));
     KERNEL_OK(captured);
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    for (DeviceBuffer<uint8_t>& o : outs) CUDA_OK(cudaMemset(o.get(), 0x7f, o.size()));
+    for (DeviceBuffer<uint8_t>& o : outs)
+      CUDA_OK(cudaMemsetAsync(o.get(), 0x7f, o.size(), capture));
     CUDA_OK(cudaGraphLaunch(exec, capture));
     CUDA_OK(cudaStreamSynchronize(capture));
     int differ = 0;
@@ -461,7 +465,7 @@ TEST_F(GemmLtGates, TunedAndPinnedReplayInsideAGraph) {
   CUDA_OK(cudaStreamEndCapture(capture, &graph));
   KERNEL_OK(captured);
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  CUDA_OK(cudaMemset(replay.get(), 0x7f, replay.size() * 2));
+  CUDA_OK(cudaMemsetAsync(replay.get(), 0x7f, replay.size() * 2, capture));
   CUDA_OK(cudaGraphLaunch(exec, capture));
   CUDA_OK(cudaStreamSynchronize(capture));
   const std::vector<bf16> a = eager.download(), b = replay.download();

@@ -9,6 +9,7 @@
 //
 // The calibration is TWINSTEP_COST_MODEL (a file) when set, else the one built into the sim
 // library (perf/h200_gemma4_12b_cost.json); none is a failure.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -86,6 +87,17 @@ TEST(SimReplayGate, CalibratedClockPredictsTheH200) {
               calibration->model_name.c_str(), calibration->provenance.dump().c_str(),
               calibration->launch.known() ? calibration->launch.to_json().dump().c_str()
                                           : "unknown (no critical-path terms)");
+  // A calibration predicts the card it was fitted on: on another card the gate fails here,
+  // naming both, instead of with a percentage that reads like a bad fit.
+  if (calibration->provenance.contains("gpu") && calibration->provenance["gpu"].is_string()) {
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    const std::string fitted = calibration->provenance["gpu"].get<std::string>();
+    EXPECT_NE(std::string(prop.name).find(fitted), std::string::npos)
+        << "the calibration was fitted on \"" << fitted << "\" and this GPU is \"" << prop.name
+        << "\": refit it here (engine_throughput_bench --records, twinstep-cost-fit) and pass it "
+           "as TWINSTEP_COST_MODEL";
+  }
   const engine::EngineConfig ec = sim::replay_engine_config(c);
 
   sim::CostModel cost;

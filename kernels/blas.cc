@@ -48,6 +48,7 @@ KernelStatus apply_skinny_env(Blas& blas) {
   blas.set_skinny_programmatic(choice.value().programmatic);
   blas.set_skinny_streamed(choice.value().streamed);
   blas.set_skinny_unit_k(choice.value().unit_k);
+  blas.set_skinny_gated(choice.value().gated);
   return Ok{};
 }
 
@@ -64,7 +65,7 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
   size_t comma = s.find(',');
   std::string rows = s.substr(0, comma);
   SkinnyChoice choice;
-  bool plain = false, registers = false, k256 = false, wmax = false, bad = false;
+  bool plain = false, registers = false, k256 = false, wmax = false, gated = false, bad = false;
   // A whole decimal number in [lo, hi], else -1.
   auto number = [](const std::string& t, long lo, long hi) -> long {
     if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) {
@@ -83,6 +84,8 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
       registers = true;
     } else if (flag == "k256" && !k256) {
       k256 = true;
+    } else if (flag == "gated" && !gated) {
+      gated = true;
     } else if (flag.rfind("wmax=", 0) == 0 && !wmax && number(flag.substr(5), 1, 1 << 20) > 0) {
       wmax = true;
       choice.max_weight_bytes = number(flag.substr(5), 1, 1 << 20) << 20;
@@ -98,12 +101,12 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
     if (lo < 0) bad = true;
   }
   const long n = number(rows, 0, kSkinnyMaxRows);
-  if (n < 0 || lo > std::max(n, 1L) || bad || (k256 && registers)) {
+  if (n < 0 || lo > std::max(n, 1L) || bad || (registers && (k256 || gated))) {
     return unexpected(KernelError{
         KernelErrorCode::kBadArgument,
         "TWINSTEP_SKINNY=\"" + s +
-            "\": expected [LO-]ROWS[,plain][,registers][,k256][,wmax=MB] (k256 not with "
-            "registers) with 1 <= LO <= ROWS <= " +
+            "\": expected [LO-]ROWS[,plain][,registers][,k256][,wmax=MB][,gated] (k256 and "
+            "gated not with registers) with 1 <= LO <= ROWS <= " +
             std::to_string(kSkinnyMaxRows) + " (ROWS 0: never) and MB >= 1"});
   }
   choice.max_rows = static_cast<int32_t>(n);
@@ -111,6 +114,7 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
   choice.programmatic = !plain;
   choice.streamed = !registers;
   choice.unit_k = k256 ? 256 : 0;
+  choice.gated = gated;
   return choice;
 }
 
@@ -194,11 +198,13 @@ Blas::Blas(Blas&& other) noexcept
       skinny_programmatic_(other.skinny_programmatic_),
       skinny_streamed_(other.skinny_streamed_),
       skinny_unit_k_(other.skinny_unit_k_),
+      skinny_gated_(other.skinny_gated_),
       batch_invariant_(other.batch_invariant_),
       gated_gemm_min_rows_(other.gated_gemm_min_rows_),
       gated_gemm_pair_min_rows_(other.gated_gemm_pair_min_rows_),
       gated_gemm_pair_epilogue_(other.gated_gemm_pair_epilogue_),
-      gated_gemm_launches_(other.gated_gemm_launches_) {}
+      gated_gemm_launches_(other.gated_gemm_launches_),
+      few_row_gated_launches_(other.few_row_gated_launches_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
   if (this != &other) {
@@ -218,11 +224,13 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     skinny_programmatic_ = other.skinny_programmatic_;
     skinny_streamed_ = other.skinny_streamed_;
     skinny_unit_k_ = other.skinny_unit_k_;
+    skinny_gated_ = other.skinny_gated_;
     batch_invariant_ = other.batch_invariant_;
     gated_gemm_min_rows_ = other.gated_gemm_min_rows_;
     gated_gemm_pair_min_rows_ = other.gated_gemm_pair_min_rows_;
     gated_gemm_pair_epilogue_ = other.gated_gemm_pair_epilogue_;
     gated_gemm_launches_ = other.gated_gemm_launches_;
+    few_row_gated_launches_ = other.few_row_gated_launches_;
   }
   return *this;
 }
@@ -282,6 +290,32 @@ bool Blas::skinny_applies(int32_t m, int32_t n, int32_t k) const {
 bool Blas::gated_gemm_applies(int32_t m, int32_t inter, int32_t k) const {
   return !batch_invariant_ && gated_gemm_min_rows_ > 0 && m >= gated_gemm_min_rows_ &&
          gated_gemm_refusal(m, inter, k).empty();
+}
+
+bool Blas::few_row_gated_applies(int32_t m, int32_t inter, int32_t k) const {
+  return !batch_invariant_ && skinny_gated_ && skinny_streamed_ && inter > 0 &&
+         skinny_applies(m, 2 * inter, k) &&
+         stream_gemm_gated_supported(m, inter, k, skinny_unit_k_);
+}
+
+KernelStatus Blas::few_row_gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m,
+                                      int32_t inter, int32_t k) {
+  if (!few_row_gated_applies(m, inter, k)) {
+    return unexpected(KernelError{
+        KernelErrorCode::kBadArgument,
+        "Blas::few_row_gated_gelu: m=" + std::to_string(m) + " inter=" + std::to_string(inter) +
+            " k=" + std::to_string(k) +
+            " is not a shape the few-row gated GEMM takes here (few_row_gated_applies)"});
+  }
+  const SkinnyLaunch how =
+      skinny_programmatic_ ? SkinnyLaunch::kProgrammatic : SkinnyLaunch::kPlain;
+  const StreamGemmWorkspace ws = stream_gemm_workspace(stream_ws_, sm_count_);
+  if (auto s = stream_gemm_gated(x, w, out, m, inter, k, ws, stream_, how, skinny_unit_k_);
+      !s.ok()) {
+    return s;
+  }
+  ++few_row_gated_launches_;
+  return Ok{};
 }
 
 KernelStatus Blas::gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,

@@ -45,6 +45,11 @@ TEST(SkinnyChoice, AcceptsRowsAndFlagsInAnyOrder) {
   EXPECT_EQ(ranged.value().max_rows, 16);
   EXPECT_EQ(ranged.value().unit_k, 256);
   EXPECT_EQ(ranged.value().max_weight_bytes, int64_t{64} << 20);
+  auto gated = parse_skinny_choice("1-16,k256,gated");
+  ASSERT_TRUE(gated.ok()) << gated.error().message;
+  EXPECT_TRUE(gated.value().gated);
+  EXPECT_TRUE(gated.value().streamed);
+  EXPECT_FALSE(ranged.value().gated) << "gated only when asked";
   auto one = parse_skinny_choice("1-1,wmax=1");
   ASSERT_TRUE(one.ok()) << one.error().message;
   EXPECT_EQ(one.value().min_rows, 1);
@@ -66,6 +71,8 @@ TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
                             "99999999999999999999",
                             "16,k256,k256",
                             "16,k256,registers",
+                            "16,gated,registers",
+                            "16,gated,gated",
                             "16,k128",
                             "9-8",
                             "0-16",

@@ -56,6 +56,13 @@ __device__ __forceinline__ void load_bf16(const bf16* __restrict__ p, float (&f)
   }
 }
 
+// The gated MLP's GELU, tanh form in full precision: gelu_tanh_mul (row_ops.cu) and the
+// streamed few-row gate|up GEMM's epilogue (gemm_stream.cu) share it, so their bits agree.
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
 template <int E>
 __device__ __forceinline__ void store_bf16(bf16* __restrict__ p, const float (&f)[E]) {
   if constexpr (E % 8 == 0) {

@@ -216,6 +216,7 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
     d->blas_->set_skinny_programmatic(f.programmatic);
     d->blas_->set_skinny_streamed(f.streamed);
     d->blas_->set_skinny_unit_k(f.unit_k);
+    d->blas_->set_skinny_gated(f.gated);
   }
   auto gated = resolve_gated_gemm_min_rows(options, std::getenv("TWINSTEP_GATED_GEMM"));
   if (!gated) return unexpected(gated.error());

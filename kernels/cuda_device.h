@@ -39,13 +39,16 @@ inline constexpr bool kDefaultTuneGemms = true;
 inline constexpr int32_t kDefaultDecodeGraphPieces = 4;
 inline constexpr int32_t kMaxDecodeGraphPieces = 8;
 // CudaDeviceOptions::few_row_gemm by default: the streamed few-row GEMM (gemm_stream.h, 256-k
-// units, programmatic) for GEMMs of 9..16 rows (the b=16 decode bucket), cuBLAS elsewhere.
+// units, programmatic) for GEMMs of 1..16 rows (the decode buckets to 16), cuBLAS elsewhere.
 // Measured on the H200 (session 10, one process an arm, 12B decode, graphs): b=16 8.764 ms
 // against 9.052 / 9.144 with cuBLAS everywhere; the small matrices alone (wmax=70) 8.930, at
 // b=1 as well 7.493 (cuBLAS arms 7.598 / 7.766: inside the noise between processes), the
-// small ones at 9..16 only 8.845 (perf/NOTES.md). Below 9 rows it stays off: session 8 measured
-// the streamed GEMM slower at b=1 (7.923 vs 7.800).
-inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 9, 0, true, true, 256};
+// small ones at 9..16 only 8.845 (perf/NOTES.md). Since session 18 from ONE row: session 8
+// had measured it slower at b=1 (7.923 vs 7.800, before the 256-k units and PDL), but with
+// them, one process an arm, b=1 took 7.380 / 7.398 ms against 7.461 / 7.465 from 9 rows on the
+// H200 (session 17) and 9.257 / 9.257 against 9.640 / 9.634 on an H100 (session 18), the other
+// batches unchanged.
+inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 1, 0, true, true, 256, true};
 
 // CudaDeviceOptions::gated_gemm_min_rows by default: the gate|up GEMM with the gated GELU in
 // its epilogue (gemm_gated.h) for steps of more rows than the 12B's largest default decode

@@ -60,17 +60,23 @@ __device__ __forceinline__ uint4 box_chunk(const unsigned char* box, int row, in
   return *reinterpret_cast<const uint4*>(box + row * 128 + ((q ^ (row & 7)) << 4));
 }
 
-// MT: n8 tiles of x rows (m <= 8 * MT); UK: k of a unit (Ring).
-template <int MT, int UK, typename Out>
+// MT: n8 tiles of x rows (m <= 8 * MT); UK: k of a unit (Ring). GATED (gemm_stream.h's
+// stream_gemm_gated): w is [gate; up] (n = 2 inter rows), tile t holds gate rows 32 t.. 32 t + 31
+// (consumer warps 0 and 1) and up rows inter + 32 t.. (warps 2 and 3), each a 32-row box, and the
+// owner stores y[r, 32 t + j] = bf16(gelu_tanh(bf16(gate)) * bf16(up)) (y has inter columns).
+template <int MT, int UK, typename Out, bool GATED = false>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_gemm_kernel(const __grid_constant__ CUtensorMap w_map,
                        const __grid_constant__ CUtensorMap x_map, Out* __restrict__ y, int32_t m,
                        int32_t n, int32_t k, float* __restrict__ partials,
                        int32_t* __restrict__ flags) {
+  static_assert(!GATED || sizeof(Out) == 2, "the gated epilogue stores bf16");
   using R = Ring<UK>;
   constexpr int kUnitK = R::kUnitK, kBoxes = R::kBoxes;
   constexpr int kStageBytes = R::kStageBytes, kStages = R::kStages;
   __shared__ uint64_t full[kStages], empty[kStages];
+  // GATED: the up warps' (2, 3) fragments, handed to the gate warps (0, 1) lane for lane.
+  __shared__ float4 handoff[GATED ? 2 : 1][GATED ? kWarp : 1][GATED ? MT : 1];
   extern __shared__ __align__(1024) unsigned char smem[];
   // The swizzled boxes want 1024-byte aligned destinations.
   unsigned char* stages = smem + ((1024 - (detail::shared_u32(smem) & 1023)) & 1023);
@@ -102,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t u = u_begin + i;
       const int64_t tile = u / units_per_tile;
       k0 = static_cast<int32_t>(u - tile * units_per_tile) * kUnitK;
-      row0 = static_cast<int32_t>(tile * kTileRows);
+      row0 = static_cast<int32_t>(tile * (GATED ? kTileRows / 2 : kTileRows));
     };
     auto issue_w = [&](int32_t i) {
       int32_t k0, row0;
@@ -113,6 +119,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int b = 0; b < kBoxes; ++b) {
         detail::tensor_copy_2d(st + b * kWBoxBytes, &w_map, k0 + b * kBoxK, row0, bar, policy);
+        if constexpr (GATED) {  // the up rows under the gate rows: box rows 32..63
+          detail::tensor_copy_2d(st + b * kWBoxBytes + kWBoxBytes / 2, &w_map, k0 + b * kBoxK,
+                                 n / 2 + row0, bar, policy);
+        }
       }
     };
     auto issue_x = [&](int32_t i) {
@@ -229,6 +239,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (lane == 0) flags[slot2] = 0;  // read: ready for the next launch
       }
     }
+    if constexpr (GATED) {
+      // Up warps hand their sums over; gate warps round both to bf16 (the plain kernel's bf16
+      // store), apply gelu_tanh_mul's arithmetic and store the product.
+      if (warp >= 2) {
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          handoff[warp - 2][lane][t] = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+        }
+      }
+      detail::named_barrier(1, kConsumerWarps * kWarp);
+      if (warp < 2) {
+        const int64_t col = tile * (kTileRows / 2) + row;  // row = 16 warp + g < 32
+        const int32_t cols = n / 2;
+        auto bf = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          const float4 up4 = handoff[warp][lane][t];
+          const float up[4] = {up4.x, up4.y, up4.z, up4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = 8 * t + 2 * c + (e & 1);
+            if (r >= m) continue;
+            const float v = detail::gelu_tanh(bf(acc[t][e])) * bf(up[e]);
+            store_out(y + int64_t{r} * cols + col + (e >> 1) * 8, v);
+          }
+        }
+      }
+      detail::named_barrier(1, kConsumerWarps * kWarp);  // the hand-off is free again
+      continue;
+    }
     // C fragment: rows g, g + 8 (output columns of the tile), columns 2c, 2c + 1 (x rows).
     const int64_t col = tile * kTileRows + row;
 #pragma unroll
@@ -244,21 +284,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int MT, int UK, typename Out>
+template <int MT, int UK, typename Out, bool GATED = false>
 KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
                          const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
   constexpr int kSmemBytes = Ring<UK>::kSmemBytes;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, UK, Out>,
+    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, UK, Out, GATED>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   });
   if (attr_err != cudaSuccess) {
     return cuda_status(attr_err, "cudaFuncSetAttribute(stream_gemm_kernel)");
   }
   CUtensorMap w_map, x_map;
-  if (auto s = detail::encode_rows_map(w, n, k, kTileRows, &w_map, "stream_gemm: w"); !s.ok())
+  if (auto s = detail::encode_rows_map(w, n, k, GATED ? kTileRows / 2 : kTileRows, &w_map,
+                                       "stream_gemm: w");
+      !s.ok())
     return s;
   if (auto s = detail::encode_rows_map(x, m, k, kXRows, &x_map, "stream_gemm: x"); !s.ok())
     return s;
@@ -273,13 +315,14 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = how == SkinnyLaunch::kProgrammatic ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out>, w_map, x_map,
-                                             y, m, n, k, ws.partials, ws.flags);
+  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out, GATED>, w_map,
+                                             x_map, y, m, n, k, ws.partials, ws.flags);
   if (err != cudaSuccess) return cuda_status(err, "cudaLaunchKernelEx(stream_gemm_kernel)");
   return detail::launch_status("stream_gemm_kernel");
 }
 
-template <typename Out>
+// GATED: n is the gate|up rows (2 inter), y has n / 2 columns.
+template <typename Out, bool GATED = false>
 KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
                     const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
                     int32_t unit_k) {
@@ -301,11 +344,11 @@ KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, 
     return detail::bad_argument("stream_gemm: no workspace (stream_gemm_workspace)");
   }
   if (uk == 256) {
-    return m <= 8 ? launch_grid<1, 256>(x, w, y, m, n, k, ws, stream, how)
-                  : launch_grid<2, 256>(x, w, y, m, n, k, ws, stream, how);
+    return m <= 8 ? launch_grid<1, 256, Out, GATED>(x, w, y, m, n, k, ws, stream, how)
+                  : launch_grid<2, 256, Out, GATED>(x, w, y, m, n, k, ws, stream, how);
   }
-  return m <= 8 ? launch_grid<1, 128>(x, w, y, m, n, k, ws, stream, how)
-                : launch_grid<2, 128>(x, w, y, m, n, k, ws, stream, how);
+  return m <= 8 ? launch_grid<1, 128, Out, GATED>(x, w, y, m, n, k, ws, stream, how)
+                : launch_grid<2, 128, Out, GATED>(x, w, y, m, n, k, ws, stream, how);
 }
 
 constexpr int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
@@ -343,6 +386,24 @@ KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int3
                          const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
                          int32_t unit_k) {
   return launch(x, w, y, m, n, k, ws, stream, how, unit_k);
+}
+
+bool stream_gemm_gated_supported(int32_t m, int32_t inter, int32_t k, int32_t unit_k) {
+  return inter > 0 && inter % (kTileRows / 2) == 0 && inter <= (1 << 29) &&
+         stream_gemm_supported(m, 2 * inter, k, unit_k);
+}
+
+KernelStatus stream_gemm_gated(const bf16* x, const bf16* w, bf16* act, int32_t m, int32_t inter,
+                               int32_t k, const StreamGemmWorkspace& ws, cudaStream_t stream,
+                               SkinnyLaunch how, int32_t unit_k) {
+  if (!stream_gemm_gated_supported(m, inter, k, unit_k == 0 ? split::kUnitK : unit_k)) {
+    return detail::bad_argument(
+        "stream_gemm_gated: need 1 <= m <= " + std::to_string(kSkinnyMaxRows) +
+        ", inter a positive multiple of " + std::to_string(kTileRows / 2) +
+        ", k % unit_k == 0, got m=" + std::to_string(m) + " inter=" + std::to_string(inter) +
+        " k=" + std::to_string(k) + " unit_k=" + std::to_string(unit_k));
+  }
+  return launch<bf16, true>(x, w, act, m, 2 * inter, k, ws, stream, how, unit_k);
 }
 
 }  // namespace twinstep::kernels

@@ -70,4 +70,17 @@ KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int3
                          const StreamGemmWorkspace& ws, cudaStream_t stream,
                          SkinnyLaunch how = SkinnyLaunch::kPlain, int32_t unit_k = 0);
 
+// The decode MLP's gate|up GEMM with gelu_tanh_mul folded in: w is [gate; up] ([2 inter, k],
+// gate rows first, the engine's gate_up layout) and act[m, inter] (row stride inter) gets
+// bf16(gelu_tanh(bf16(x . gate_j)) * bf16(x . up_j)), the arithmetic of gelu_tanh_mul (row_ops.cu)
+// on the rounded GEMM outputs, with no gate|up buffer and no second launch. A tile is 32 gate
+// rows and the 32 up rows of the same columns, so the bits are those of stream_gemm on w's rows
+// reordered in 32-row pairs (gate 32 t.., up 32 t..) followed by gelu_tanh_mul: the same units,
+// split and sums (gates/skinny_gemm_gates.cc checks exactly that). Needs inter % 32 == 0 and
+// stream_gemm's conditions for (m, 2 inter, k); otherwise kBadArgument naming them.
+bool stream_gemm_gated_supported(int32_t m, int32_t inter, int32_t k, int32_t unit_k = 0);
+KernelStatus stream_gemm_gated(const bf16* x, const bf16* w, bf16* act, int32_t m, int32_t inter,
+                               int32_t k, const StreamGemmWorkspace& ws, cudaStream_t stream,
+                               SkinnyLaunch how = SkinnyLaunch::kPlain, int32_t unit_k = 0);
+
 }  // namespace twinstep::kernels

@@ -518,6 +518,9 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   if (blas.gated_gemm_applies(rows, I, H)) {  // the GELU in the GEMM's epilogue (gemm_gated.h)
     if (auto s = blas.gated_gelu(b.h, L.gate_up, b.act, rows, I, H); !s.ok()) return s;
     if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;
+  } else if (blas.few_row_gated_applies(rows, I, H)) {  // decode: the GELU in the streamed GEMM
+    if (auto s = blas.few_row_gated_gelu(b.h, L.gate_up, b.act, rows, I, H); !s.ok()) return s;
+    if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;
   } else {
     if (auto s = blas.gemm(b.h, L.gate_up, b.gu, rows, 2 * I, H); !s.ok()) return s;
     if (auto s = prefetch_next(pf, false, L.down, down_bytes); !s.ok()) return s;

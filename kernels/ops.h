@@ -256,6 +256,12 @@ class Blas {
   // The streamed kernel's unit k (gemm_stream.h: 0 its default 128, or 256). Before any capture.
   void set_skinny_unit_k(int32_t unit_k) { skinny_unit_k_ = unit_k; }
   int32_t skinny_unit_k() const { return skinny_unit_k_; }
+  // The MLP's gate|up GEMM of few rows with gelu_tanh_mul folded in (stream_gemm_gated,
+  // gemm_stream.h: no gate|up buffer, one launch fewer a layer) where the streamed kernel takes
+  // the gate|up GEMM (few_row_gated_applies). Set before any capture. ",gated" in
+  // TWINSTEP_SKINNY.
+  void set_skinny_gated(bool on) { skinny_gated_ = on; }
+  bool skinny_gated() const { return skinny_gated_; }
   // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
   // cuBLASLt algorithm for every m, with no split-K or stream-K (split-K 1, no reduction
   // scheme, at most 1 KiB of workspace: kernels/blas_lt.h), so a row's
@@ -284,6 +290,14 @@ class Blas {
   KernelStatus gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
                           int32_t k);
   uint64_t gated_gemm_launches() const { return gated_gemm_launches_; }
+  // Whether few_row_gated_gelu takes (m, inter, k): skinny_gated, the streamed kernel taking the
+  // [2 inter, k] GEMM of m rows, inter % 32 == 0, and not batch-invariant. out = the bits of the
+  // same streamed GEMM on 32-row pairs of gate and up rows followed by gelu_tanh_mul (out's row
+  // stride inter), counted in few_row_gated_launches(); kBadArgument where it does not apply.
+  bool few_row_gated_applies(int32_t m, int32_t inter, int32_t k) const;
+  KernelStatus few_row_gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
+                                  int32_t k);
+  uint64_t few_row_gated_launches() const { return few_row_gated_launches_; }
   // Times cuBLASLt candidates for each exact shape against the default path on random
   // operands and keeps, per shape, whichever is faster (BlasTuneOptions). Allocates and frees
   // scratch operands; call once before any graph capture. Later GEMMs of a tuned shape run its
@@ -314,11 +328,13 @@ class Blas {
   bool skinny_programmatic_ = true;
   bool skinny_streamed_ = true;
   int32_t skinny_unit_k_ = 0;
+  bool skinny_gated_ = false;
   bool batch_invariant_ = false;
   int32_t gated_gemm_min_rows_ = 0;
   int32_t gated_gemm_pair_min_rows_ = 0;
   GatedPairEpilogue gated_gemm_pair_epilogue_ = GatedPairEpilogue::kRegisters;
   uint64_t gated_gemm_launches_ = 0;
+  uint64_t few_row_gated_launches_ = 0;
 };
 
 // Programmatic dependent launch of the short kernels of a decode step (rms_norm,

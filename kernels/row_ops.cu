@@ -553,11 +553,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock* kWarp, kMinBlocks)
 
 // ---- elementwise ----------------------------------------------------------------------
 
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-}
-
 __global__ void gelu_tanh_mul_kernel(const bf16* __restrict__ gate, const bf16* __restrict__ up,
                                      int64_t in_row_stride, bf16* __restrict__ out, int32_t rows,
                                      int32_t cols) {
@@ -573,7 +568,7 @@ __global__ void gelu_tanh_mul_kernel(const bf16* __restrict__ gate, const bf16* 
     load_bf16<8>(gate + row * in_row_stride + col, g);
     load_bf16<8>(up + row * in_row_stride + col, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) g[k] = gelu_tanh(g[k]) * u[k];
+    for (int k = 0; k < 8; ++k) g[k] = detail::gelu_tanh(g[k]) * u[k];
     store_bf16<8>(out + row * cols + col, g);
   }
 }
