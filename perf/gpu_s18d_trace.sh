@@ -11,4 +11,6 @@ t built
 TWINSTEP_BENCH_QUICK=1 TWINSTEP_BENCH_TRACE=1 part trace 100 \
   build/gpu-gates/bin/engine_throughput_bench --decode
 grep -E "^-- trace|idle|^\| decode" "$OUT/trace.log" | head -30
+awk '/^-- trace: decode b=1, graphs/{on=1} /^-- trace: decode b=1, eager/{on=0} on' \
+  "$OUT/trace.log" | head -40
 t done
