@@ -662,5 +662,73 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmAndProgrammaticDecodeMatchPlainBitwis
   EXPECT_LE(max_stream, 3.0 * max_registers);
 }
 
+// The residual norms folded into the o_proj and down GEMMs' last blocks
+// (Blas::gemm_residual_norm, TWINSTEP_SKINNY ",norm=R") in the real decode forward, on the
+// device's few-row defaults otherwise: every decode step (batch 1..4, each its own bucket) runs
+// eagerly with the fold off and on, then replays the graph captured with it on. The fold gives
+// the two launches' bits (gemm_stream.h), so the logits must be bitwise equal all three ways,
+// and each folded forward must have run it 2 x layers times (o_proj and down of every layer).
+TEST_F(DecodeGraphGates, FoldedResidualNormDecodeMatchesTheUnfoldedBitwise) {
+  auto d = device();
+  ASSERT_NE(d, nullptr);
+  kernels::Blas& blas = d->blas();
+  blas.set_skinny_norm_max_rows(kernels::kSkinnyMaxRows);  // what the graphs capture
+  const engine::EngineConfig ec = engine_config(4, 512);
+  auto enabled = d->enable_decode_graphs(graph_config(ec, {1, 2, 3, 4}));
+  ASSERT_TRUE(enabled.ok()) << enabled.error().message;
+  int steps = 0;
+  auto hook =
+      [&](CudaDevice& dev,
+          const engine::StepPlan& plan) -> Result<engine::DeviceOutput, engine::DeviceError> {
+    blas.set_skinny_norm_max_rows(kernels::kSkinnyMaxRows);
+    if (!decode_only(plan)) {
+      dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
+      return dev.execute(plan);
+    }
+    const auto eager = [&](int32_t fold_rows, uint64_t* folds) {
+      blas.set_skinny_norm_max_rows(fold_rows);
+      dev.set_decode_graph_mode(DecodeGraphMode::kOff);
+      const uint64_t before = blas.few_row_norm_launches();
+      auto out = dev.execute(plan);
+      EXPECT_TRUE(out.ok()) << out.error().message;
+      *folds = blas.few_row_norm_launches() - before;
+      return dev.last_logits();
+    };
+    uint64_t folds_off = 0, folds_on = 0;
+    const std::vector<float> off = eager(0, &folds_off);
+    const std::vector<float> on = eager(kernels::kSkinnyMaxRows, &folds_on);
+    EXPECT_EQ(folds_off, 0u);
+    EXPECT_EQ(folds_on, 2u * static_cast<uint64_t>(config_.num_layers))
+        << plan.num_rows() << " rows: a layer's o_proj or down did not fold its norm";
+    blas.set_skinny_norm_max_rows(kernels::kSkinnyMaxRows);
+    dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
+    const uint64_t replays = dev.decode_graph_stats().replays;
+    auto replay = dev.execute(plan);
+    EXPECT_TRUE(replay.ok()) << replay.error().message;
+    if (!replay.ok()) return replay;
+    EXPECT_EQ(dev.decode_graph_stats().replays, replays + 1) << "the step did not replay";
+    const std::vector<float>& lr = dev.last_logits();
+    const size_t n = lr.size();
+    EXPECT_EQ(n, size_t{1} * plan.num_logits * config_.vocab_size);
+    EXPECT_TRUE(off.size() == n && std::memcmp(off.data(), on.data(), n * 4) == 0)
+        << plan.num_rows() << " rows: folded norm logits != the GEMM then residual_norm";
+    EXPECT_TRUE(on.size() == n && std::memcmp(on.data(), lr.data(), n * 4) == 0)
+        << plan.num_rows() << " rows: replay logits != the same forward run eagerly";
+    ++steps;
+    return replay;
+  };
+  HookDevice hd(*d, hook);
+  auto created = engine::Engine::create(config_, ec, hd);
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  engine::Engine& e = *created.value();
+  submit(e, 8, 5, 100, 3, 24, 17);
+  ASSERT_NO_FATAL_FAILURE(drain(e));
+  std::printf(
+      "[gate] residual norms folded into the o_proj and down GEMMs: %d decode steps (batch "
+      "1..4), fold off == fold on == graph replay bitwise, %d folds a step\n",
+      steps, 2 * config_.num_layers);
+  EXPECT_GE(steps, 10);
+}
+
 }  // namespace
 }  // namespace twinstep::gates

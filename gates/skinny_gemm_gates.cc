@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gates/kernel_gate_util.h"
+#include "kernels/fused_norms.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/gemm_stream.h"
 
@@ -379,6 +380,146 @@ TEST_F(StreamGemmGates, GatedGeluEqualsPairedGemmThenGeluTanhMulBitwise) {
     EXPECT_EQ(st.error().code, kernels::KernelErrorCode::kBadArgument);
     EXPECT_NE(st.error().message.find(expect), std::string::npos) << st.error().message;
   }
+}
+
+// The GEMM with the residual_norm after it folded into its last block
+// (stream_gemm_residual_norm) against the two launches it replaces, bit for bit: stream_gemm,
+// then residual_norm (fused_norms.h, the engine's kernel). y (the norm's delta), the updated
+// residual stream x and the next norm's out, for the 12B's o_proj and down (rows of 128-thread
+// groups), rows a warp each (n 1024) and rows of 96 threads on a grid of 20 blocks (tiles split
+// over blocks); every row count, both unit k, plain and programmatic; without weights, with a
+// layer scalar, without the next norm. Rows past m keep their poison; the arrival counter and
+// the flags are zero afterwards; a graph of (restore x, the fold) replayed twice gives the eager
+// bits (so each launch leaves the counter ready for the next). Refusals name the shape.
+TEST_F(StreamGemmGates, ResidualNormFoldEqualsGemmThenResidualNormBitwise) {
+  struct Case {
+    int32_t n, k, blocks;
+    bool weights, next_norm;
+    float scalar;
+    const char* what;
+  };
+  const Case cases[] = {{3840, 4096, 0, true, true, 1.0f, "12B o_proj"},
+                        {3840, 15360, 0, true, true, 0.8125f, "12B down, layer scalar"},
+                        {3840, 15360, 0, true, false, 1.0f, "12B down, last layer"},
+                        {1024, 512, 0, false, true, 1.0f, "warp rows, no weights"},
+                        {2560, 768, 20, true, true, 1.0f, "96-thread rows, 20 blocks"}};
+  constexpr float kEps = 1e-6f;
+  sim::Rng rng(91);
+  using kernels::SkinnyLaunch;
+  int compared = 0;
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(cs.what);
+    const int32_t M = kernels::kSkinnyMaxRows, N = cs.n, K = cs.k;
+    const size_t mn = static_cast<size_t>(M) * N;
+    DeviceBuffer<bf16> a(random_bf16(rng, static_cast<size_t>(M) * K));
+    DeviceBuffer<bf16> w(random_bf16(rng, static_cast<size_t>(N) * K, -0.05f, 0.05f));
+    DeviceBuffer<bf16> dw(random_bf16(rng, N, 0.5f, 1.5f)), ow(random_bf16(rng, N, 0.5f, 1.5f));
+    const std::vector<bf16> x0 = random_bf16(rng, mn, -2.0f, 2.0f);
+    DeviceBuffer<bf16> x_pristine(x0);
+    DeviceBuffer<bf16> y_ref(mn), x_ref(mn), out_ref(mn), y(mn), x(mn), out(mn);
+    kernels::StreamResidualNorm norm;
+    norm.delta_weight = cs.weights ? dw.get() : nullptr;
+    norm.out_weight = cs.weights ? ow.get() : nullptr;
+    norm.scalar = cs.scalar;
+    norm.eps = kEps;
+    const int32_t blocks = cs.blocks > 0 ? std::min(cs.blocks, sms_) : sms_;
+    const auto poison = [&](DeviceBuffer<bf16>& b) {
+      CUDA_OK(cudaMemsetAsync(b.get(), 0xff, mn * sizeof(bf16), stream_));
+    };
+    const auto restore = [&](DeviceBuffer<bf16>& b) {
+      CUDA_OK(cudaMemcpyAsync(b.get(), x_pristine.get(), mn * sizeof(bf16),
+                              cudaMemcpyDeviceToDevice, stream_));
+    };
+    for (const int32_t unit_k : {0, 256}) {
+      for (const int32_t m : kRowCounts) {
+        SCOPED_TRACE("unit_k=" + std::to_string(unit_k) + " m=" + std::to_string(m));
+        const size_t count = static_cast<size_t>(m) * N;
+        // The reference: the two launches.
+        poison(y_ref);
+        poison(out_ref);
+        restore(x_ref);
+        KERNEL_OK(kernels::stream_gemm(a.get(), w.get(), y_ref.get(), m, N, K, workspace(blocks),
+                                       stream_, SkinnyLaunch::kPlain, unit_k));
+        KERNEL_OK(kernels::residual_norm(y_ref.get(), norm.delta_weight, x_ref.get(), cs.scalar,
+                                         norm.out_weight, cs.next_norm ? out_ref.get() : nullptr, m,
+                                         N, kEps, stream_));
+        const std::vector<bf16> want_y = y_ref.download(), want_x = x_ref.download();
+        const std::vector<bf16> want_out = out_ref.download();
+        const auto check = [&](const char* how) {
+          const std::vector<bf16> got_y = y.download(), got_x = x.download();
+          const std::vector<bf16> got_out = out.download();
+          EXPECT_EQ(std::memcmp(got_y.data(), want_y.data(), count * 2), 0) << how << ": y";
+          EXPECT_EQ(std::memcmp(got_x.data(), want_x.data(), mn * 2), 0)
+              << how << ": x (rows < m updated, the others as they were)";
+          EXPECT_EQ(std::memcmp(got_out.data(), want_out.data(), mn * 2), 0)
+              << how << ": out (rows >= m, or all without the next norm, still poison)";
+          ++compared;
+        };
+        for (const SkinnyLaunch how : {SkinnyLaunch::kPlain, SkinnyLaunch::kProgrammatic}) {
+          poison(y);
+          poison(out);
+          restore(x);
+          norm.x = x.get();
+          norm.out = cs.next_norm ? out.get() : nullptr;
+          KERNEL_OK(kernels::stream_gemm_residual_norm(a.get(), w.get(), y.get(), m, N, K, norm,
+                                                       workspace(blocks), stream_, how, unit_k));
+          check(how == SkinnyLaunch::kPlain ? "plain" : "programmatic");
+        }
+        if (m != 1 && m != M) continue;
+        // Replayed: (restore x, the fold) in one graph, twice.
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        poison(y);
+        poison(out);
+        CUDA_OK(cudaStreamSynchronize(stream_));
+        CUDA_OK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        restore(x);
+        const kernels::KernelStatus captured = kernels::stream_gemm_residual_norm(
+            a.get(), w.get(), y.get(), m, N, K, norm, workspace(blocks), stream_,
+            SkinnyLaunch::kProgrammatic, unit_k);
+        CUDA_OK(cudaStreamEndCapture(stream_, &graph));
+        KERNEL_OK(captured);
+        CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 2; ++rep) {
+          CUDA_OK(cudaGraphLaunch(exec, stream_));
+          check(rep == 0 ? "graph replay 1" : "graph replay 2");
+        }
+        CUDA_OK(cudaGraphExecDestroy(exec));
+        CUDA_OK(cudaGraphDestroy(graph));
+      }
+    }
+    int32_t arrivals = -1;
+    CUDA_OK(cudaMemcpy(&arrivals, workspace(sms_).arrivals, 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(arrivals, 0) << "a launch left the arrival counter raised";
+    EXPECT_EQ(flags_set(), 0) << "a launch left cross-block flags raised";
+    std::printf(
+        "[gate] stream_gemm_residual_norm %-26s n=%5d k=%5d blocks=%3d: y, x and out "
+        "bitwise equal to stream_gemm then residual_norm, m in 1..16, unit k 128/256, "
+        "plain, programmatic, graph replays\n",
+        cs.what, N, K, blocks);
+  }
+  EXPECT_GT(compared, 0);
+  // Refusals, by name.
+  DeviceBuffer<bf16> a(16 * 256), w(4104 * 256), y(16 * 4104), x(16 * 4104);
+  kernels::StreamResidualNorm norm;
+  norm.x = x.get();
+  norm.eps = kEps;
+  for (auto [m, n, k, expect] :
+       {std::tuple{1, 4104, 256, "n a multiple of 8 up to 4096"},
+        std::tuple{1, 100, 256, "n a multiple of 8 up to 4096"},
+        std::tuple{17, 512, 256, "1 <= m <= 16"}, std::tuple{4, 512, 200, "k % unit_k == 0"}}) {
+    EXPECT_FALSE(kernels::stream_gemm_norm_supported(m, n, k));
+    auto st = kernels::stream_gemm_residual_norm(a.get(), w.get(), y.get(), m, n, k, norm,
+                                                 workspace(sms_), stream_);
+    ASSERT_FALSE(st.ok()) << expect;
+    EXPECT_EQ(st.error().code, kernels::KernelErrorCode::kBadArgument);
+    EXPECT_NE(st.error().message.find(expect), std::string::npos) << st.error().message;
+  }
+  norm.eps = 0.0f;
+  auto st = kernels::stream_gemm_residual_norm(a.get(), w.get(), y.get(), 1, 512, 256, norm,
+                                               workspace(sms_), stream_);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("eps must be > 0"), std::string::npos) << st.error().message;
 }
 
 TEST_F(SkinnyGemmGates, RefusesShapesItDoesNotTake) {

@@ -49,6 +49,7 @@ KernelStatus apply_skinny_env(Blas& blas) {
   blas.set_skinny_streamed(choice.value().streamed);
   blas.set_skinny_unit_k(choice.value().unit_k);
   blas.set_skinny_gated(choice.value().gated);
+  blas.set_skinny_norm_max_rows(choice.value().norm_max_rows);
   return Ok{};
 }
 
@@ -66,6 +67,7 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
   std::string rows = s.substr(0, comma);
   SkinnyChoice choice;
   bool plain = false, registers = false, k256 = false, wmax = false, gated = false, bad = false;
+  bool norm = false;
   // A whole decimal number in [lo, hi], else -1.
   auto number = [](const std::string& t, long lo, long hi) -> long {
     if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) {
@@ -86,6 +88,10 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
       k256 = true;
     } else if (flag == "gated" && !gated) {
       gated = true;
+    } else if (flag.rfind("norm=", 0) == 0 && !norm &&
+               number(flag.substr(5), 1, kSkinnyMaxRows) > 0) {
+      norm = true;
+      choice.norm_max_rows = static_cast<int32_t>(number(flag.substr(5), 1, kSkinnyMaxRows));
     } else if (flag.rfind("wmax=", 0) == 0 && !wmax && number(flag.substr(5), 1, 1 << 20) > 0) {
       wmax = true;
       choice.max_weight_bytes = number(flag.substr(5), 1, 1 << 20) << 20;
@@ -101,13 +107,14 @@ Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value) {
     if (lo < 0) bad = true;
   }
   const long n = number(rows, 0, kSkinnyMaxRows);
-  if (n < 0 || lo > std::max(n, 1L) || bad || (registers && (k256 || gated))) {
+  if (n < 0 || lo > std::max(n, 1L) || bad || (registers && (k256 || gated || norm))) {
     return unexpected(KernelError{
         KernelErrorCode::kBadArgument,
         "TWINSTEP_SKINNY=\"" + s +
-            "\": expected [LO-]ROWS[,plain][,registers][,k256][,wmax=MB][,gated] (k256 and "
-            "gated not with registers) with 1 <= LO <= ROWS <= " +
-            std::to_string(kSkinnyMaxRows) + " (ROWS 0: never) and MB >= 1"});
+            "\": expected [LO-]ROWS[,plain][,registers][,k256][,wmax=MB][,gated][,norm=R] (k256, "
+            "gated and norm not with registers) with 1 <= LO <= ROWS <= " +
+            std::to_string(kSkinnyMaxRows) +
+            " (ROWS 0: never), MB >= 1 and 1 <= R <= " + std::to_string(kSkinnyMaxRows)});
   }
   choice.max_rows = static_cast<int32_t>(n);
   choice.min_rows = static_cast<int32_t>(lo);
@@ -199,12 +206,14 @@ Blas::Blas(Blas&& other) noexcept
       skinny_streamed_(other.skinny_streamed_),
       skinny_unit_k_(other.skinny_unit_k_),
       skinny_gated_(other.skinny_gated_),
+      skinny_norm_max_rows_(other.skinny_norm_max_rows_),
       batch_invariant_(other.batch_invariant_),
       gated_gemm_min_rows_(other.gated_gemm_min_rows_),
       gated_gemm_pair_min_rows_(other.gated_gemm_pair_min_rows_),
       gated_gemm_pair_epilogue_(other.gated_gemm_pair_epilogue_),
       gated_gemm_launches_(other.gated_gemm_launches_),
-      few_row_gated_launches_(other.few_row_gated_launches_) {}
+      few_row_gated_launches_(other.few_row_gated_launches_),
+      few_row_norm_launches_(other.few_row_norm_launches_) {}
 
 Blas& Blas::operator=(Blas&& other) noexcept {
   if (this != &other) {
@@ -225,12 +234,14 @@ Blas& Blas::operator=(Blas&& other) noexcept {
     skinny_streamed_ = other.skinny_streamed_;
     skinny_unit_k_ = other.skinny_unit_k_;
     skinny_gated_ = other.skinny_gated_;
+    skinny_norm_max_rows_ = other.skinny_norm_max_rows_;
     batch_invariant_ = other.batch_invariant_;
     gated_gemm_min_rows_ = other.gated_gemm_min_rows_;
     gated_gemm_pair_min_rows_ = other.gated_gemm_pair_min_rows_;
     gated_gemm_pair_epilogue_ = other.gated_gemm_pair_epilogue_;
     gated_gemm_launches_ = other.gated_gemm_launches_;
     few_row_gated_launches_ = other.few_row_gated_launches_;
+    few_row_norm_launches_ = other.few_row_norm_launches_;
   }
   return *this;
 }
@@ -315,6 +326,32 @@ KernelStatus Blas::few_row_gated_gelu(const bf16* x, const bf16* w, bf16* out, i
     return s;
   }
   ++few_row_gated_launches_;
+  return Ok{};
+}
+
+bool Blas::few_row_norm_applies(int32_t m, int32_t n, int32_t k) const {
+  return !batch_invariant_ && skinny_streamed_ && m <= skinny_norm_max_rows_ &&
+         skinny_applies(m, n, k) && stream_gemm_norm_supported(m, n, k, skinny_unit_k_);
+}
+
+KernelStatus Blas::gemm_residual_norm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n,
+                                      int32_t k, const StreamResidualNorm& norm) {
+  if (!few_row_norm_applies(m, n, k)) {
+    return unexpected(
+        KernelError{KernelErrorCode::kBadArgument,
+                    "Blas::gemm_residual_norm: m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                        " k=" + std::to_string(k) +
+                        " is not a shape the few-row GEMM with the folded norm takes here "
+                        "(few_row_norm_applies)"});
+  }
+  const SkinnyLaunch how =
+      skinny_programmatic_ ? SkinnyLaunch::kProgrammatic : SkinnyLaunch::kPlain;
+  const StreamGemmWorkspace ws = stream_gemm_workspace(stream_ws_, sm_count_);
+  if (auto s = stream_gemm_residual_norm(x, w, y, m, n, k, norm, ws, stream_, how, skinny_unit_k_);
+      !s.ok()) {
+    return s;
+  }
+  ++few_row_norm_launches_;
   return Ok{};
 }
 

@@ -50,6 +50,12 @@ TEST(SkinnyChoice, AcceptsRowsAndFlagsInAnyOrder) {
   EXPECT_TRUE(gated.value().gated);
   EXPECT_TRUE(gated.value().streamed);
   EXPECT_FALSE(ranged.value().gated) << "gated only when asked";
+  EXPECT_EQ(ranged.value().norm_max_rows, 0) << "no folded norm unless asked";
+  auto folded = parse_skinny_choice("1-16,norm=2,k256,gated");
+  ASSERT_TRUE(folded.ok()) << folded.error().message;
+  EXPECT_EQ(folded.value().norm_max_rows, 2);
+  EXPECT_TRUE(folded.value().gated);
+  EXPECT_EQ(folded.value().unit_k, 256);
   auto one = parse_skinny_choice("1-1,wmax=1");
   ASSERT_TRUE(one.ok()) << one.error().message;
   EXPECT_EQ(one.value().min_rows, 1);
@@ -73,6 +79,12 @@ TEST(SkinnyChoice, RefusesWhatItDoesNotKnowByName) {
                             "16,k256,registers",
                             "16,gated,registers",
                             "16,gated,gated",
+                            "16,norm=0",
+                            "16,norm=17",
+                            "16,norm=",
+                            "16,norm=x",
+                            "16,norm=1,norm=1",
+                            "16,registers,norm=1",
                             "16,k128",
                             "9-8",
                             "0-16",

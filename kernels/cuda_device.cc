@@ -217,6 +217,7 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
     d->blas_->set_skinny_streamed(f.streamed);
     d->blas_->set_skinny_unit_k(f.unit_k);
     d->blas_->set_skinny_gated(f.gated);
+    d->blas_->set_skinny_norm_max_rows(f.norm_max_rows);
   }
   auto gated = resolve_gated_gemm_min_rows(options, std::getenv("TWINSTEP_GATED_GEMM"));
   if (!gated) return unexpected(gated.error());

@@ -3,6 +3,7 @@
 // what makes the fused result bitwise equal to the sequence it replaces.
 #include "kernels/common.cuh"
 #include "kernels/fused_norms.h"
+#include "kernels/residual_norm_row.cuh"
 #include "kernels/row_group.cuh"
 #include "kernels/sm90.cuh"
 
@@ -11,35 +12,11 @@ namespace {
 
 using namespace detail;
 
-constexpr int kChunks = 4;  // 8-element chunks per thread, as rms_norm's kNormChunks
+using residual_row::kChunks;
+using residual_row::residual_add;
 constexpr int kThreadsMax = 1024;
 
-__device__ __forceinline__ void weight8(const bf16* w, int c, float (&f)[8]) {
-  if (w != nullptr) {
-    load_bf16<8>(w + c, f);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f[i] = 1.0f;
-  }
-}
-
-__device__ __forceinline__ float round_bf16(float v) {
-  return __bfloat162float(__float2bfloat16(v));
-}
-
-// One element of the new residual stream: x + norm(delta) * w, each step rounded to bf16 as
-// the unfused sequence stores it, then scaled (layer scalar) where scalar is not 1.
-__device__ __forceinline__ float residual_add(float x, float delta, float inv_delta, float w,
-                                              float scalar) {
-  float s = round_bf16(x + round_bf16(delta * inv_delta * w));
-  if (scalar != 1.0f) s = round_bf16(s * scalar);
-  return s;
-}
-
-__device__ __forceinline__ uint4 raw8(const bf16* w, int c) {
-  return w != nullptr ? __ldg(reinterpret_cast<const uint4*>(w + c)) : uint4{0, 0, 0, 0};
-}
-// raw8's 8 bf16 as floats (exact), or 1 without a weight: weight8's values.
+// 8 loaded bf16 as floats (exact), or 1 without a weight (residual_row::weight8's values).
 __device__ __forceinline__ void unpack8(const bf16* w, uint4 u, float (&f)[8]) {
   if (w != nullptr) {
     unpack2(u.x, f);
@@ -77,51 +54,9 @@ __global__ void __launch_bounds__(kThreadsMax)
   __shared__ float scratch[kThreadsMax / kWarp];
   const int64_t row = group_row(group);
   if (group == kWarp && row >= rows) return;  // warp groups never reach a block barrier
-  const int t = threadIdx.x % group;
-  const int64_t base = row * dim;
-  const int stride = group * 8;
-  float v[kChunks][8];
-  float ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      load_bf16<8>(delta + base + c, v[k]);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss += v[k][i] * v[k][i];
-    }
-  }
-  const float inv_delta = group_inv_rms(ss, group, scratch, dim, eps);
-  ss = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      float w[8], xv[8];
-      weight8(delta_weight, c, w);
-      load_bf16<8>(x + base + c, xv);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float s = residual_add(xv[i], v[k][i], inv_delta, w[i], scalar);
-        v[k][i] = s;
-        ss += s * s;
-      }
-      store_bf16<8>(x + base + c, v[k]);
-    }
-  }
-  if (out == nullptr) return;
-  const float inv_x = group_inv_rms(ss, group, scratch, dim, eps);
-#pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    const int c = t * 8 + k * stride;
-    if (c < dim) {
-      float w[8];
-      weight8(out_weight, c, w);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[k][i] = v[k][i] * inv_x * w[i];
-      store_bf16<8>(out + base + c, v[k]);
-    }
-  }
+  residual_row::run<false>(delta, delta_weight, x, scalar, out_weight, out, row * dim,
+                           threadIdx.x % group, group, dim, eps,
+                           [&](float v) { return group_sum(v, group, scratch); });
 }
 
 // The same thread layout, chunk order and arithmetic, with every DRAM load of the row (delta,
@@ -244,8 +179,7 @@ KernelStatus residual_norm_launch(const bf16* delta, const bf16* delta_weight, b
     threads = kRowsPerBlock * kWarp;
     group = kWarp;
   } else {
-    const int per_thread = (chunks + kChunks - 1) / kChunks;
-    threads = (per_thread + kWarp - 1) / kWarp * kWarp;
+    threads = residual_row::group_threads(dim);
     if (threads > kThreadsMax) {
       return bad_argument(
           "residual_norm: dim " + std::to_string(dim) + " above " +

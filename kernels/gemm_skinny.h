@@ -47,23 +47,26 @@ KernelStatus skinny_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int3
                          cudaStream_t stream, SkinnyLaunch how = SkinnyLaunch::kPlain);
 
 // What TWINSTEP_SKINNY asks of Blas (ops.h):
-// "[LO-]ROWS[,plain][,registers][,k256][,wmax=MB][,gated]",
+// "[LO-]ROWS[,plain][,registers][,k256][,wmax=MB][,gated][,norm=R]",
 // ROWS in 0..kSkinnyMaxRows: the few-row kernel for GEMMs of LO..ROWS rows (LO 1 when absent;
 // 0 <= ... never), launched with programmatic dependent launch unless ",plain", the streamed
 // kernel (gemm_stream.h) unless ",registers" (this file's), the streamed kernel's 256-k units
 // with ",k256", and only for weight matrices of at most MB MiB with ",wmax=MB" (the small
 // ones, where cuBLAS reads far below copy), and the MLP's gate|up GEMM with gelu_tanh_mul
-// folded in (stream_gemm_gated, gemm_stream.h) with ",gated". Anything else (an empty or
-// non-numeric ROWS, ROWS or LO out of range, LO > ROWS, an unknown or repeated flag, k256 or
-// gated with registers) is kBadArgument naming the value and the expected form. Host only.
+// folded in (stream_gemm_gated, gemm_stream.h) with ",gated", and the o_proj and down GEMMs of
+// at most R rows with the residual_norm after them folded in (stream_gemm_residual_norm) with
+// ",norm=R" (1 <= R <= 16). Anything else (an empty or non-numeric ROWS, ROWS or LO out of
+// range, LO > ROWS, an unknown or repeated flag, k256, gated or norm with registers) is
+// kBadArgument naming the value and the expected form. Host only.
 struct SkinnyChoice {
   int32_t max_rows = 0;
   int32_t min_rows = 1;
   int64_t max_weight_bytes = 0;  // 0: any
   bool programmatic = true;
   bool streamed = true;
-  int32_t unit_k = 0;  // the streamed kernel's (0: its default, 128)
-  bool gated = false;  // the gate|up GEMM and its GELU as one streamed kernel
+  int32_t unit_k = 0;         // the streamed kernel's (0: its default, 128)
+  bool gated = false;         // the gate|up GEMM and its GELU as one streamed kernel
+  int32_t norm_max_rows = 0;  // the residual_norm folded into GEMMs of at most this many rows
 };
 Result<SkinnyChoice, KernelError> parse_skinny_choice(std::string_view value);
 

@@ -8,6 +8,7 @@
 #include "kernels/common.cuh"
 #include "kernels/gemm_stream.h"
 #include "kernels/gemm_stream_split.h"
+#include "kernels/residual_norm_row.cuh"
 #include "kernels/sm90.cuh"
 
 namespace twinstep::kernels {
@@ -64,13 +65,17 @@ __device__ __forceinline__ uint4 box_chunk(const unsigned char* box, int row, in
 // stream_gemm_gated): w is [gate; up] (n = 2 inter rows), tile t holds gate rows 32 t.. 32 t + 31
 // (consumer warps 0 and 1) and up rows inter + 32 t.. (warps 2 and 3), each a 32-row box, and the
 // owner stores y[r, 32 t + j] = bf16(gelu_tanh(bf16(gate)) * bf16(up)) (y has inter columns).
-template <int MT, int UK, typename Out, bool GATED = false>
+// NORM (stream_gemm_residual_norm): after its stores, every block arrives on the workspace's
+// counter; the last runs residual_norm over y's m rows.
+template <int MT, int UK, typename Out, bool GATED = false, bool NORM = false>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_gemm_kernel(const __grid_constant__ CUtensorMap w_map,
                        const __grid_constant__ CUtensorMap x_map, Out* __restrict__ y, int32_t m,
                        int32_t n, int32_t k, float* __restrict__ partials,
-                       int32_t* __restrict__ flags) {
+                       int32_t* __restrict__ flags, int32_t* __restrict__ arrivals,
+                       const StreamResidualNorm norm) {
   static_assert(!GATED || sizeof(Out) == 2, "the gated epilogue stores bf16");
+  static_assert(!NORM || (sizeof(Out) == 2 && !GATED), "the norm reads a bf16 y");
   using R = Ring<UK>;
   constexpr int kUnitK = R::kUnitK, kBoxes = R::kBoxes;
   constexpr int kStageBytes = R::kStageBytes, kStages = R::kStages;
@@ -282,16 +287,55 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  if constexpr (NORM) {
+    // Arrive once this block's stores are visible; the last block sees every block's.
+    __shared__ int last;
+    __shared__ float scratch[kConsumerWarps];
+    __threadfence();
+    detail::named_barrier(1, kConsumerWarps * kWarp);
+    if (threadIdx.x == 0) last = atomicAdd(arrivals, 1) == static_cast<int>(gridDim.x) - 1;
+    detail::named_barrier(1, kConsumerWarps * kWarp);
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) *arrivals = 0;  // every block has arrived: ready for the next launch
+    const int group = residual_row::group_threads(n);
+    const bf16* delta = reinterpret_cast<const bf16*>(y);
+    if (group == kWarp) {  // a warp a row, as residual_norm's warp groups
+      for (int32_t r = warp; r < m; r += kConsumerWarps) {
+        residual_row::run<true>(delta, norm.delta_weight, norm.x, norm.scalar, norm.out_weight,
+                                norm.out, int64_t{r} * n, lane, kWarp, n, norm.eps,
+                                [](float v) { return detail::warp_sum(v); });
+      }
+      return;
+    }
+    if (static_cast<int>(threadIdx.x) >= group) return;
+    // The group's warps through shared memory in warp order: block_sum's arithmetic over a
+    // block of `group` threads, with a barrier of those threads only.
+    const auto group_sum = [&](float v) {
+      v = detail::warp_sum(v);
+      detail::named_barrier(2, group);  // scratch may still be read by an earlier sum
+      if (lane == 0) scratch[warp] = v;
+      detail::named_barrier(2, group);
+      float total = 0.0f;
+      for (int w2 = 0; w2 < group / kWarp; ++w2) total += scratch[w2];
+      return total;
+    };
+    for (int32_t r = 0; r < m; ++r) {
+      residual_row::run<true>(delta, norm.delta_weight, norm.x, norm.scalar, norm.out_weight,
+                              norm.out, int64_t{r} * n, threadIdx.x, group, n, norm.eps, group_sum);
+    }
+  }
 }
 
-template <int MT, int UK, typename Out, bool GATED = false>
+template <int MT, int UK, typename Out, bool GATED = false, bool NORM = false>
 KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
-                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how) {
+                         const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
+                         const StreamResidualNorm& norm) {
   constexpr int kSmemBytes = Ring<UK>::kSmemBytes;
   static std::once_flag once;
   static cudaError_t attr_err = cudaSuccess;
   std::call_once(once, [] {
-    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, UK, Out, GATED>,
+    attr_err = cudaFuncSetAttribute(stream_gemm_kernel<MT, UK, Out, GATED, NORM>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   });
   if (attr_err != cudaSuccess) {
@@ -315,17 +359,18 @@ KernelStatus launch_grid(const bf16* x, const bf16* w, Out* y, int32_t m, int32_
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = how == SkinnyLaunch::kProgrammatic ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out, GATED>, w_map,
-                                             x_map, y, m, n, k, ws.partials, ws.flags);
+  const cudaError_t err =
+      cudaLaunchKernelEx(&config, stream_gemm_kernel<MT, UK, Out, GATED, NORM>, w_map, x_map, y, m,
+                         n, k, ws.partials, ws.flags, ws.arrivals, norm);
   if (err != cudaSuccess) return cuda_status(err, "cudaLaunchKernelEx(stream_gemm_kernel)");
   return detail::launch_status("stream_gemm_kernel");
 }
 
-// GATED: n is the gate|up rows (2 inter), y has n / 2 columns.
-template <typename Out, bool GATED = false>
+// GATED: n is the gate|up rows (2 inter), y has n / 2 columns. NORM: `norm` after the GEMM.
+template <typename Out, bool GATED = false, bool NORM = false>
 KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, int32_t k,
                     const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
-                    int32_t unit_k) {
+                    int32_t unit_k, const StreamResidualNorm& norm = {}) {
   if (unit_k != 0 && unit_k != 128 && unit_k != 256) {
     return detail::bad_argument("stream_gemm: unit_k must be 0 (128), 128 or 256, got " +
                                 std::to_string(unit_k));
@@ -340,15 +385,15 @@ KernelStatus launch(const bf16* x, const bf16* w, Out* y, int32_t m, int32_t n, 
   if (!detail::aligned16(x) || !detail::aligned16(w) || y == nullptr) {
     return detail::bad_argument("stream_gemm: x and w must be 16-byte aligned device pointers");
   }
-  if (ws.partials == nullptr || ws.flags == nullptr || ws.blocks < 1) {
+  if (ws.partials == nullptr || ws.flags == nullptr || ws.arrivals == nullptr || ws.blocks < 1) {
     return detail::bad_argument("stream_gemm: no workspace (stream_gemm_workspace)");
   }
   if (uk == 256) {
-    return m <= 8 ? launch_grid<1, 256, Out, GATED>(x, w, y, m, n, k, ws, stream, how)
-                  : launch_grid<2, 256, Out, GATED>(x, w, y, m, n, k, ws, stream, how);
+    return m <= 8 ? launch_grid<1, 256, Out, GATED, NORM>(x, w, y, m, n, k, ws, stream, how, norm)
+                  : launch_grid<2, 256, Out, GATED, NORM>(x, w, y, m, n, k, ws, stream, how, norm);
   }
-  return m <= 8 ? launch_grid<1, 128, Out, GATED>(x, w, y, m, n, k, ws, stream, how)
-                : launch_grid<2, 128, Out, GATED>(x, w, y, m, n, k, ws, stream, how);
+  return m <= 8 ? launch_grid<1, 128, Out, GATED, NORM>(x, w, y, m, n, k, ws, stream, how, norm)
+                : launch_grid<2, 128, Out, GATED, NORM>(x, w, y, m, n, k, ws, stream, how, norm);
 }
 
 constexpr int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
@@ -358,7 +403,7 @@ constexpr int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
 int64_t stream_gemm_workspace_bytes(int32_t blocks) {
   const int64_t slots = int64_t{blocks} * kConsumerWarps;
   return align256(slots * kPartialFloats * int64_t{sizeof(float)}) +
-         align256(slots * int64_t{sizeof(int32_t)});
+         align256((slots + 1) * int64_t{sizeof(int32_t)});  // the flags, then the arrivals
 }
 
 StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks) {
@@ -367,6 +412,7 @@ StreamGemmWorkspace stream_gemm_workspace(void* base, int32_t blocks) {
   ws.partials = static_cast<float*>(base);
   ws.flags = reinterpret_cast<int32_t*>(static_cast<char*>(base) +
                                         align256(slots * kPartialFloats * int64_t{sizeof(float)}));
+  ws.arrivals = ws.flags + slots;
   ws.blocks = blocks;
   return ws;
 }
@@ -386,6 +432,37 @@ KernelStatus stream_gemm(const bf16* x, const bf16* w, float* y, int32_t m, int3
                          const StreamGemmWorkspace& ws, cudaStream_t stream, SkinnyLaunch how,
                          int32_t unit_k) {
   return launch(x, w, y, m, n, k, ws, stream, how, unit_k);
+}
+
+bool stream_gemm_norm_supported(int32_t m, int32_t n, int32_t k, int32_t unit_k) {
+  return n % 8 == 0 && n <= kConsumerWarps * kWarp * residual_row::kChunks * 8 &&
+         stream_gemm_supported(m, n, k, unit_k);
+}
+
+KernelStatus stream_gemm_residual_norm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n,
+                                       int32_t k, const StreamResidualNorm& norm,
+                                       const StreamGemmWorkspace& ws, cudaStream_t stream,
+                                       SkinnyLaunch how, int32_t unit_k) {
+  if (!stream_gemm_norm_supported(m, n, k, unit_k == 0 ? split::kUnitK : unit_k)) {
+    return detail::bad_argument(
+        "stream_gemm_residual_norm: need 1 <= m <= " + std::to_string(kSkinnyMaxRows) +
+        ", n a multiple of 8 up to " +
+        std::to_string(kConsumerWarps * kWarp * residual_row::kChunks * 8) +
+        ", k % unit_k == 0, got m=" + std::to_string(m) + " n=" + std::to_string(n) +
+        " k=" + std::to_string(k) + " unit_k=" + std::to_string(unit_k));
+  }
+  if (norm.x == nullptr || !detail::aligned16(norm.x) || !detail::aligned16(y) ||
+      !detail::aligned16(norm.delta_weight) || !detail::aligned16(norm.out_weight) ||
+      !detail::aligned16(norm.out)) {
+    return detail::bad_argument(
+        "stream_gemm_residual_norm: x (the residual stream), y, out and the weights must be "
+        "16-byte aligned device pointers, x not null");
+  }
+  if (!(norm.eps > 0.0f)) return detail::bad_argument("stream_gemm_residual_norm: eps must be > 0");
+  if (norm.out != nullptr && (norm.out == norm.x || norm.out == y)) {
+    return detail::bad_argument("stream_gemm_residual_norm: out must not alias x or y");
+  }
+  return launch<bf16, false, true>(x, w, y, m, n, k, ws, stream, how, unit_k, norm);
 }
 
 bool stream_gemm_gated_supported(int32_t m, int32_t inter, int32_t k, int32_t unit_k) {

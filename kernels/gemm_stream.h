@@ -43,7 +43,8 @@ namespace twinstep::kernels {
 struct StreamGemmWorkspace {
   float* partials = nullptr;
   int32_t* flags = nullptr;
-  int32_t blocks = 0;  // the most blocks a launch uses (the SM count)
+  int32_t* arrivals = nullptr;  // the blocks done so far (stream_gemm_residual_norm; left zero)
+  int32_t blocks = 0;           // the most blocks a launch uses (the SM count)
 };
 int64_t stream_gemm_workspace_bytes(int32_t blocks);
 // Lays a workspace for `blocks` blocks over stream_gemm_workspace_bytes(blocks) bytes of zeroed
@@ -82,5 +83,28 @@ bool stream_gemm_gated_supported(int32_t m, int32_t inter, int32_t k, int32_t un
 KernelStatus stream_gemm_gated(const bf16* x, const bf16* w, bf16* act, int32_t m, int32_t inter,
                                int32_t k, const StreamGemmWorkspace& ws, cudaStream_t stream,
                                SkinnyLaunch how = SkinnyLaunch::kPlain, int32_t unit_k = 0);
+
+// The GEMM followed by residual_norm (fused_norms.h) of its m output rows, in one launch: y =
+// x . w^T (bf16, stream_gemm's bits) is the norm's delta, and the grid's last block to finish
+// (an arrival counter in the workspace, after each block's stores are fenced) runs the norm's
+// rows with the row body of residual_norm's reference kernel (residual_norm_row.cuh: the same
+// group of threads a row, chunk order and reductions), reading delta through L2. So y, x and out
+// are bitwise those of stream_gemm then residual_norm (gates/skinny_gemm_gates.cc). One block
+// runs every row: meant for the decode buckets of a few rows, where the norm's own launch and
+// its dependency wait cost more than the rows. n must be a multiple of 8 with at most 4096
+// (a row's group within the four consumer warps); out may be nullptr (no next norm).
+struct StreamResidualNorm {
+  const bf16* delta_weight = nullptr;  // [n] or nullptr
+  bf16* x = nullptr;                   // [m, n], updated in place
+  float scalar = 1.0f;
+  const bf16* out_weight = nullptr;  // [n] or nullptr
+  bf16* out = nullptr;               // [m, n] or nullptr; must not alias x or y
+  float eps = 0.0f;
+};
+bool stream_gemm_norm_supported(int32_t m, int32_t n, int32_t k, int32_t unit_k = 0);
+KernelStatus stream_gemm_residual_norm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n,
+                                       int32_t k, const StreamResidualNorm& norm,
+                                       const StreamGemmWorkspace& ws, cudaStream_t stream,
+                                       SkinnyLaunch how = SkinnyLaunch::kPlain, int32_t unit_k = 0);
 
 }  // namespace twinstep::kernels

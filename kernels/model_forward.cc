@@ -13,6 +13,7 @@
 #include "kernels/attention_decode_split.h"
 #include "kernels/fused_norms.h"
 #include "kernels/gemm_gated.h"
+#include "kernels/gemm_stream.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -496,11 +497,27 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   const int64_t gate_up_bytes = int64_t{2} * I * H * 2;
   mark(ForwardPhase::kOGemm, stream);
   if (auto s = prefetch_next(pf, true, L.gate_up, gate_up_bytes); !s.ok()) return s;
-  if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, c.num_q_heads * L.head_dim); !s.ok()) return s;
+  const int32_t o_k = c.num_q_heads * L.head_dim;
+  // Decode steps of a few rows: the residual norm in the GEMM's last block (gemm_stream.h).
+  const bool fold_norm = fused != nullptr && blas.few_row_norm_applies(rows, H, o_k) &&
+                         blas.few_row_norm_applies(rows, H, I);
+  if (fold_norm) {
+    StreamResidualNorm norm;
+    norm.delta_weight = L.post_attn_norm;
+    norm.x = b.x;
+    norm.out_weight = L.pre_ff_norm;
+    norm.out = b.h;
+    norm.eps = eps;
+    if (auto s = blas.gemm_residual_norm(b.attn, L.o, b.o, rows, H, o_k, norm); !s.ok()) return s;
+  } else if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, o_k); !s.ok()) {
+    return s;
+  }
   if (auto s = prefetch_next(pf, false, L.gate_up, gate_up_bytes); !s.ok()) return s;
   mark(ForwardPhase::kNorms, stream);
   // h = pre_feedforward_layernorm(x)
-  if (fused != nullptr) {
+  if (fold_norm) {
+    // done in the o_proj GEMM
+  } else if (fused != nullptr) {
     if (auto s = residual_norm(b.o, L.post_attn_norm, b.x, 1.0f, L.pre_ff_norm, b.h, rows, H, eps,
                                stream);
         !s.ok()) {
@@ -532,13 +549,25 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
     if (auto s = prefetch_next(pf, true, fused->next_weights, fused->next_weight_bytes); !s.ok())
       return s;
   }
-  if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) return s;
+  if (fold_norm) {
+    StreamResidualNorm norm;
+    norm.delta_weight = L.post_ff_norm;
+    norm.x = b.x;
+    norm.scalar = L.scalar;
+    norm.out_weight = fused->next_input_norm;
+    norm.out = fused->next_input_norm != nullptr ? b.h : nullptr;
+    norm.eps = eps;
+    if (auto s = blas.gemm_residual_norm(b.act, L.down, b.o, rows, H, I, norm); !s.ok()) return s;
+  } else if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) {
+    return s;
+  }
   if (fused != nullptr) {
     if (auto s = prefetch_next(pf, false, fused->next_weights, fused->next_weight_bytes); !s.ok())
       return s;
   }
   mark(ForwardPhase::kNorms, stream);
   // x = x * layer_scalar (and, fused, the next layer's h = input_layernorm(x))
+  if (fold_norm) return Ok{};  // done in the down GEMM
   if (fused != nullptr) {
     return residual_norm(b.o, L.post_ff_norm, b.x, L.scalar, fused->next_input_norm,
                          fused->next_input_norm != nullptr ? b.h : nullptr, rows, H, eps, stream);

@@ -219,6 +219,7 @@ class BlasLt;
 struct GemmShape;
 struct BlasTuneOptions;
 struct BlasTuneReport;
+struct StreamResidualNorm;  // gemm_stream.h
 class Blas {
  public:
   static Result<Blas, KernelError> create(cudaStream_t stream);
@@ -262,6 +263,10 @@ class Blas {
   // TWINSTEP_SKINNY.
   void set_skinny_gated(bool on) { skinny_gated_ = on; }
   bool skinny_gated() const { return skinny_gated_; }
+  // GEMMs of at most this many rows (0: none) that the streamed kernel takes may run with the
+  // residual_norm after them folded in (gemm_residual_norm). ",norm=R" in TWINSTEP_SKINNY.
+  void set_skinny_norm_max_rows(int32_t rows) { skinny_norm_max_rows_ = rows; }
+  int32_t skinny_norm_max_rows() const { return skinny_norm_max_rows_; }
   // Batch-invariant mode (issue 16). On: every GEMM of one (n, k, output type) runs ONE pinned
   // cuBLASLt algorithm for every m, with no split-K or stream-K (split-K 1, no reduction
   // scheme, at most 1 KiB of workspace: kernels/blas_lt.h), so a row's
@@ -298,6 +303,15 @@ class Blas {
   KernelStatus few_row_gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m, int32_t inter,
                                   int32_t k);
   uint64_t few_row_gated_launches() const { return few_row_gated_launches_; }
+  // Whether gemm_residual_norm takes (m, n, k): m <= skinny_norm_max_rows, the streamed kernel
+  // taking the GEMM, n within stream_gemm_norm_supported, not batch-invariant. y = x . w^T and
+  // then residual_norm(y, norm...) over its m rows, the bits of gemm then residual_norm
+  // (stream_gemm_residual_norm, gemm_stream.h), counted in few_row_norm_launches();
+  // kBadArgument where it does not apply.
+  bool few_row_norm_applies(int32_t m, int32_t n, int32_t k) const;
+  KernelStatus gemm_residual_norm(const bf16* x, const bf16* w, bf16* y, int32_t m, int32_t n,
+                                  int32_t k, const StreamResidualNorm& norm);
+  uint64_t few_row_norm_launches() const { return few_row_norm_launches_; }
   // Times cuBLASLt candidates for each exact shape against the default path on random
   // operands and keeps, per shape, whichever is faster (BlasTuneOptions). Allocates and frees
   // scratch operands; call once before any graph capture. Later GEMMs of a tuned shape run its
@@ -329,12 +343,14 @@ class Blas {
   bool skinny_streamed_ = true;
   int32_t skinny_unit_k_ = 0;
   bool skinny_gated_ = false;
+  int32_t skinny_norm_max_rows_ = 0;
   bool batch_invariant_ = false;
   int32_t gated_gemm_min_rows_ = 0;
   int32_t gated_gemm_pair_min_rows_ = 0;
   GatedPairEpilogue gated_gemm_pair_epilogue_ = GatedPairEpilogue::kRegisters;
   uint64_t gated_gemm_launches_ = 0;
   uint64_t few_row_gated_launches_ = 0;
+  uint64_t few_row_norm_launches_ = 0;
 };
 
 // Programmatic dependent launch of the short kernels of a decode step (rms_norm,
