@@ -10,8 +10,8 @@ build_gates engine_throughput_bench decode_attention_bench prefill_attention_ben
 t built
 BIN=build/gpu-gates/bin
 part decode 150 "$BIN/engine_throughput_bench" --decode
-grep -E "^\| decode|graph memory|decode graphs:|floor" "$OUT/decode.log" | head -20
-part dec_kernel 120 "$BIN/decode_attention_bench"
+grep -E "^\| decode|^decode graphs|^pools:|floor|long" "$OUT/decode.log" | head -24
+part dec_kernel 120 "$BIN/decode_attention_bench" --no-reference
 grep -E "^device|copy|^\| " "$OUT/dec_kernel.log" | head -30
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
   --format=csv,noheader -lms 50 > "$OUT/smi.csv" 2>&1 &
