@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/gpu_s19_fold.sh (written in session 18 for the next session's first call, ~170 s): the
+# perf/gpu_s19_fold.sh (written in session 18 for the next session's first call, ~200 s): the
 # residual norms folded into the o_proj and down GEMMs (stream_gemm_residual_norm, opt-in as
 # TWINSTEP_SKINNY ",norm=R"): its two gates, then the decode A/B, one process an arm,
 # alternating: the default (1-16, k256, gated; no fold) against the fold for 1, 4 and 16 rows.
@@ -25,5 +25,10 @@ for arm in def_1: n1_1:1-16,k256,gated,norm=1 n4_1:1-16,k256,gated,norm=4 \
   grep -E "^\| decode" "$OUT/dec_${arm%%:*}.log"
 done
 unset TWINSTEP_SKINNY
+# The CUPTI kernel timeline of each decode batch on the defaults (session 18 had no machine for
+# it): where the b=1 step's time outside the weight GEMMs goes, kernel by kernel.
+TWINSTEP_BENCH_QUICK=1 TWINSTEP_BENCH_TRACE=1 part trace 100 "$BIN/engine_throughput_bench" --decode
+awk '/^-- trace: decode b=1, graphs/{on=1} /^-- trace: decode b=1, eager/{on=0} on' \
+  "$OUT/trace.log" | head -40
 t done
 cd "$OUT" && tar czf all_logs.tgz ./*.log && rm -f ./*.log
