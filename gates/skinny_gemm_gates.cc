@@ -4,7 +4,8 @@
 // computed in; the programmatic launch gives the plain launch's bits; bad shapes are refused by
 // name. SkinnyGemmGates.* run the register-fed kernel, StreamGemmGates.* the streamed one (the
 // same bodies), plus the streamed kernel's own: tiles split over blocks, every grid size, the
-// cross-block flags left zero.
+// cross-block flags left zero, and its two folded epilogues bitwise against the launches they
+// replace (the gate|up GEMM with gelu_tanh_mul, the GEMM with the residual_norm after it).
 #include <cmath>
 #include <cstring>
 #include <string>
