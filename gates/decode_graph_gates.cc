@@ -135,6 +135,19 @@ class DecodeGraphGates : public ::testing::Test {
     ec.max_step_tokens = max_step_tokens;
     return ec;
   }
+  // The step replayed from its bucket's graph: it must replay (the counter moves by one) and
+  // leave plan.num_logits rows of logits.
+  Result<engine::DeviceOutput, engine::DeviceError> replay_step(
+      CudaDevice& dev, const engine::StepPlan& plan) const {
+    dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
+    const uint64_t replays = dev.decode_graph_stats().replays;
+    auto replay = dev.execute(plan);
+    EXPECT_TRUE(replay.ok()) << (replay.ok() ? "" : replay.error().message);
+    if (!replay.ok()) return replay;
+    EXPECT_EQ(dev.decode_graph_stats().replays, replays + 1) << "the step did not replay";
+    EXPECT_EQ(dev.last_logits().size(), size_t{1} * plan.num_logits * config_.vocab_size);
+    return replay;
+  }
   kernels::DecodeGraphConfig graph_config(const engine::EngineConfig& ec,
                                           std::vector<int32_t> buckets = {},
                                           int32_t max_context = 0) const {
@@ -603,15 +616,10 @@ TEST_F(DecodeGraphGates, StreamedFewRowGemmAndProgrammaticDecodeMatchPlainBitwis
     const auto pdl = eager(16, true, true);
     const auto chained = eager(16, true, true, /*chain=*/true);
     use(16, true, true);
-    dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
-    const uint64_t replays = dev.decode_graph_stats().replays;
-    auto replay = dev.execute(plan);
-    EXPECT_TRUE(replay.ok()) << replay.error().message;
+    auto replay = replay_step(dev, plan);
     if (!replay.ok()) return replay;
-    EXPECT_EQ(dev.decode_graph_stats().replays, replays + 1) << "the step did not replay";
     const std::vector<float>& lr = dev.last_logits();
     const size_t n = lr.size();
-    EXPECT_EQ(n, size_t{1} * plan.num_logits * config_.vocab_size);
     EXPECT_TRUE(chained.second.size() == n &&
                 std::memcmp(chained.second.data(), lr.data(), n * 4) == 0)
         << plan.num_rows() << " rows: replay logits != the same forward run eagerly";
@@ -701,15 +709,10 @@ TEST_F(DecodeGraphGates, FoldedResidualNormDecodeMatchesTheUnfoldedBitwise) {
     EXPECT_EQ(folds_on, 2u * static_cast<uint64_t>(config_.num_layers))
         << plan.num_rows() << " rows: a layer's o_proj or down did not fold its norm";
     blas.set_skinny_norm_max_rows(kernels::kSkinnyMaxRows);
-    dev.set_decode_graph_mode(DecodeGraphMode::kReplay);
-    const uint64_t replays = dev.decode_graph_stats().replays;
-    auto replay = dev.execute(plan);
-    EXPECT_TRUE(replay.ok()) << replay.error().message;
+    auto replay = replay_step(dev, plan);
     if (!replay.ok()) return replay;
-    EXPECT_EQ(dev.decode_graph_stats().replays, replays + 1) << "the step did not replay";
     const std::vector<float>& lr = dev.last_logits();
     const size_t n = lr.size();
-    EXPECT_EQ(n, size_t{1} * plan.num_logits * config_.vocab_size);
     EXPECT_TRUE(off.size() == n && std::memcmp(off.data(), on.data(), n * 4) == 0)
         << plan.num_rows() << " rows: folded norm logits != the GEMM then residual_norm";
     EXPECT_TRUE(on.size() == n && std::memcmp(on.data(), lr.data(), n * 4) == 0)

@@ -11,6 +11,11 @@
 #   build_gates [TARGET...]  configure the gpu-gates preset and build TARGETs (all without
 #                          any) with 16 jobs, log in /tmp/build.log; on failure its first
 #                          errors and exit 1
+#   card_setup             the card's name, driver, clock and power limit; on a card under
+#                          100 GB, TWINSTEP_BENCH_DECODE_MAX_BATCH=64 (the pools an H100 holds)
+#   decode_arms NAME:SKINNY...  the quick decode bench once an arm, in the order given (one
+#                          process an arm), TWINSTEP_SKINNY=SKINNY (empty: unset, the defaults),
+#                          log $OUT/dec_NAME.log, its decode lines printed
 #   link_build_bin BUILD BINDIR  BUILD/bin (the build dir compiled into the carried model gates)
 #                          made a link to the carried BINDIR, /work/main linked to this tree
 #                          where the gates' sources are not there
@@ -44,4 +49,21 @@ build_gates() {  # build_gates [TARGET...]
   [ $# -gt 0 ] && targets=(--target "$@")
   { cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 "${targets[@]}"; } \
     > /tmp/build.log 2>&1 || { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+}
+card_setup() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
+  local mib
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if [ "${mib:-0}" -lt 100000 ]; then export TWINSTEP_BENCH_DECODE_MAX_BATCH=64; fi
+}
+decode_arms() {  # decode_arms NAME:SKINNY...
+  local arm value
+  for arm in "$@"; do
+    value=${arm#*:}  # empty: the defaults ("" would be a Blas::create error)
+    if [ -n "$value" ]; then export TWINSTEP_SKINNY=$value; else unset TWINSTEP_SKINNY; fi
+    TWINSTEP_BENCH_QUICK=1 part "dec_${arm%%:*}" 100 build/gpu-gates/bin/engine_throughput_bench \
+      --decode
+    grep -E "^\| decode" "$OUT/dec_${arm%%:*}.log"
+  done
+  unset TWINSTEP_SKINNY
 }

@@ -6,9 +6,7 @@
 # If an arm wins at b=1 and loses nowhere, kDefaultFewRowGemm gets that norm_max_rows and the
 # closing runs (gpu_s19_gates.sh, gpu_s19_bench.sh) follow.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-[ "${mib:-0}" -lt 100000 ] && export TWINSTEP_BENCH_DECODE_MAX_BATCH=64
+card_setup
 build_gates engine_throughput_bench skinny_gemm_gates decode_graph_gates
 t built
 BIN=build/gpu-gates/bin
@@ -16,15 +14,9 @@ part fold_kernel 120 "$BIN/skinny_gemm_gates" --gtest_filter='StreamGemmGates.Re
 summary "$OUT/fold_kernel.log"
 part fold_engine 120 "$BIN/decode_graph_gates" --gtest_filter='*FoldedResidualNorm*'
 summary "$OUT/fold_engine.log"
-for arm in def_1: n1_1:1-16,k256,gated,norm=1 n4_1:1-16,k256,gated,norm=4 \
+decode_arms def_1: n1_1:1-16,k256,gated,norm=1 n4_1:1-16,k256,gated,norm=4 \
   n16_1:1-16,k256,gated,norm=16 def_2: n1_2:1-16,k256,gated,norm=1 \
-  n4_2:1-16,k256,gated,norm=4 n16_2:1-16,k256,gated,norm=16; do
-  value=${arm#*:}  # empty: the default (TWINSTEP_SKINNY unset; "" would be a create() error)
-  if [ -n "$value" ]; then export TWINSTEP_SKINNY=$value; else unset TWINSTEP_SKINNY; fi
-  TWINSTEP_BENCH_QUICK=1 part "dec_${arm%%:*}" 100 "$BIN/engine_throughput_bench" --decode
-  grep -E "^\| decode" "$OUT/dec_${arm%%:*}.log"
-done
-unset TWINSTEP_SKINNY
+  n4_2:1-16,k256,gated,norm=4 n16_2:1-16,k256,gated,norm=16
 # The CUPTI kernel timeline of each decode batch on the defaults (session 18 had no machine for
 # it): where the b=1 step's time outside the weight GEMMs goes, kernel by kernel.
 TWINSTEP_BENCH_QUICK=1 TWINSTEP_BENCH_TRACE=1 part trace 100 "$BIN/engine_throughput_bench" --decode
