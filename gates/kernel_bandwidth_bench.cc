@@ -329,6 +329,12 @@ int main() {
     const auto global = k::Rope::proportional(512, 1e6f, 0.25);
     bench_qkv_write(rng, "local 8192", 8192, 16, 8, 256, false, local, copy_gbs, stream);
     bench_qkv_write(rng, "global 8192", 8192, 16, 1, 512, true, global, copy_gbs, stream);
+    // Session 19: the same kernels without the rope (Rope::none(): no angle is computed), the
+    // most a step's shared angle table could take off them (issue 12's candidate in NOTES).
+    bench_qkv_write(rng, "local 8192 no rope", 8192, 16, 8, 256, false, k::Rope::none(), copy_gbs,
+                    stream);
+    bench_qkv_write(rng, "global 8192 no rope", 8192, 16, 1, 512, true, k::Rope::none(), copy_gbs,
+                    stream);
     if (only_qkv && profile) {
       BENCH_CUDA(cudaDeviceSynchronize());
       return 0;

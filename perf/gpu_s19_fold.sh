@@ -7,7 +7,7 @@
 # closing runs (gpu_s19_gates.sh, gpu_s19_bench.sh) follow.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 card_setup
-build_gates engine_throughput_bench skinny_gemm_gates decode_graph_gates
+build_gates engine_throughput_bench skinny_gemm_gates decode_graph_gates kernel_bandwidth_bench
 t built
 BIN=build/gpu-gates/bin
 part fold_kernel 120 "$BIN/skinny_gemm_gates" --gtest_filter='StreamGemmGates.ResidualNorm*'
@@ -22,5 +22,9 @@ decode_arms def_1: n1_1:1-16,k256,gated,norm=1 n4_1:1-16,k256,gated,norm=4 \
 TWINSTEP_BENCH_QUICK=1 TWINSTEP_BENCH_TRACE=1 part trace 100 "$BIN/engine_throughput_bench" --decode
 awk '/^-- trace: decode b=1, graphs/{on=1} /^-- trace: decode b=1, eager/{on=0} on' \
   "$OUT/trace.log" | head -40
+# Issue 12's measured-first question: the prefill q/k write kernels with and without the rope
+# (how much a step's shared angle table could take off them).
+TWINSTEP_BW_ONLY=qkv part qkv_bw 60 "$BIN/kernel_bandwidth_bench"
+grep -E "copy|8192" "$OUT/qkv_bw.log" | head -30
 t done
 cd "$OUT" && tar czf all_logs.tgz ./*.log && rm -f ./*.log
