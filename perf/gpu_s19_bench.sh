@@ -10,7 +10,7 @@ build_gates engine_throughput_bench decode_attention_bench prefill_attention_ben
 t built
 BIN=build/gpu-gates/bin
 part decode 150 "$BIN/engine_throughput_bench" --decode
-grep -E "^\| decode|^decode graphs|^pools:|floor|long" "$OUT/decode.log" | head -24
+grep -E "^\| decode|^decode graphs|^pools:|floor|long|host path" "$OUT/decode.log" | head -40
 part dec_kernel 120 "$BIN/decode_attention_bench" --no-reference
 grep -E "^device|copy|^\| " "$OUT/dec_kernel.log" | head -30
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
