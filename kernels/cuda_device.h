@@ -47,7 +47,9 @@ inline constexpr int32_t kMaxDecodeGraphPieces = 8;
 // had measured it slower at b=1 (7.923 vs 7.800, before the 256-k units and PDL), but with
 // them, one process an arm, b=1 took 7.380 / 7.398 ms against 7.461 / 7.465 from 9 rows on the
 // H200 (session 17) and 9.257 / 9.257 against 9.640 / 9.634 on an H100 (session 18), the other
-// batches unchanged.
+// batches unchanged. The gate|up GEMM carries its GELU (gated, session 18: -0.06 ms at b=1 on
+// an H100); the residual-norm fold stays off (norm_max_rows 0): +0.3 ms at b=1 on an H100,
+// session 19, perf/NOTES.md.
 inline constexpr SkinnyChoice kDefaultFewRowGemm{16, 1, 0, true, true, 256, true};
 
 // CudaDeviceOptions::gated_gemm_min_rows by default: the gate|up GEMM with the gated GELU in
