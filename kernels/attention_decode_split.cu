@@ -695,6 +695,13 @@ const MergeEnv& merge_env() {
   return env;
 }
 
+// TWINSTEP_DECODE_SPLITS_MAX, read once: the cap (kDecodeSplitsMax when unset) or the error.
+const Result<int32_t, KernelError>& splits_max_env() {
+  static const Result<int32_t, KernelError> env =
+      parse_decode_splits_max(std::getenv("TWINSTEP_DECODE_SPLITS_MAX"));
+  return env;
+}
+
 template <int HD>
 KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
   using G = Geometry<HD>;
@@ -728,6 +735,7 @@ Result<bool, KernelError> attention_decode_split_fuses_merge(int32_t rows, int32
                                                              int32_t kv_heads, int32_t head_dim,
                                                              int32_t num_sms, DecodeMerge merge) {
   const int32_t splits = attention_decode_split_count(rows, q_heads, kv_heads, head_dim, num_sms);
+  if (const auto& cap = splits_max_env(); !cap.ok()) return unexpected(cap.error());
   if (merge == DecodeMerge::kAuto) {
     const MergeEnv& env = merge_env();
     if (!env.bad.empty()) {
@@ -777,7 +785,28 @@ int32_t attention_decode_split_count(int32_t rows, int32_t q_heads, int32_t kv_h
   TS_CHECK(rows >= 0) << "rows " << rows;
   const int64_t blocks =
       int64_t{rows} * kv_heads * attention_decode_split_head_blocks(q_heads, kv_heads);
-  return engine::decode_split_count(blocks, attention_decode_split_slots(head_dim, num_sms));
+  const int32_t splits =
+      engine::decode_split_count(blocks, attention_decode_split_slots(head_dim, num_sms));
+  const auto& cap = splits_max_env();
+  return cap.ok() ? std::min(splits, cap.value()) : splits;
+}
+
+Result<int32_t, KernelError> parse_decode_splits_max(const char* value) {
+  if (value == nullptr || *value == '\0') return kDecodeSplitsMax;  // "" is unset
+  const std::string s = value;
+  int64_t n = 0;
+  bool digits = !s.empty() && s.size() <= 4;
+  for (char c : s) {
+    if (c < '0' || c > '9') digits = false;
+    if (digits) n = n * 10 + (c - '0');
+  }
+  if (!digits || n < 1 || n > kDecodeSplitsMax) {
+    return unexpected(
+        KernelError{KernelErrorCode::kBadArgument, "TWINSTEP_DECODE_SPLITS_MAX=\"" + s +
+                                                       "\": expected an integer in [1, " +
+                                                       str(kDecodeSplitsMax) + "]"});
+  }
+  return static_cast<int32_t>(n);
 }
 
 int64_t attention_decode_split_workspace_bytes(int32_t rows, int32_t q_heads, int32_t head_dim,

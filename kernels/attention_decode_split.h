@@ -81,9 +81,17 @@ int32_t attention_decode_split_head_blocks(int32_t q_heads, int32_t kv_heads);
 // `slots` = num_sms * the blocks of this head_dim that fit one SM (shared memory). B < slots:
 // the most splits that still fit one wave (B * S <= slots). Otherwise the S in 1..4 whose
 // B * S fills its waves best (ties to the smaller). Always in [1, kDecodeSplitsMax]. Inputs
-// must be positive (rows == 0 gives 1).
+// must be positive (rows == 0 gives 1). TWINSTEP_DECODE_SPLITS_MAX=N (an A/B tool, read once
+// a process) caps the count at N; the simulator's cost model does not see the cap, so it is
+// for measuring a policy before it moves into engine/decode_split_policy.h, not for serving.
 int32_t attention_decode_split_count(int32_t rows, int32_t q_heads, int32_t kv_heads,
                                      int32_t head_dim, int32_t num_sms);
+
+// TWINSTEP_DECODE_SPLITS_MAX's value: nullptr or "" (unset) is kDecodeSplitsMax (no cap); else a
+// decimal integer in [1, kDecodeSplitsMax], anything else kBadArgument naming the value and
+// the expected range. A bad value leaves the count uncapped and fails every
+// attention_decode_split_fuses_merge (so every split launch) with that error. Host only.
+Result<int32_t, KernelError> parse_decode_splits_max(const char* value);
 
 // `slots` above: num_sms * the blocks of this head_dim one SM holds. With it,
 // engine::decode_split_count(rows * kv_heads * head_blocks, slots) is the split count.

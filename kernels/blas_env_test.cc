@@ -1,11 +1,13 @@
 // kernels/blas_env_test.cc: the decode A/B switches' parsers, host only: TWINSTEP_SKINNY
 // (parse_skinny_choice, gemm_skinny.h), TWINSTEP_DECODE_PDL (resolve_programmatic_decode,
-// cuda_device.h), TWINSTEP_GEMM_TUNE_GRAPHS and TWINSTEP_DECODE_GRAPH_PIECES: every accepted
+// cuda_device.h), TWINSTEP_GEMM_TUNE_GRAPHS, TWINSTEP_DECODE_GRAPH_PIECES and
+// TWINSTEP_DECODE_SPLITS_MAX (parse_decode_splits_max, attention_decode_split.h): every accepted
 // form and the refusals, each naming the value; and the layers the graph pieces are cut at.
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "kernels/attention_decode_split.h"
 #include "kernels/cuda_device.h"
 #include "kernels/decode_graphs.h"
 #include "kernels/gemm_gated.h"
@@ -146,6 +148,23 @@ TEST(GemmTuneInGraphsOption, EnvironmentOverridesTheOptionBothWays) {
     ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
     EXPECT_EQ(got.error().code, engine::DeviceErrorCode::kBadLayout);
     EXPECT_NE(got.error().message.find(std::string("TWINSTEP_GEMM_TUNE_GRAPHS=") + bad + ":"),
+              std::string::npos)
+        << got.error().message;
+  }
+}
+
+TEST(DecodeSplitsMax, UnsetIsNoCapAndBadValuesAreNamed) {
+  EXPECT_EQ(parse_decode_splits_max(nullptr).value(), 256);
+  EXPECT_EQ(parse_decode_splits_max("").value(), 256) << "empty is unset";
+  EXPECT_EQ(parse_decode_splits_max("1").value(), 1);
+  EXPECT_EQ(parse_decode_splits_max("16").value(), 16);
+  EXPECT_EQ(parse_decode_splits_max("256").value(), 256);
+  for (const char* bad : {"0", "257", "-1", "8x", " 8", "eight", "99999999999", "1e2"}) {
+    auto got = parse_decode_splits_max(bad);
+    ASSERT_FALSE(got.ok()) << "accepted \"" << bad << "\"";
+    EXPECT_EQ(got.error().code, KernelErrorCode::kBadArgument);
+    EXPECT_NE(got.error().message.find(std::string("TWINSTEP_DECODE_SPLITS_MAX=\"") + bad +
+                                       "\": expected an integer in [1, 256]"),
               std::string::npos)
         << got.error().message;
   }
