@@ -9,6 +9,8 @@ card_setup
 build_gates engine_throughput_bench decode_attention_bench decode_split_gates
 t built
 BIN=build/gpu-gates/bin
+part gates_def 120 "$BIN/decode_split_gates"
+summary "$OUT/gates_def.log" | tail -4
 TWINSTEP_DECODE_SPLITS_MAX=8 part gates_cap8 120 "$BIN/decode_split_gates"
 summary "$OUT/gates_cap8.log" | tail -8
 for cap in "" 16 8 4; do
