@@ -18,7 +18,7 @@ for cap in "" 16 8 4; do
   grep -E "^ +(1|16) +(1024|8192) " "$OUT/kern_${cap:-def}.log"
 done
 for round in 1 2; do
-  for cap in "" 16 8 4; do
+  for cap in "" 16 8; do
     TWINSTEP_DECODE_SPLITS_MAX=$cap TWINSTEP_BENCH_QUICK=1 part "dec_${cap:-def}_$round" 60 \
       "$BIN/engine_throughput_bench" --decode
     grep -E "^\| decode b=(1|16) " "$OUT/dec_${cap:-def}_$round.log"
