@@ -469,5 +469,89 @@ TEST_F(DecodeSplitGates, SplitPolicyAndWorkspace) {
   EXPECT_EQ(count_not_sentinel(written, 0, size_t(16) * 512), size_t(16) * 512);
 }
 
+// attention_decode_split_write (the q/k/v write folded into the split attention, opt-in in the
+// forward as TWINSTEP_QKV_WRITE=attention) against what it replaces: qkv_norm_rope_write on a
+// copy of the raw q|k|v rows (q normed in place, the newest keys written), then
+// attention_decode_split. The outputs and the whole pool (both layers) bitwise equal, the raw
+// rows untouched, every case of cases() with the 12B's norms and ropes (a K == V variant for
+// the one-kv-head cases), a row without a slot (a graph bucket's padding row: no write, the
+// slot's old bytes attended as the unfused path does) where a case has several rows, and the
+// reference's newest keys checked to differ from the pool's old ones (so an unwritten slot
+// cannot pass).
+TEST_F(DecodeSplitGates, FusedQkvWriteEqualsWriteThenAttention) {
+  uint64_t seed = 900;
+  int32_t cases_run = 0, padding_rows = 0;
+  for (const SplitCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Built b = build(c, seed++);
+    const bool k_eq_v = c.kv_heads == 1;
+    if (b.sc.rows() > 1) {
+      b.sc.row_slot[1] = kernels::kNoKvWrite;
+      ++padding_rows;
+    }
+    sim::Rng rng(seed * 7 + 1);
+    const int32_t rows = b.sc.rows(), hd = c.head_dim;
+    const int64_t q_out = int64_t{c.q_heads} * hd, kv_out = int64_t{c.kv_heads} * hd;
+    const int64_t stride = q_out + kv_out * (k_eq_v ? 1 : 2) + 64;
+    const std::vector<bf16> raw = random_bf16(rng, size_t(rows) * stride, -2.0f, 2.0f);
+    const std::vector<bf16> q_norm = random_bf16(rng, hd, 0.5f, 1.5f);
+    const std::vector<bf16> k_norm = random_bf16(rng, hd, 0.5f, 1.5f);
+    const kernels::Rope rope = hd == 512 ? kernels::Rope::proportional(hd, 1e6f, 0.25)
+                                         : kernels::Rope::default_rope(hd, 1e4f);
+    DeviceBuffer<bf16> qn(q_norm), kn(k_norm);
+    DevicePlan plan(b.sc);
+    const int32_t sms = device_sms();
+    const int32_t splits =
+        kernels::attention_decode_split_count(rows, c.q_heads, c.kv_heads, hd, sms);
+    const int64_t ws_bytes =
+        kernels::attention_decode_split_workspace_bytes(rows, c.q_heads, hd, splits);
+    const kernels::KvPoolView view_shape = pool_view(b.sc, nullptr);
+    // The reference: the write on a copy of the rows, then the attention.
+    DeviceBuffer<bf16> ref_rows(raw), ref_pool(b.pool), ref_out(sentinel_out(b, c.q_heads));
+    DeviceBuffer<uint8_t> ws(static_cast<size_t>(std::max<int64_t>(ws_bytes, 16)));
+    KERNEL_OK(kernels::attention_decode_split_workspace_init(ws.get(), ws_bytes, stream_));
+    kernels::KvPoolView ref_view = view_shape;
+    ref_view.data = ref_pool.get();
+    bf16* ref_k = ref_rows.get() + q_out;
+    bf16* ref_v = k_eq_v ? ref_k : ref_k + kv_out;
+    KERNEL_OK(kernels::qkv_norm_rope_write(ref_rows.get(), stride, qn.get(), c.q_heads, ref_k,
+                                           stride, ref_v, stride, kn.get(), 1e-6f, rope, ref_view,
+                                           kLayer, plan.rows_view(), plan.paging_view(), stream_));
+    KERNEL_OK(kernels::attention_decode_split(
+        ref_rows.get(), stride, ref_out.get(), c.q_heads, ref_view, kLayer, plan.rows_view(),
+        plan.paging_view(), c.window, 1.0f, ws.get(), ws_bytes, sms, stream_));
+    // The fused kernel on the raw rows and a fresh copy of the pool.
+    DeviceBuffer<bf16> rows_d(raw), pool_d(b.pool), out(sentinel_out(b, c.q_heads));
+    KERNEL_OK(kernels::attention_decode_split_workspace_init(ws.get(), ws_bytes, stream_));
+    kernels::KvPoolView view = view_shape;
+    view.data = pool_d.get();
+    kernels::DecodeQkvWrite w;
+    w.k_raw = rows_d.get() + q_out;
+    w.v_raw = k_eq_v ? w.k_raw : w.k_raw + kv_out;
+    w.kv_row_stride = stride;
+    w.q_norm_weight = qn.get();
+    w.k_norm_weight = kn.get();
+    w.eps = 1e-6f;
+    w.rope = rope;
+    KERNEL_OK(kernels::attention_decode_split_write(
+        rows_d.get(), stride, out.get(), c.q_heads, w, view, kLayer, plan.rows_view(),
+        plan.paging_view(), c.window, 1.0f, ws.get(), ws_bytes, sms, stream_));
+    ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    const auto want = ref_out.download(), got = out.download();
+    const auto want_pool = ref_pool.download(), got_pool = pool_d.download();
+    EXPECT_EQ(bitwise_diffs(got, 0, want, 0, got.size()), 0u) << "attention outputs differ";
+    EXPECT_EQ(bitwise_diffs(got_pool, 0, want_pool, 0, got_pool.size()), 0u) << "pools differ";
+    EXPECT_EQ(bitwise_diffs(rows_d.download(), 0, raw, 0, raw.size()), 0u) << "raw rows modified";
+    EXPECT_GT(bitwise_diffs(want_pool, 0, b.pool, 0, b.pool.size()), 0u)
+        << "the reference wrote no key: the comparison proves nothing";
+    ++cases_run;
+  }
+  EXPECT_GT(padding_rows, 0) << "no case had a row without a slot";
+  std::printf(
+      "[gate] attention_decode_split_write: %d cases (hd 64..512, GQA 1..32, windows, "
+      "pages 1..64, %d with a padding row): outputs and pools bitwise equal to "
+      "qkv_norm_rope_write then attention_decode_split\n",
+      cases_run, padding_rows);
+}
 }  // namespace
 }  // namespace twinstep::gates

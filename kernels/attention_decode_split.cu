@@ -81,6 +81,20 @@ struct SplitArgs {
   float* part_acc;     // [rows][q_heads][splits][HD] unnormalised accumulators (splits > 1)
   float2* part_ml;     // [rows][q_heads][splits] (max in log2 units, sum); sum 0 = empty split
   uint32_t* counters;  // [rows][kv_heads * head_blocks] arrivals (fused merge), else nullptr
+  // The q/k/v write in the kernel (kWrite launches, attention_decode_split_write; unused
+  // otherwise): q above is the q|k|v GEMM's RAW q, normed and roped here; the row's newest key
+  // is normed and roped here from k_raw / v_raw, written to its slot and used in place of
+  // the slot's stale copy. The arithmetic is qkv_write_kernel's (row_ops.cu).
+  const bf16* k_raw;  // [rows, kv_heads, HD] at kv_row_stride
+  const bf16* v_raw;  // [rows, kv_heads, HD] at kv_row_stride (k_raw for K == V)
+  int64_t kv_row_stride;
+  const bf16* q_norm_weight;  // [HD] or nullptr
+  const bf16* k_norm_weight;  // [HD] or nullptr
+  float eps;
+  float theta;
+  int32_t rotary_pairs;
+  const int64_t* row_slot;  // [rows]: the newest key's slot, kNoKvWrite for none
+  bf16* layer_out;          // layer_base, written (the newest key's K and V)
 };
 
 // ---- PTX wrappers -----------------------------------------------------------------------
@@ -542,8 +556,95 @@ __device__ __forceinline__ void arrive_and_merge(const SplitArgs& a, int32_t row
   }
 }
 
-// grid (splits, kv_heads * head_blocks, rows), kThreads threads, kSmemBytes dynamic smem.
+// Element i of a swizzled [rows][HD] tile row r, as bf16 pairs: lane-held elements of a
+// norm_rope_head layout (E = HD / 32 a lane, E even) written two at a time (a pair never
+// straddles a 16-byte chunk: E and the lane's first element are even).
 template <int HD>
+__device__ __forceinline__ void store_row_pairs(bf16* tile, int r, const uint32_t* pairs) {
+  constexpr int E = HD / kWarp;
+  const int first = (threadIdx.x % kWarp) * E;
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) {
+    const int e = first + 2 * i;
+    *reinterpret_cast<uint32_t*>(tile + swz<HD>(r, e / 8) + e % 8) = pairs[i];
+  }
+}
+
+// kWrite, after the grid dependency wait: the block's q heads from the raw q|k|v rows, normed
+// and roped as qkv_write_kernel does (the row's angle table from the same sincosf arguments,
+// norm_head, rope_from_table), into q_s (rows past `heads` zero, as load_q leaves them); and,
+// where `newest` (this block's chunk holds the row's newest key and the row has a slot), that
+// key's K (warp 0) and V (warp 1) normed and roped the same way into `kv` (the warp's lane
+// elements as bf16 pairs, for the ring) and, for head block 0, into the pool slot. `tables`:
+// 3 * HD / 2 floats of shared memory free until the tile loop. Every thread calls it.
+template <int HD>
+__device__ __forceinline__ void fused_qkv_write(const SplitArgs& a, int32_t row, int32_t kv_head,
+                                                int32_t head_block, int32_t head0, int32_t heads,
+                                                bool newest, bf16* q_s, float* tables,
+                                                uint32_t (&kv)[HD / kWarp / 2]) {
+  using G = Geometry<HD>;
+  constexpr int E = HD / kWarp;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int32_t position = a.positions[row];
+  TS_DEVICE_REQUIRE(position >= 0);
+  const bool roped = a.rotary_pairs > 0;
+  float* inv_freq = tables;
+  float* cos_t = tables + HD / 2;
+  float* sin_t = tables + HD;
+  if (roped) {
+    fill_inv_freq(inv_freq, HD, a.theta, a.rotary_pairs);
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD / 2; d += G::kThreads) {
+      sincosf(static_cast<float>(position) * inv_freq[d], &sin_t[d], &cos_t[d]);
+    }
+    __syncthreads();
+  }
+  uint32_t w[E / 2];
+  load_bf16_pairs<E>(a.q_norm_weight, lane * E, w);
+  for (int32_t h = warp; h < kHeads; h += G::kWarps) {  // warp-uniform
+    uint32_t pairs[E / 2];
+    if (h < heads) {
+      float f[E];
+      load_bf16<E>(a.q + row * a.q_row_stride + static_cast<int64_t>(head0 + h) * HD + lane * E, f);
+      norm_head<HD>(f, w, a.q_norm_weight != nullptr, a.eps);
+      if (roped) rope_from_table<HD>(f, cos_t, sin_t);
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) pairs[i] = pack2(f[2 * i], f[2 * i + 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) pairs[i] = 0u;
+    }
+    store_row_pairs<HD>(q_s, h, pairs);
+  }
+  if (!newest || warp > 1) return;
+  const int64_t slot = a.row_slot[row];
+  TS_DEVICE_REQUIRE(slot >= 0);
+  const int64_t page = slot / a.page_size;
+  const int32_t offset = static_cast<int32_t>(slot % a.page_size);
+  TS_DEVICE_REQUIRE(page >= 1 && page < a.pages_total);
+  TS_DEVICE_REQUIRE(offset == position % a.page_size);
+  const bool is_k = warp == 0;
+  const bf16* src = (is_k ? a.k_raw : a.v_raw) + row * a.kv_row_stride +
+                    static_cast<int64_t>(kv_head) * HD + lane * E;
+  float f[E];
+  load_bf16<E>(src, f);
+  const bf16* weight = is_k ? a.k_norm_weight : nullptr;  // v_norm: weightless, no rope
+  load_bf16_pairs<E>(weight, lane * E, w);
+  norm_head<HD>(f, w, weight != nullptr, a.eps);
+  if (roped && is_k) rope_from_table<HD>(f, cos_t, sin_t);
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) kv[i] = pack2(f[2 * i], f[2 * i + 1]);
+  if (head_block == 0) {  // every head block holds the same K and V: one writes them
+    const int64_t token_elems = static_cast<int64_t>(a.kv_heads) * HD;
+    bf16* dst = a.layer_out + (page * 2 * a.page_size + offset) * token_elems +
+                static_cast<int64_t>(kv_head) * HD + lane * E +
+                (is_k ? 0 : int64_t{a.page_size} * token_elems);
+    store_bf16<E>(dst, f);
+  }
+}
+
+// grid (splits, kv_heads * head_blocks, rows), kThreads threads, kSmemBytes dynamic smem.
+template <int HD, bool kWrite>
 __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBlocks)
     decode_split_kernel(SplitArgs a) {
   using G = Geometry<HD>;
@@ -590,7 +691,17 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
     ++early;
   }
   detail::grid_dependency_wait();  // programmatic launch: the q/k/v write has finished
-  load_q<HD>(a, row, head0, heads, q_s);
+  // kWrite: this block writes the row's newest key (hi - 1) when its chunk holds it and the
+  // row has a slot (a graph bucket's padding row reads the slot as the unfused path does).
+  const int32_t newest = keys.hi - 1;
+  const bool writes_newest = kWrite && kb <= newest && newest < ke && a.row_slot[row] != kNoKvWrite;
+  uint32_t new_kv[HD / kWarp / 2];
+  if constexpr (kWrite) {
+    static_assert(3 * HD / 2 * 4 <= G::kScoreElems * 4, "the angle tables fit the score area");
+    fused_qkv_write<HD>(a, row, kv_head, head_block, head0, heads, writes_newest, q_s, s_s, new_kv);
+  } else {
+    load_q<HD>(a, row, head0, heads, q_s);
+  }
 #pragma unroll
   for (int st = 0; st < G::kStages - 1; ++st) {
     if (st >= early && st < tiles) {
@@ -605,6 +716,15 @@ __global__ void __launch_bounds__(Geometry<HD>::kThreads, Geometry<HD>::kMinBloc
   for (int32_t tile = 0; tile < tiles; ++tile) {
     cp_async_wait<G::kStages - 2>();  // this thread's copies of `tile` (and Q) landed
     __syncthreads();                  // everyone's landed; the previous tile's reads are done
+    if constexpr (kWrite) {  // the newest key over the stale copy of its slot (block-uniform)
+      const int32_t r = newest - (kb + tile * kTileKeys);
+      if (writes_newest && r >= 0 && r < kTileKeys) {
+        const int warp = threadIdx.x / kWarp;
+        bf16* stage = stage_k(tile % G::kStages);
+        if (warp < 2) store_row_pairs<HD>(stage + warp * G::kTileElems, r, new_kv);
+        __syncthreads();
+      }
+    }
     const int32_t next = tile + G::kStages - 1;
     if (next < tiles) {
       bf16* nk = stage_k(next % G::kStages);
@@ -702,16 +822,16 @@ const Result<int32_t, KernelError>& splits_max_env() {
   return env;
 }
 
-template <int HD>
+template <int HD, bool kWrite>
 KernelStatus run(const SplitArgs& a, cudaStream_t stream) {
   using G = Geometry<HD>;
   static_assert(G::kSmemBytes + 1024 <= kSmemPerSm / G::kMinBlocks, "kMinBlocks fit");
   // Once per process (per head dim): allow the dynamic shared memory above 48 KB.
   static const cudaError_t attr = cudaFuncSetAttribute(
-      decode_split_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmemBytes);
+      decode_split_kernel<HD, kWrite>, cudaFuncAttributeMaxDynamicSharedMemorySize, G::kSmemBytes);
   if (attr != cudaSuccess) return cuda_status(attr, "cudaFuncSetAttribute(decode_split_kernel)");
   const dim3 grid(a.splits, a.kv_heads * a.head_blocks, a.rows);
-  if (cudaError_t err = detail::launch_short(decode_split_kernel<HD>, grid, G::kThreads,
+  if (cudaError_t err = detail::launch_short(decode_split_kernel<HD, kWrite>, grid, G::kThreads,
                                              G::kSmemBytes, stream, a);
       err != cudaSuccess) {
     return cuda_status(err, "cudaLaunchKernelEx(decode_split_kernel)");
@@ -828,16 +948,38 @@ int64_t attention_decode_split_workspace_bytes_max(int32_t max_rows, int32_t q_h
   return most;
 }
 
-KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
-                                    const KvPoolView& pool, int32_t layer, const RowsView& rows,
-                                    const PagingView& paging, int32_t window, float scale,
-                                    void* workspace, int64_t workspace_bytes, int32_t num_sms,
-                                    cudaStream_t stream, DecodeMerge merge) {
-  auto bad = [](const std::string& m) { return bad_argument("attention_decode_split: " + m); };
-  if (auto checked = check_attention_args("attention_decode_split", q, q_row_stride, out, q_heads,
-                                          pool, layer, rows, paging, scale);
+namespace {
+
+// attention_decode_split and attention_decode_split_write: `write` null for the former.
+KernelStatus launch_split(const char* who, const bf16* q, int64_t q_row_stride, bf16* out,
+                          int32_t q_heads, const KvPoolView& pool, int32_t layer,
+                          const RowsView& rows, const PagingView& paging, int32_t window,
+                          float scale, void* workspace, int64_t workspace_bytes, int32_t num_sms,
+                          cudaStream_t stream, DecodeMerge merge, const DecodeQkvWrite* write) {
+  auto bad = [who](const std::string& m) { return bad_argument(std::string(who) + ": " + m); };
+  if (auto checked = check_attention_args(who, q, q_row_stride, out, q_heads, pool, layer, rows,
+                                          paging, scale);
       !checked.ok()) {
     return checked;
+  }
+  if (write != nullptr) {
+    if (write->k_raw == nullptr || write->v_raw == nullptr) {
+      return bad("write.k_raw and write.v_raw must be device pointers");
+    }
+    if (write->kv_row_stride < int64_t{pool.kv_heads} * pool.head_dim) {
+      return bad("write.kv_row_stride " + str(write->kv_row_stride) + " is below kv_heads * " +
+                 "head_dim = " + str(int64_t{pool.kv_heads} * pool.head_dim));
+    }
+    if (write->kv_row_stride % 8 != 0 || !aligned16(write->k_raw) || !aligned16(write->v_raw)) {
+      return bad("write.k_raw / v_raw must be 16-byte aligned with a row stride a multiple of 8");
+    }
+    if (rows.rows > 0 && paging.row_slot == nullptr) {
+      return bad("paging.row_slot must be a device pointer");
+    }
+    if (write->rope.rotary_pairs < 0 || write->rope.rotary_pairs > pool.head_dim / 2) {
+      return bad("write.rope.rotary_pairs " + str(write->rope.rotary_pairs) + " outside [0, " +
+                 str(pool.head_dim / 2) + "]");
+    }
   }
   if (!aligned16(workspace)) return bad("workspace must be 16-byte aligned");
   if (rows.rows > 65535) return bad("rows must be in [0, 65535], got " + str(rows.rows));
@@ -884,19 +1026,56 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
               splits > 1 ? part_acc : nullptr,
               splits > 1 ? reinterpret_cast<float2*>(part_acc + acc_elems) : nullptr,
               *fused ? static_cast<uint32_t*>(workspace) : nullptr};
+  if (write != nullptr) {
+    a.k_raw = write->k_raw;
+    a.v_raw = write->v_raw;
+    a.kv_row_stride = write->kv_row_stride;
+    a.q_norm_weight = write->q_norm_weight;
+    a.k_norm_weight = write->k_norm_weight;
+    a.eps = write->eps;
+    a.theta = write->rope.theta;
+    a.rotary_pairs = write->rope.rotary_pairs;
+    a.row_slot = paging.row_slot;
+    a.layer_out = pool.data + per_layer * layer;
+  }
+  const bool w = write != nullptr;
   switch (hd) {
     case 64:
-      return run<64>(a, stream);
+      return w ? run<64, true>(a, stream) : run<64, false>(a, stream);
     case 128:
-      return run<128>(a, stream);
+      return w ? run<128, true>(a, stream) : run<128, false>(a, stream);
     case 256:
-      return run<256>(a, stream);
+      return w ? run<256, true>(a, stream) : run<256, false>(a, stream);
     case 512:
-      return run<512>(a, stream);
+      return w ? run<512, true>(a, stream) : run<512, false>(a, stream);
     default:
       TS_UNREACHABLE() << "head_dim " << hd << " passed the checks";
   }
   return Ok{};
+}
+
+}  // namespace
+
+KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* out, int32_t q_heads,
+                                    const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                                    const PagingView& paging, int32_t window, float scale,
+                                    void* workspace, int64_t workspace_bytes, int32_t num_sms,
+                                    cudaStream_t stream, DecodeMerge merge) {
+  return launch_split("attention_decode_split", q, q_row_stride, out, q_heads, pool, layer, rows,
+                      paging, window, scale, workspace, workspace_bytes, num_sms, stream, merge,
+                      nullptr);
+}
+
+KernelStatus attention_decode_split_write(const bf16* q_raw, int64_t q_row_stride, bf16* out,
+                                          int32_t q_heads, const DecodeQkvWrite& write,
+                                          const KvPoolView& pool, int32_t layer,
+                                          const RowsView& rows, const PagingView& paging,
+                                          int32_t window, float scale, void* workspace,
+                                          int64_t workspace_bytes, int32_t num_sms,
+                                          cudaStream_t stream, DecodeMerge merge) {
+  return launch_split("attention_decode_split_write", q_raw, q_row_stride, out, q_heads, pool,
+                      layer, rows, paging, window, scale, workspace, workspace_bytes, num_sms,
+                      stream, merge, &write);
 }
 
 }  // namespace twinstep::kernels

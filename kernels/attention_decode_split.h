@@ -122,4 +122,31 @@ KernelStatus attention_decode_split(const bf16* q, int64_t q_row_stride, bf16* o
                                     void* workspace, int64_t workspace_bytes, int32_t num_sms,
                                     cudaStream_t stream, DecodeMerge merge = DecodeMerge::kAuto);
 
+// What attention_decode_split_write needs beyond attention_decode_split: the raw k and v rows
+// of the q|k|v GEMM and the q/k norm weights and rope that qkv_norm_rope_write would apply.
+struct DecodeQkvWrite {
+  const bf16* k_raw = nullptr;  // [rows, kv_heads, head_dim] at kv_row_stride
+  const bf16* v_raw = nullptr;  // [rows, kv_heads, head_dim] at kv_row_stride (k_raw: K == V)
+  int64_t kv_row_stride = 0;
+  const bf16* q_norm_weight = nullptr;  // [head_dim] or nullptr (no weight)
+  const bf16* k_norm_weight = nullptr;  // [head_dim] or nullptr
+  float eps = 1e-6f;
+  Rope rope;
+};
+
+// The decode step's q/k/v write folded into the split attention (session 19, opt-in:
+// TWINSTEP_QKV_WRITE=attention in the forward): q_raw is the q|k|v GEMM's q, NOT yet normed;
+// each block norms and ropes its query heads itself, and the block whose chunk holds a row's
+// newest key (its position, slot paging.row_slot[r]; none for kNoKvWrite) norms and ropes
+// that key's k and v, writes them to the slot and uses them in place of the slot's old bytes.
+// The same arithmetic as qkv_norm_rope_write (norm_head, the row's sincosf angle table,
+// rope_from_table), so `out` and the pool are bitwise those of qkv_norm_rope_write followed by
+// attention_decode_split (gated: DecodeSplitGates.FusedQkvWriteEqualsWriteThenAttention);
+// q_raw is left as it was (the unfused path norms it in place). Same contract otherwise.
+KernelStatus attention_decode_split_write(
+    const bf16* q_raw, int64_t q_row_stride, bf16* out, int32_t q_heads,
+    const DecodeQkvWrite& write, const KvPoolView& pool, int32_t layer, const RowsView& rows,
+    const PagingView& paging, int32_t window, float scale, void* workspace, int64_t workspace_bytes,
+    int32_t num_sms, cudaStream_t stream, DecodeMerge merge = DecodeMerge::kAuto);
+
 }  // namespace twinstep::kernels

@@ -228,6 +228,25 @@ __device__ __forceinline__ void norm_head(float (&x)[HD / kWarp],
   }
 }
 
+// Applies rotate_half rope to one head held by a warp (norm_rope_head's layout) with the
+// row's angle tables: cos_row[d], sin_row[d] for pair d < HD/2 (shared by qkv_write_kernel and
+// the split decode attention's fused write, so the same bits).
+template <int HD>
+__device__ __forceinline__ void rope_from_table(float (&x)[HD / kWarp], const float* cos_row,
+                                                const float* sin_row) {
+  constexpr int E = HD / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const bool upper = lane >= kWarp / 2;
+  const int first = (lane % (kWarp / 2)) * E;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    const float c = cos_row[first + i];
+    const float s = sin_row[first + i];
+    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
+    x[i] = upper ? x[i] * c + partner * s : x[i] * c - partner * s;
+  }
+}
+
 // ---- host side helpers for the launchers ------------------------------------------------
 
 inline KernelStatus bad_argument(const std::string& message) {

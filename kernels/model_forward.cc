@@ -103,22 +103,32 @@ constexpr int32_t kFusedQkvWriteMaxRows = 128;
 
 // A layer's q norm + rope and KV write from its fused q|k|v rows (row stride qkv_stride): the
 // same bits either way (KernelGates.FusedQkvWriteMatchesTheTwoKernelsBitwise).
-// TWINSTEP_QKV_WRITE (read once; the benches' A/B): "split", "fused" (the row-block kernel),
-// "items", "items-capped" or "items-packed" (values of the warp-items kernel) for every step;
-// any other value fails the step with an error that names it.
-KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_t q_heads,
-                       const bf16* k_raw, const bf16* v_raw, const bf16* k_norm, float eps,
-                       Rope rope, const KvPoolView& pool, int32_t layer, const RowsView& rows,
-                       const PagingView& paging, cudaStream_t stream) {
+// TWINSTEP_QKV_WRITE, read once.
+const std::string& qkv_write_mode() {
   static const std::string mode = [] {
     const char* v = std::getenv("TWINSTEP_QKV_WRITE");
     return std::string(v != nullptr ? v : "");
   }();
+  return mode;
+}
+
+// TWINSTEP_QKV_WRITE=attention: decode-only steps (not batch-invariant) fold the write into the
+// split attention (attention_decode_split_write); other steps take the default rule below.
+bool qkv_write_in_attention() { return qkv_write_mode() == "attention"; }
+
+// TWINSTEP_QKV_WRITE (the benches' A/B): "split", "fused" (the row-block kernel), "items",
+// "items-capped" or "items-packed" (values of the warp-items kernel) for every step, or
+// "attention" (above); any other value fails the step with an error that names it.
+KernelStatus qkv_write(bf16* qkv, int64_t qkv_stride, const bf16* q_norm, int32_t q_heads,
+                       const bf16* k_raw, const bf16* v_raw, const bf16* k_norm, float eps,
+                       Rope rope, const KvPoolView& pool, int32_t layer, const RowsView& rows,
+                       const PagingView& paging, cudaStream_t stream) {
+  const std::string& mode = qkv_write_mode();
   const bool items = mode == "items" || mode == "items-capped" || mode == "items-packed";
-  if (!mode.empty() && mode != "fused" && mode != "split" && !items) {
+  if (!mode.empty() && mode != "fused" && mode != "split" && mode != "attention" && !items) {
     return bad("TWINSTEP_QKV_WRITE=\"" + mode +
                "\": expected \"fused\", \"split\", \"items\", \"items-capped\", "
-               "\"items-packed\" or unset");
+               "\"items-packed\", \"attention\" or unset");
   }
   if (items) {
     const QkvWriteKernel kernel = mode == "items"          ? QkvWriteKernel::kWarpItems
@@ -683,13 +693,27 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     // q normed and roped in place, k and v into their page slots (one launch for small steps).
     const bf16* k_raw = b.qkv + q_out;
     const bf16* v_raw = L.k_eq_v ? k_raw : k_raw + kv_out;
-    if (!fused_qkv) {
+    const bool write_in_attention =
+        !fused_qkv && step.decode_only && !batch_invariant_ && qkv_write_in_attention();
+    if (!fused_qkv && !write_in_attention) {
       TS_TRY(qkv_write(b.qkv, L.qkv_cols, L.q_norm, c.num_q_heads, k_raw, v_raw, L.k_norm, eps,
                        rope, step.pools[f], L.family_index, step.rows, step.paging[f], stream));
     }
     const int32_t window = L.family == engine::Family::kLocal ? step.sliding_window : 0;
     mark(ForwardPhase::kAttention, stream);
-    if (step.decode_only && !batch_invariant_) {
+    if (write_in_attention) {
+      DecodeQkvWrite w;
+      w.k_raw = k_raw;
+      w.v_raw = v_raw;
+      w.kv_row_stride = L.qkv_cols;
+      w.q_norm_weight = L.q_norm;
+      w.k_norm_weight = L.k_norm;
+      w.eps = eps;
+      w.rope = rope;
+      TS_TRY(attention_decode_split_write(
+          b.qkv, L.qkv_cols, b.attn, c.num_q_heads, w, step.pools[f], L.family_index, step.rows,
+          step.paging[f], window, 1.0f, b.decode_ws, b.decode_ws_bytes, num_sms_, stream));
+    } else if (step.decode_only && !batch_invariant_) {
       TS_TRY(attention_decode_split(b.qkv, L.qkv_cols, b.attn, c.num_q_heads, step.pools[f],
                                     L.family_index, step.rows, step.paging[f], window, 1.0f,
                                     b.decode_ws, b.decode_ws_bytes, num_sms_, stream));

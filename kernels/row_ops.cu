@@ -249,24 +249,6 @@ struct QkvWriteArgs {
   int32_t rows_per_block;
 };
 
-// Applies rotate_half rope to one head held by a warp (norm_rope_head's layout) with the
-// row's angle tables: cos_row[d], sin_row[d] for pair d < HD/2.
-template <int HD>
-__device__ __forceinline__ void rope_from_table(float (&x)[HD / kWarp], const float* cos_row,
-                                                const float* sin_row) {
-  constexpr int E = HD / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const bool upper = lane >= kWarp / 2;
-  const int first = (lane % (kWarp / 2)) * E;
-#pragma unroll
-  for (int i = 0; i < E; ++i) {
-    const float c = cos_row[first + i];
-    const float s = sin_row[first + i];
-    const float partner = __shfl_xor_sync(kFullMask, x[i], kWarp / 2);
-    x[i] = upper ? x[i] * c + partner * s : x[i] * c - partner * s;
-  }
-}
-
 // One warp's group of G heads of a row: where each comes from and goes to, and its weight.
 struct QkvHead {
   const bf16* src;
