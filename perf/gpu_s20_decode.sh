@@ -15,7 +15,10 @@ t built
 BIN=build/gpu-gates/bin
 part gates 120 "$BIN/decode_split_gates"
 summary "$OUT/gates.log" | tail -12
-TWINSTEP_DECODE_SPLITS_MAX=8 part gates_cap8 120 "$BIN/decode_split_gates"
+# Under a cap the policy gates (split counts, kSized's choice) no longer hold by design: the
+# numeric and bitwise ones must.
+TWINSTEP_DECODE_SPLITS_MAX=8 part gates_cap8 120 "$BIN/decode_split_gates" \
+  --gtest_filter='*MatchesReferenceAndFp64:*RepeatRuns*:*FusedMerge*:*FusedQkvWrite*'
 grep -E "tests? ran|PASSED|FAILED" "$OUT/gates_cap8.log" | head -4
 arm() {  # arm NAME VAR=VALUE...
   local name=$1
