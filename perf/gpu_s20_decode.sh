@@ -10,7 +10,8 @@
 # then the b=1 timeline of the folded write.
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 card_setup
-build_gates engine_throughput_bench decode_split_gates decode_graph_gates model_gates
+build_gates engine_throughput_bench decode_split_gates decode_graph_gates model_gates \
+  decode_attention_bench
 t built
 BIN=build/gpu-gates/bin
 part gates 120 "$BIN/decode_split_gates"
@@ -20,6 +21,12 @@ summary "$OUT/gates.log" | tail -12
 TWINSTEP_DECODE_SPLITS_MAX=8 part gates_cap8 120 "$BIN/decode_split_gates" \
   --gtest_filter='*MatchesReferenceAndFp64:*RepeatRuns*:*FusedMerge*:*FusedQkvWrite*'
 grep -E "tests? ran|PASSED|FAILED" "$OUT/gates_cap8.log" | head -4
+# The kernel alone at each cap (b=1 and 16 at 1k and 8k keys).
+for cap in "" 16 8 4; do
+  TWINSTEP_DECODE_SPLITS_MAX=$cap part "kern_${cap:-def}" 60 "$BIN/decode_attention_bench" \
+    --no-reference
+  grep -E "^ +(1|16) +(1024|8192) " "$OUT/kern_${cap:-def}.log"
+done
 arm() {  # arm NAME VAR=VALUE...
   local name=$1
   shift
