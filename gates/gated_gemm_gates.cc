@@ -98,6 +98,16 @@ constexpr Case kCases[] = {
 TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
   auto blas = kernels::Blas::create(stream_);
   ASSERT_TRUE(blas.ok());
+  // The persistent grid at each cluster size: SMs of a GPC that make no whole cluster idle.
+  const int32_t fit1 = kernels::gated_gemm_resident_clusters(1);
+  const int32_t fit2 = kernels::gated_gemm_resident_clusters(2);
+  const int32_t fit4 = kernels::gated_gemm_resident_clusters(4);
+  std::printf(
+      "[gate] gated GEMM resident blocks: lone %d, clusters of two %d x 2, of four %d x 4\n", fit1,
+      fit2, fit4);
+  ASSERT_GE(fit1, 1);
+  ASSERT_GE(fit2, 1);
+  ASSERT_GE(fit4, 1);
   sim::Rng rng(11);
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.what);
@@ -125,17 +135,28 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
     // Clusters of two with the other epilogues: through shared memory and tensor stores (the
     // rows past the end clipped by the store, not by the kernel), and staged for the producer's
     // spare warps: the same products, so the same bits again.
+    // Clusters of four (each block a quarter of the weight slice, multicast to the other
+    // three; the row tiles of a cluster past the end when rows is not a multiple of 512) with
+    // both of their epilogues: the same bits once more.
     using Epilogue = kernels::GatedGemmConfig::Epilogue;
-    constexpr Epilogue kPairEpilogues[] = {kernels::GatedGemmConfig::kTma,
-                                           kernels::GatedGemmConfig::kStaged};
+    struct Other {
+      int32_t cluster;
+      Epilogue epilogue;
+      const char* name;
+    };
+    constexpr Other kOthers[] = {
+        {2, kernels::GatedGemmConfig::kTma, "tensor-store epilogue in pairs"},
+        {2, kernels::GatedGemmConfig::kStaged, "staged epilogue in pairs"},
+        {4, kernels::GatedGemmConfig::kStaged, "staged epilogue in clusters of four"},
+        {4, kernels::GatedGemmConfig::kRegisters, "clusters of four from registers"}};
     std::vector<DeviceBuffer<bf16>> others;
-    for (Epilogue e : kPairEpilogues) {
+    for (const Other& o : kOthers) {
       others.emplace_back(static_cast<size_t>(c.rows) * c.inter);
       CUDA_OK(
           cudaMemsetAsync(others.back().get(), 0xff, others.back().size() * sizeof(bf16), stream_));
       kernels::GatedGemmConfig config;
-      config.cluster = 2;
-      config.epilogue = e;
+      config.cluster = o.cluster;
+      config.epilogue = o.epilogue;
       KERNEL_OK(kernels::gated_gelu_gemm(x.get(), w.get(), others.back().get(), c.rows, c.inter,
                                          c.k, stream_, config));
     }
@@ -175,8 +196,7 @@ TEST_F(GatedGemmGates, MatchesFp64WithinTwoKernelNoise) {
       EXPECT_EQ(
           std::memcmp(others[i].download().data(), fused_h.data(), fused_h.size() * sizeof(bf16)),
           0)
-          << (i == 0 ? "tensor-store" : "staged")
-          << " epilogue in pairs gave other bits (or left elements unwritten)";
+          << kOthers[i].name << " gave other bits (or left elements unwritten)";
     }
     ASSERT_TRUE(e_two.finite);
     EXPECT_LE(e_fused.rms_rel, 1.25 * e_two.rms_rel) << "RMS error beyond the two-kernel path's";

@@ -369,6 +369,10 @@ KernelStatus Blas::gated_gelu(const bf16* x, const bf16* w, bf16* out, int32_t m
       case GatedPairEpilogue::kTensorStores:
         config.epilogue = GatedGemmConfig::kTma;
         break;
+      case GatedPairEpilogue::kStagedQuad:
+        config.epilogue = GatedGemmConfig::kStaged;
+        config.cluster = 4;
+        break;
     }
   }
   if (auto s = gated_gelu_gemm(x, w, out, m, inter, k, stream_, config); !s.ok()) return s;

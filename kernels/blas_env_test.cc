@@ -241,6 +241,8 @@ TEST(GatedGemmPairs, EnvironmentOverridesBothOptionsAndBadValuesAreNamed) {
             GatedPairEpilogue::kStaged);
   EXPECT_EQ(resolve_gated_gemm_pairs(o, nullptr, "tma").value().gated_gemm_pair_epilogue,
             GatedPairEpilogue::kTensorStores);
+  EXPECT_EQ(resolve_gated_gemm_pairs(o, nullptr, "staged4").value().gated_gemm_pair_epilogue,
+            GatedPairEpilogue::kStagedQuad);
   EXPECT_EQ(set.value().gated_gemm_min_rows, o.gated_gemm_min_rows) << "other options untouched";
   auto rows = resolve_gated_gemm_pairs(o, "-3", "1");
   ASSERT_FALSE(rows.ok());
@@ -253,7 +255,7 @@ TEST(GatedGemmPairs, EnvironmentOverridesBothOptionsAndBadValuesAreNamed) {
   ASSERT_FALSE(epi.ok());
   EXPECT_EQ(epi.error().code, engine::DeviceErrorCode::kBadLayout);
   EXPECT_NE(epi.error().message.find(
-                "TWINSTEP_GATED_GEMM_EPILOGUE=TMA: expected registers, staged or tma"),
+                "TWINSTEP_GATED_GEMM_EPILOGUE=TMA: expected registers, staged, tma or staged4"),
             std::string::npos)
       << epi.error().message;
   o.gated_gemm_pair_min_rows = -1;

@@ -619,10 +619,13 @@ Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDevi
       options.gated_gemm_pair_epilogue = GatedPairEpilogue::kStaged;
     } else if (e == "tma") {
       options.gated_gemm_pair_epilogue = GatedPairEpilogue::kTensorStores;
+    } else if (e == "staged4") {
+      options.gated_gemm_pair_epilogue = GatedPairEpilogue::kStagedQuad;
     } else {
-      return unexpected(engine::DeviceError{
-          engine::DeviceErrorCode::kBadLayout,
-          "TWINSTEP_GATED_GEMM_EPILOGUE=" + e + ": expected registers, staged or tma, or unset"});
+      return unexpected(engine::DeviceError{engine::DeviceErrorCode::kBadLayout,
+                                            "TWINSTEP_GATED_GEMM_EPILOGUE=" + e +
+                                                ": expected registers, staged, tma or staged4, "
+                                                "or unset"});
     }
   }
   return options;

@@ -184,7 +184,7 @@ struct CudaDeviceOptions {
   // Of those, steps of at least this many rows run it in clusters of two blocks (0: never;
   // Blas::set_gated_gemm_pairs), with this epilogue. Overridden in create() by
   // TWINSTEP_GATED_GEMM_PAIRS (rows, [0, 2^30]) and TWINSTEP_GATED_GEMM_EPILOGUE (registers,
-  // staged or tma) (resolve_gated_gemm_pairs).
+  // staged, tma, or staged4: staged in clusters of four) (resolve_gated_gemm_pairs).
   int32_t gated_gemm_pair_min_rows = kDefaultGatedGemmPairMinRows;
   GatedPairEpilogue gated_gemm_pair_epilogue = kDefaultGatedGemmPairEpilogue;
   // Steps of at least this many rows run a local layer's q|k|v GEMM with the q norm + rope and
@@ -230,7 +230,7 @@ Result<int32_t, engine::DeviceError> resolve_qkv_gemm_fused_min_rows(
     const CudaDeviceOptions& options, const char* env);
 // CudaDeviceOptions::gated_gemm_pair_min_rows from TWINSTEP_GATED_GEMM_PAIRS (`pairs_env`: an
 // integer in [0, 2^30], as above) and gated_gemm_pair_epilogue from
-// TWINSTEP_GATED_GEMM_EPILOGUE (`epilogue_env`: registers, staged or tma); unset or empty
+// TWINSTEP_GATED_GEMM_EPILOGUE (`epilogue_env`: registers, staged, tma or staged4); unset or empty
 // keeps the option. `options` with both resolved, or kBadLayout naming the first bad one.
 Result<CudaDeviceOptions, engine::DeviceError> resolve_gated_gemm_pairs(CudaDeviceOptions options,
                                                                         const char* pairs_env,

@@ -249,7 +249,7 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
                       const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap out_map, bf16* __restrict__ out,
                       const Shape s, const __grid_constant__ QkvOut qa) {
-  static_assert(C == 1 || C == 2, "clusters of 1 or 2 blocks");
+  static_assert(C == 1 || C == 2 || C == 4, "clusters of 1, 2 or 4 blocks");
   constexpr int kStages = stages_of(E);
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>(
@@ -304,10 +304,18 @@ __global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(kThreads, 1)
             detail::tensor_copy_2d(b_s, &w_map, ks * kBK, tn * kBN, &full[stage]);
             detail::tensor_copy_2d(b_s + kBBytes / 2, &w_map, ks * kBK, s.inter + tn * kBN,
                                    &full[stage]);
-          } else {
+          } else if constexpr (C == 2) {
             detail::tensor_copy_2d_multicast(b_s + rank * (kBBytes / 2), &w_map, ks * kBK,
                                              static_cast<int32_t>(rank) * s.inter + tn * kBN,
                                              &full[stage], 0x3);
+          } else {
+            // Four blocks, a quarter each (w_map's box is kBN / 2 rows here): rank r the rows
+            // (r % 2) * 64 .. of the gate (r < 2) or up (r >= 2) slice, at the same place in the
+            // stage as the two-block split puts them.
+            const int32_t r = static_cast<int32_t>(rank);
+            detail::tensor_copy_2d_multicast(b_s + rank * (kBBytes / 4), &w_map, ks * kBK,
+                                             (r / 2) * s.inter + tn * kBN + (r % 2) * (kBN / 2),
+                                             &full[stage], 0xf);
           }
           if (++stage == kStages) {
             stage = 0;
@@ -579,9 +587,13 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
     return detail::bad_argument("gated_gelu_gemm: x, w and out must be 16-byte aligned");
   }
   if (rows == 0) return Ok{};
-  if (cluster != 1 && cluster != 2) {
-    return detail::bad_argument("gated_gelu_gemm: cluster must be 1 or 2, got " +
+  if (cluster != 1 && cluster != 2 && cluster != 4) {
+    return detail::bad_argument("gated_gelu_gemm: cluster must be 1, 2 or 4, got " +
                                 std::to_string(cluster));
+  }
+  if (cluster == 4 && epi != kStaged && epi != kRegisters) {
+    return detail::bad_argument(
+        "gated_gelu_gemm: clusters of four run the registers or staged epilogue only");
   }
   if (group_tiles < cluster || group_tiles % cluster != 0) {
     return detail::bad_argument(
@@ -593,7 +605,9 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
   if (auto st = detail::encode_rows_map(x, rows, k, kBM, &m.x, "gated_gelu_gemm: x"); !st.ok()) {
     return st;
   }
-  if (auto st = detail::encode_rows_map(w, int64_t{2} * inter, k, kBN, &m.w, "gated_gelu_gemm: w");
+  // Clusters of four fetch a quarter of a tile's 2 kBN weight rows a block: boxes of kBN / 2.
+  if (auto st = detail::encode_rows_map(w, int64_t{2} * inter, k, cluster == 4 ? kBN / 2 : kBN,
+                                        &m.w, "gated_gelu_gemm: w");
       !st.ok()) {
     return st;
   }
@@ -612,6 +626,10 @@ KernelStatus run(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t 
   s.row_groups = (s.row_tiles + cluster - 1) / cluster;
   s.group = group_tiles / cluster;
   s.units = int64_t{s.row_groups} * s.col_tiles;
+  if (cluster == 4) {
+    return epi == kStaged ? launch<4, kStaged>(m, out, s, stream)
+                          : launch<4, kRegisters>(m, out, s, stream);
+  }
   if (cluster == 2) {
     switch (epi) {
       case kStaged:
@@ -651,6 +669,14 @@ KernelStatus gated_gemm_prepare() {
     if (st->clusters < 1) return detail::bad_argument("gated_gemm_prepare: no cluster fits");
   }
   return Ok{};
+}
+
+int32_t gated_gemm_resident_clusters(int32_t cluster) {
+  const Setup* st = nullptr;
+  if (cluster == 1) st = &setup<1, kStaged>();
+  if (cluster == 2) st = &setup<2, kStaged>();
+  if (cluster == 4) st = &setup<4, kStaged>();
+  return st != nullptr && st->err == cudaSuccess ? st->clusters : -1;
 }
 
 std::string gated_gemm_refusal(int32_t rows, int32_t inter, int32_t k) {

@@ -61,8 +61,10 @@ KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t ro
 // products from registers while the tensor cores wait; kStaged: the consumers hand bf16 g and u
 // to the producer warpgroup's spare warps through shared memory, which compute and store the
 // products behind the next tile's MMAs, the ring one stage shorter; kNone, for benches only: no
-// output at all, the main loop alone), the cluster size (1 or 2) and the raster's row tiles a
-// group (a positive multiple of the cluster size).
+// output at all, the main loop alone), the cluster size (1, 2 or 4; four only with kRegisters
+// or kStaged: each block fetches a quarter of a tile's weight rows and multicasts it to the
+// other three, so w crosses L2 once for four row tiles) and the raster's row tiles a group (a
+// positive multiple of the cluster size).
 struct GatedGemmConfig {
   // kNoStore, kTanh, kTma, kTmaTanh: session 13's probes (gemm_gated.cu), clusters of two only.
   enum Epilogue { kRegisters, kStaged, kNone, kNoStore, kTanh, kTma, kTmaTanh };
@@ -72,6 +74,10 @@ struct GatedGemmConfig {
 };
 KernelStatus gated_gelu_gemm(const bf16* x, const bf16* w, bf16* out, int32_t rows, int32_t inter,
                              int32_t k, cudaStream_t stream, const GatedGemmConfig& config);
+// How many clusters of `cluster` blocks (1, 2 or 4) of the staged kernel are resident at once
+// on the current device (its persistent grid, in clusters; a GPC's SMs that do not make a whole
+// cluster stay idle), or -1 on a CUDA error or another size. Sets the kernel up if it was not.
+int32_t gated_gemm_resident_clusters(int32_t cluster);
 
 // The same kernel as a plain GEMM in clusters of two, out = bf16(x w^T) (x [rows, k], w [n, k],
 // out [rows, n], n a multiple of 256), through the staged hand-over: the staged epilogue's

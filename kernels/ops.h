@@ -198,8 +198,9 @@ KernelStatus argmax(const bf16* x, int32_t* out, int32_t rows, int32_t cols, cud
 
 // The gated GEMM's epilogue in clusters of two (gemm_gated.h, GatedGemmConfig): products stored
 // from registers, handed to the producer warpgroup's spare warps through shared memory
-// (kStaged), or staged in shared memory and written by tensor stores (kTensorStores).
-enum class GatedPairEpilogue : int8_t { kRegisters, kStaged, kTensorStores };
+// (kStaged), or staged in shared memory and written by tensor stores (kTensorStores);
+// kStagedQuad: kStaged in clusters of four blocks (a quarter of each weight slice a block).
+enum class GatedPairEpilogue : int8_t { kRegisters, kStaged, kTensorStores, kStagedQuad };
 
 // ---------------------------------------------------------------------------------------
 // GEMM through cuBLAS: y[m, n] = x[m, k] . w[n, k]^T, bf16 in, fp32 accumulate.
