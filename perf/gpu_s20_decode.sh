@@ -6,8 +6,10 @@
 #                                 (attention_decode_split_write; one launch less a layer)
 #   TWINSTEP_DECODE_SPLITS_MAX=N  the split count capped (b=1: local 33 splits, global 132)
 # The split gates first (the new FusedQkvWriteEqualsWriteThenAttention among them, and the
-# whole binary under a cap), then the engine's quick decode, one process an arm, alternating,
-# then the b=1 timeline of the folded write.
+# numeric ones under a cap), the kernel alone at each cap, then the engine's quick decode with
+# and without the folded write, one process an arm, three rounds in turns. (The model gates
+# under the folded write run in the closing call: the write gate above is bitwise, so they see
+# the same bits.)
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 card_setup
 build_gates engine_throughput_bench decode_split_gates decode_graph_gates model_gates \
@@ -35,21 +37,29 @@ arm() {  # arm NAME VAR=VALUE...
   echo "== $name ($*): exit $?"
   grep -E "^\| decode b=(1|16|64|128) " "$OUT/dec_$name.log"
 }
-for round in 1 2; do
+# Three rounds of the two arms in turns (the cap has its kernel rows above; the engine arms
+# are the write's A/B, which decides the default).
+for round in 1 2 3; do
   arm "def_$round" TWINSTEP_UNUSED=1
   arm "attn_$round" TWINSTEP_QKV_WRITE=attention
-  arm "cap16_$round" TWINSTEP_DECODE_SPLITS_MAX=16
-  arm "attn_cap16_$round" TWINSTEP_QKV_WRITE=attention TWINSTEP_DECODE_SPLITS_MAX=16
 done
-TWINSTEP_QKV_WRITE=attention TWINSTEP_BENCH_QUICK=1 TWINSTEP_BENCH_TRACE=1 part trace 60 \
-  "$BIN/engine_throughput_bench" --decode
-awk '/^-- trace: decode b=1, graphs/{on=1} /^-- trace: decode b=1, eager/{on=0} on' \
-  "$OUT/trace.log" | head -24
-# The forward with the folded write: the model gates (HF greedy parity, teacher-forced logits,
-# paged vs oracle) and the decode graph gates under TWINSTEP_QKV_WRITE=attention (~200 s).
-TWINSTEP_QKV_WRITE=attention timeout 240 ctest --preset gpu-gates -R "ModelGates|DecodeGraphGates" \
-  > "$OUT/ctest_attn.log" 2>&1
-echo "ctest (attention write): exit $?"
-grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\[gate\] (g12b|gsoft)" "$OUT/ctest_attn.log" | head -12
+# b=1 ms/step of each arm's three processes, and the verdict the default follows.
+python3 - "$OUT" <<'PY'
+import re, sys, glob, statistics
+out = sys.argv[1]
+ms = {}
+for arm in ("def", "attn"):
+    for f in sorted(glob.glob(f"{out}/dec_{arm}_*.log")):
+        for line in open(f):
+            m = re.match(r"\| decode b=1 +\| +[0-9]+ +\| +([0-9.]+)", line)
+            if m:
+                ms.setdefault(arm, []).append(float(m.group(1)))
+                break
+print("b=1 ms/step:", ms)
+if len(ms.get("def", [])) == 3 and len(ms.get("attn", [])) == 3:
+    d, a = statistics.median(ms["def"]), statistics.median(ms["attn"])
+    print(f"b=1 median: default {d:.3f}, attention write {a:.3f}, "
+          f"{'attention wins' if max(ms['attn']) < min(ms['def']) else 'no clear win'}")
+PY
 t done
 cd "$OUT" && tar czf all_logs.tgz ./*.log && rm -f ./*.log
