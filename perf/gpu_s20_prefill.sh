@@ -49,4 +49,4 @@ for i in range(0, len(marks) - 1, 2):
               f"SM {sum(c for c, _ in hot) / len(hot):.0f} MHz, {sum(p for _, p in hot) / len(hot):.0f} W")
 PY
 t done
-cd "$OUT" && tar czf all_logs.tgz ./*.log smi.csv marks.txt && rm -f ./*.log smi.csv marks.txt
+cd "$OUT" && tar czf prefill_logs.tgz ./*.log smi.csv marks.txt && rm -f ./*.log smi.csv marks.txt
