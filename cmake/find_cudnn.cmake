@@ -36,15 +36,10 @@ set(twinstep_cudnn_candidates "")
 foreach(inc IN LISTS CUDAToolkit_INCLUDE_DIRS)
   list(APPEND twinstep_cudnn_candidates "${inc}|${CUDAToolkit_LIBRARY_DIR}")
 endforeach()
-find_program(TWINSTEP_PYTHON3 NAMES python3)
-if(TWINSTEP_PYTHON3)
-  execute_process(
-    COMMAND ${TWINSTEP_PYTHON3} -c "import nvidia.cudnn as m; print(m.__path__[0])"
-    OUTPUT_VARIABLE py_cudnn_dir OUTPUT_STRIP_TRAILING_WHITESPACE
-    RESULT_VARIABLE py_rc ERROR_QUIET TIMEOUT 60)
-  if(py_rc EQUAL 0 AND IS_DIRECTORY "${py_cudnn_dir}")
-    list(APPEND twinstep_cudnn_candidates "${py_cudnn_dir}/include|${py_cudnn_dir}/lib")
-  endif()
+include(${CMAKE_CURRENT_LIST_DIR}/python_package_dir.cmake)
+twinstep_python_package_dir(nvidia.cudnn py_cudnn_dir)
+if(py_cudnn_dir)
+  list(APPEND twinstep_cudnn_candidates "${py_cudnn_dir}/include|${py_cudnn_dir}/lib")
 endif()
 
 foreach(pair IN LISTS twinstep_cudnn_candidates)

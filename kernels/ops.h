@@ -33,6 +33,7 @@ enum class KernelErrorCode {
   kBadArgument,  // a launcher argument is out of its documented range
   kCuda,         // a CUDA runtime call or launch failed
   kCublas,       // a cuBLAS call failed
+  kNccl,         // an NCCL call failed, or NCCL is not in this build (nccl_comm.h)
 };
 using KernelError = Error<KernelErrorCode>;
 using KernelStatus = Status<KernelError>;

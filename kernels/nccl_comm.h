@@ -1,0 +1,69 @@
+// kernels/nccl_comm.h: NCCL communicators for tensor parallelism (issue 17). One communicator
+// per rank (one GPU each), created from a unique id that rank 0 makes and every rank receives
+// (threads of one process share it in memory; processes would pass its bytes). The collectives
+// the Megatron split needs run on the caller's stream: the in-place bf16 sum of o_proj's and
+// down's partial products (and of the embedding rows a rank holds), and the all-gather of the
+// ranks' logits slices or argmax candidates.
+//
+// NVLink multicast (NVLS) stays off: create() sets NCCL_NVLS_ENABLE=0 in the environment unless
+// it is already set (the runner's notes require it off; it also reserves memory per
+// communicator). Every failure is a kNccl status naming the call and NCCL's own message; a
+// build without NCCL (cmake/find_nccl.cmake found none) compiles the same API, whose calls all
+// fail saying so.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace twinstep::kernels {
+
+// NCCL's ncclUniqueId (128 bytes), opaque here so that this header needs no nccl.h.
+struct NcclId {
+  std::array<char, 128> bytes{};
+};
+
+// Whether this build has NCCL, and its version ("2.28.9"; empty without).
+bool nccl_available();
+std::string nccl_version();
+
+// A new unique id (rank 0 calls it once per communicator clique).
+Result<NcclId, KernelError> nccl_make_id();
+
+class NcclComm {
+ public:
+  // Rank `rank` of `ranks` on CUDA device `device` (made current for the call): every rank of
+  // the clique must call it with the same id, concurrently (it blocks until all have joined).
+  // ranks >= 1, 0 <= rank < ranks.
+  static Result<std::unique_ptr<NcclComm>, KernelError> create(const NcclId& id, int32_t ranks,
+                                                               int32_t rank, int device);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int32_t ranks() const { return ranks_; }
+  int32_t rank() const { return rank_; }
+
+  // data[0, n) = the sum over the ranks of their data[0, n), in place, bf16 (fp32 inside NCCL's
+  // reduction kernels is not promised: the sum is NCCL's, in its order).
+  KernelStatus all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream);
+  // out[r n, r n + n) = rank r's in[0, n), for every r: out holds ranks() * n elements.
+  KernelStatus all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream);
+  KernelStatus all_gather(const float* in, float* out, int64_t n, cudaStream_t stream);
+  KernelStatus all_gather(const int32_t* in, int32_t* out, int64_t n, cudaStream_t stream);
+  // Aborts the communicator (a rank failed: the others' pending collectives return instead of
+  // hanging); the object is unusable afterwards, every call failing.
+  void abort();
+
+ private:
+  NcclComm() = default;
+  void* comm_ = nullptr;  // ncclComm_t
+  int32_t ranks_ = 0, rank_ = 0;
+};
+
+}  // namespace twinstep::kernels
