@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/device.h"
 #include "engine/fault.h"
+#include "engine/pool_sizing.h"
 #include "kernels/attention_prefill_cudnn.h"
 #include "kernels/decode_graphs.h"
 #include "kernels/gemm_skinny.h"
@@ -294,16 +295,9 @@ struct DecodeGraphConfig {
 int32_t sample_logits(std::span<const float> logits, const engine::SamplingParams& sampling,
                       int32_t output_index);
 
-// Usable pages per family that fit `bytes` of device memory (the padding pages included in
-// `bytes`): the local family gets what max_running requests need to each hold a full window
-// (ceil(window / page_size) + 1 pages), at most half of the bytes; the global family the rest.
-struct PoolPages {
-  int32_t global = 0;
-  int32_t local = 0;
-  int64_t bytes = 0;  // of both pools, padding pages included
-};
-PoolPages pool_pages_for_bytes(const engine::ModelConfig& config, int32_t page_size,
-                               int32_t max_running, int64_t bytes);
+// Pool sizing from free memory (engine/pool_sizing.h, host code the simulator shares).
+using engine::pool_pages_for_bytes;
+using engine::PoolPages;
 
 class CudaDevice final : public engine::Device {
  public:
