@@ -68,6 +68,9 @@ configuration pins (each overrides the seed's draw):
   --safety-steps N       cap on the safety phase's steps
   --no-prefix-cache      run the engine without its prefix cache
   --no-sharing           no shared-prefix workload (system prompts, follow-ups, twins)
+  --tensor-parallel N    the step clock of the model split over N GPUs (one rank's share of
+                         the calibrated cost plus assumed collectives; the model must split;
+                         default: drawn, 1 for half the seeds, else 2 or 4 where it splits)
 checking:
   --full-check-every K   besides the incremental checks every step (each over what the step
                          changed: the pages the pools wrote, the page-list edits, the marked
@@ -323,6 +326,8 @@ bool parse_pin(Args& a, Options* out) {
   } else if (flag == "--full-scans-only") {
     opt.pins.push_back(flag);
     o.full_scans_only = true;
+  } else if (flag == "--tensor-parallel") {
+    o.tensor_parallel = int_pin(1, 64);
   } else {
     return false;
   }

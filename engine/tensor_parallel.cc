@@ -30,6 +30,20 @@ int64_t TensorParallelPlan::allreduce_bytes_per_row(const ModelConfig& model) co
   return (int64_t{2} * model.num_layers + 1) * model.hidden_size * 2;
 }
 
+int32_t TensorParallelPlan::collectives_per_step(const ModelConfig& model) const {
+  return ranks == 1 ? 0 : 2 * model.num_layers + 2;
+}
+
+ModelConfig TensorParallelPlan::rank_geometry(const ModelConfig& model) const {
+  ModelConfig r = model;
+  r.num_q_heads = q_heads;
+  r.global.kv_heads = global.kv_heads;
+  r.local.kv_heads = local.kv_heads;
+  r.intermediate_size = intermediate;
+  r.vocab_size = vocab;
+  return r;
+}
+
 Result<TensorParallelPlan, ConfigError> tensor_parallel_plan(const ModelConfig& model,
                                                              int32_t ranks) {
   if (ranks < 1) {

@@ -54,6 +54,13 @@ struct TensorParallelPlan {
   // Bytes each rank sends into all-reduces per row of a step: the embedding's, then o_proj's and
   // down's in every layer (bf16 hidden vectors). 0 for one rank.
   int64_t allreduce_bytes_per_row(const ModelConfig& model) const;
+  // Collectives a step runs (the embedding's all-reduce, o_proj's and down's in every layer, the
+  // LM head's gather): 0 for one rank.
+  int32_t collectives_per_step(const ModelConfig& model) const;
+  // The geometry one rank computes, for costs and sizes only: the model with its query heads,
+  // KV heads, intermediate columns and vocabulary cut to the rank's (vocab_size is the rank's
+  // slice, so it is not the model's for token ids).
+  ModelConfig rank_geometry(const ModelConfig& model) const;
 };
 
 // The split of `model` over `ranks` GPUs, or kBadValue naming the dimension that does not split:

@@ -41,6 +41,18 @@ TEST(TensorParallelPlan, TwelveBOverTwoRanks) {
   EXPECT_EQ(one->kv_token_bytes(m, Family::kLocal), int64_t{40} * 8 * 256 * 2 * 2);
   EXPECT_EQ(one->allreduce_bytes_per_row(m), 0);
   EXPECT_EQ(p->allreduce_bytes_per_row(m), int64_t{97} * 3840 * 2);  // embed + 2 x 48 layers
+  EXPECT_EQ(p->collectives_per_step(m), 98);                         // and the LM head's
+  EXPECT_EQ(one->collectives_per_step(m), 0);
+  // A rank's geometry: its heads, columns and vocabulary; the rest the model's.
+  const ModelConfig r = p->rank_geometry(m);
+  EXPECT_EQ(r.num_q_heads, 8);
+  EXPECT_EQ(r.local.kv_heads, 4);
+  EXPECT_EQ(r.global.kv_heads, 1);
+  EXPECT_EQ(r.intermediate_size, m.intermediate_size / 2);
+  EXPECT_EQ(r.vocab_size, m.vocab_size / 2);
+  EXPECT_EQ(r.hidden_size, m.hidden_size);
+  EXPECT_EQ(r.num_layers, m.num_layers);
+  EXPECT_EQ(r.local.head_dim, m.local.head_dim);
 }
 
 // For every rank count that splits the 12B and the tiny preset, each query head of each rank

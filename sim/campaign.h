@@ -64,6 +64,7 @@ struct Overrides {
   std::optional<bool> sharing;              // --no-sharing: no shared-prefix workload
   std::optional<int32_t> full_check_every;  // --full-check-every K (default: none)
   std::optional<bool> full_scans_only;      // --full-scans-only: no incremental checks
+  std::optional<int32_t> tensor_parallel;   // --tensor-parallel N: the clock's ranks (issue 17)
   // --cost-model: FILE's coefficients for every seed, or nullptr ("none") for the three-term
   // clock. Unset: the built-in H200 calibration for seeds on the 12B preset (when the build
   // has one), the three-term clock otherwise.

@@ -176,6 +176,23 @@ void draw_sharing(Rng& rng, const Overrides& o, SeedConfig* c) {
 }
 
 // Refuses pins that leave nothing to run, naming the knob.
+// Tensor parallelism (issue 17): half the seeds run on one rank, the others on 2 or 4 where the
+// model splits over them (engine::tensor_parallel_plan); the pin must split it. Drawn after
+// every other knob, so the draws above are those of the seeds before it existed.
+Status<std::string> draw_tensor_parallel(Rng& rng, const Overrides& o, SeedConfig* c) {
+  static constexpr int32_t kRanks[] = {1, 1, 2, 4};
+  int32_t ranks = rng.pick(kRanks);
+  if (!engine::tensor_parallel_plan(c->model, ranks).ok()) ranks = 1;
+  if (o.tensor_parallel) {
+    ranks = *o.tensor_parallel;
+    if (auto plan = engine::tensor_parallel_plan(c->model, ranks); !plan.ok()) {
+      return unexpected("--tensor-parallel: " + plan.error().message);
+    }
+  }
+  c->cost.tensor_parallel = ranks;
+  return Ok{};
+}
+
 Status<std::string> check_runnable(const SeedConfig& c) {
   if (auto error = Harness::creation_error(c.model, c.engine)) {
     return unexpected("the engine refuses this configuration: " + *error);
@@ -209,6 +226,7 @@ Result<SeedConfig, std::string> draw_config(uint64_t seed, const Overrides& over
   draw_limits_and_arrivals(rng, overrides, &c);
   draw_faults(rng, overrides, &c);
   draw_sharing(rng, overrides, &c);
+  if (auto s = draw_tensor_parallel(rng, overrides, &c); !s) return unexpected(s.error());
   c.cost.calibrated = overrides.cost_model.value_or(
       c.model_name == "gemma4-12b" ? default_calibration_12b() : nullptr);
   // Unset (0): the whole-state scans at each seed's end only; the incremental checks run on
@@ -234,6 +252,7 @@ std::string SeedConfig::describe() const {
   for (const uint32_t ppm : fault_ppm) faults_on += ppm > 0 ? 1 : 0;
   os << " faults=" << faults_on << "/" << engine::kFaultSiteCount << " abort=" << abort_ppm;
   os << " cache=" << (engine.prefix_cache ? "on" : "off");
+  if (cost.tensor_parallel > 1) os << " tp=" << cost.tensor_parallel;
   if (workload.sharing.on()) {
     os << " share=" << workload.sharing.system_prompts << "sys/" << workload.sharing.follow_up_ppm
        << "/" << workload.sharing.twin_ppm;
@@ -281,6 +300,7 @@ nlohmann::json SeedConfig::to_json() const {
           {"safety_steps_max", safety_steps_max},
           {"full_check_every", full_check_every},
           {"full_scans_only", full_scans_only},
+          {"tensor_parallel", cost.tensor_parallel},
           {"clock", cost.calibrated ? "calibrated " + cost.calibrated->model_name : "three-term"}};
 }
 

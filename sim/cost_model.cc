@@ -364,14 +364,29 @@ std::shared_ptr<const CalibratedCost> default_calibration_12b() {
   return cost;
 }
 
+double TpComm::step_ns(const engine::ModelConfig& model, const engine::TensorParallelPlan& plan,
+                       int32_t rows) const {
+  if (plan.ranks <= 1) return 0;
+  const double bytes = static_cast<double>(plan.allreduce_bytes_per_row(model)) * rows;
+  const double ring = 2.0 * (plan.ranks - 1) / plan.ranks;
+  return plan.collectives_per_step(model) * call_ns + ring * bytes / bus_bytes_per_s * 1e9;
+}
+
 CalibratedClock::CalibratedClock(const engine::ModelConfig& model,
-                                 std::shared_ptr<const CalibratedCost> cost)
-    : geometry_(model, cost != nullptr ? cost->launch : DecodeLaunch{}), cost_(std::move(cost)) {
+                                 std::shared_ptr<const CalibratedCost> cost,
+                                 const engine::TensorParallelPlan* tp, TpComm comm)
+    : model_(model),
+      tp_(tp != nullptr && tp->ranks > 1 ? std::optional(*tp) : std::nullopt),
+      comm_(comm),
+      geometry_(tp_ ? tp_->rank_geometry(model) : model,
+                cost != nullptr ? cost->launch : DecodeLaunch{}),
+      cost_(std::move(cost)) {
   TS_CHECK(cost_ != nullptr) << "a calibrated clock without coefficients";
 }
 
 int64_t CalibratedClock::step_ns(const engine::StepPlan& plan) const {
-  const double ns = cost_->predict_ns(geometry_.features(step_shape(plan)));
+  const double ns = cost_->predict_ns(geometry_.features(step_shape(plan))) +
+                    (tp_ ? comm_.step_ns(model_, *tp_, plan.num_rows()) : 0.0);
   TS_CHECK(std::isfinite(ns) && ns >= 0) << "predicted " << ns << " ns";
   return std::llround(ns);
 }

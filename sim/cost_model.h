@@ -19,6 +19,7 @@
 #include "engine/device.h"
 #include "engine/plan.h"
 #include "engine/result.h"
+#include "engine/tensor_parallel.h"
 
 namespace twinstep::sim {
 
@@ -166,15 +167,34 @@ struct CalibratedCost {
 // into the library; nullptr when the build had none.
 std::shared_ptr<const CalibratedCost> default_calibration_12b();
 
-// A calibrated clock for one model: the geometry and the coefficients together.
+// Tensor parallelism's collectives in the simulated clock (issue 17). NOT measured: no machine
+// with two GPUs has been lent to this project, so these are assumptions a fit would replace, of
+// the order NCCL reaches on NVLink-connected Hopper GPUs: a ring all-reduce of B bytes over N
+// ranks moves 2 (N - 1) / N x B a rank at `bus_bytes_per_s`, and every collective pays `call_ns`.
+struct TpComm {
+  double bus_bytes_per_s = 350e9;
+  double call_ns = 12'000;
+  // The collectives' time in a step of `rows` rows over `plan`'s ranks (0 for one rank).
+  double step_ns(const engine::ModelConfig& model, const engine::TensorParallelPlan& plan,
+                 int32_t rows) const;
+};
+
+// A calibrated clock for one model: the geometry and the coefficients together. Under tensor
+// parallelism (`tp` non-null, more than one rank) a step costs what one rank's share of it
+// costs (the calibrated terms over the rank's geometry: its heads, KV bytes, MLP columns and
+// vocabulary slice) plus the collectives (TpComm): the ranks run in lockstep.
 class CalibratedClock {
  public:
-  CalibratedClock(const engine::ModelConfig& model, std::shared_ptr<const CalibratedCost> cost);
+  CalibratedClock(const engine::ModelConfig& model, std::shared_ptr<const CalibratedCost> cost,
+                  const engine::TensorParallelPlan* tp = nullptr, TpComm comm = {});
   int64_t step_ns(const engine::StepPlan& plan) const;
   // What a step that failed before any launch costs (the host path's fixed part).
   int64_t refused_ns() const;
 
  private:
+  engine::ModelConfig model_;
+  std::optional<engine::TensorParallelPlan> tp_;
+  TpComm comm_;
   CostGeometry geometry_;
   std::shared_ptr<const CalibratedCost> cost_;
 };

@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "sim/rng.h"
 #include "sim/sim_device.h"
+#include "sim/test_plans.h"
 
 namespace twinstep::sim {
 namespace {
@@ -565,6 +566,85 @@ TEST(CommittedCalibration, PredictsTheMeasuredReplay) {
   }
   EXPECT_LE(quantile(err, 0.5), 0.10);
   EXPECT_LE(quantile(err, 0.95), 0.25);
+}
+
+namespace tp_clock {
+
+// Four 2048-token prompts in one step, the bench's prefill shape.
+engine::StepPlan prefill_step(int32_t seqs, int32_t rows_each) {
+  std::vector<HandSeq> hand;
+  for (int32_t s = 0; s < seqs; ++s) {
+    HandSeq h{static_cast<uint64_t>(s + 1), 0, std::vector<int32_t>(rows_each, 7), {}};
+    for (int32_t p = 0; p < (rows_each + 15) / 16; ++p) h.pages.push_back(1 + s * 1000 + p);
+    hand.push_back(std::move(h));
+  }
+  return hand_plan(hand, 16, 1024);
+}
+
+}  // namespace tp_clock
+
+// Two ranks of the 12B under the committed calibration: a prefill step costs one rank's share
+// (between half and all of one GPU's time) plus the collectives, whose time is worked here by
+// hand from TpComm's figures: 98 collectives a step (the embedding's all-reduce, o_proj's and
+// down's in 48 layers, the LM head's gather) and 97 x 3840 x 2 bytes a row all-reduced, which a
+// two-rank ring moves once (2 (N - 1) / N = 1).
+TEST(CalibratedClock, TensorParallelChargesOneRanksShareAndTheCollectives) {
+  auto cost = default_calibration_12b();
+  ASSERT_NE(cost, nullptr) << "the build carries no calibration";
+  const engine::ModelConfig model = engine::ModelConfig::preset("gemma4-12b").value();
+  auto tp = engine::tensor_parallel_plan(model, 2);
+  ASSERT_TRUE(tp.ok());
+  const CalibratedClock one(model, cost);
+  const CalibratedClock two(model, cost, &tp.value());
+  const CalibratedClock rank(tp->rank_geometry(model), cost);
+  const engine::StepPlan prefill = tp_clock::prefill_step(4, 2048);
+  const TpComm comm;
+  const double comm_ns =
+      98 * comm.call_ns + 97.0 * 3840 * 2 * prefill.num_rows() / comm.bus_bytes_per_s * 1e9;
+  EXPECT_NEAR(static_cast<double>(two.step_ns(prefill) - rank.step_ns(prefill)), comm_ns, 1.0);
+  EXPECT_LT(two.step_ns(prefill), one.step_ns(prefill));
+  EXPECT_GT(rank.step_ns(prefill), one.step_ns(prefill) / 2) << "fixed terms stay per rank";
+  // A decode step of one row: the collectives are their calls' latency.
+  const engine::StepPlan decode = tp_clock::prefill_step(1, 1);
+  EXPECT_NEAR(static_cast<double>(two.step_ns(decode) - rank.step_ns(decode)),
+              98 * comm.call_ns + 97.0 * 3840 * 2 / comm.bus_bytes_per_s * 1e9, 1.0);
+  // One rank given as a plan is the plain clock.
+  auto single = engine::tensor_parallel_plan(model, 1);
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(CalibratedClock(model, cost, &single.value()).step_ns(prefill), one.step_ns(prefill));
+}
+
+// The simulated device under tensor parallelism charges that clock, and its three-term clock
+// divides the row and read terms over the ranks and adds the same collectives.
+TEST(CalibratedClock, SimDeviceUnderTensorParallelism) {
+  const engine::ModelConfig model = engine::ModelConfig::preset("gemma4-12b").value();
+  auto tp = engine::tensor_parallel_plan(model, 2);
+  ASSERT_TRUE(tp.ok());
+  const engine::StepPlan plan = tp_clock::prefill_step(2, 40);
+  for (const bool calibrated : {true, false}) {
+    SCOPED_TRACE(calibrated ? "calibrated" : "three-term");
+    CostModel cm;
+    if (calibrated) cm.calibrated = default_calibration_12b();
+    cm.tensor_parallel = 2;
+    SimDevice device(model, nullptr, cm);
+    const engine::PoolLayout g{engine::Family::kGlobal, engine::PoolTag{1}, 16, 1, 1, 1, 4096};
+    const engine::PoolLayout l{engine::Family::kLocal, engine::PoolTag{2}, 16, 1, 1, 1, 4096};
+    ASSERT_TRUE(device.bind(g, l).ok());
+    auto out = device.execute(plan);
+    ASSERT_TRUE(out.ok()) << out.error().message;
+    const double comm_ns = TpComm{}.step_ns(model, tp.value(), plan.num_rows());
+    if (calibrated) {
+      EXPECT_EQ(out->cost_ns, CalibratedClock(model, cm.calibrated, &tp.value()).step_ns(plan));
+    } else {
+      const CostModel base;
+      // 80 rows; reads: each logits row reads its global prefix (40 records) and its window
+      // (40), in both seqs: 160.
+      const int64_t expected = base.base_ns +
+                               (base.per_row_ns * 80 + base.per_kv_read_ns * 160) / 2 +
+                               std::llround(comm_ns);
+      EXPECT_EQ(out->cost_ns, expected);
+    }
+  }
 }
 
 }  // namespace

@@ -116,7 +116,21 @@ int32_t OracleDigest::next_token(int32_t window, const engine::SamplingParams& s
 SimDevice::SimDevice(const engine::ModelConfig& model, engine::FaultInjector* faults,
                      CostModel cost)
     : model_(model), faults_(faults), cost_(cost) {
-  if (cost_.calibrated != nullptr) clock_.emplace(model_, cost_.calibrated);
+  if (cost_.tensor_parallel > 1) {
+    auto tp = engine::tensor_parallel_plan(model_, cost_.tensor_parallel);
+    TS_CHECK(tp.ok()) << tp.error().message;
+    tp_ = tp.value();
+  }
+  if (cost_.calibrated != nullptr) {
+    clock_.emplace(model_, cost_.calibrated, tp_ ? &*tp_ : nullptr);
+  }
+}
+
+int64_t SimDevice::three_term_ns(int32_t rows, int64_t reads) const {
+  const int64_t ranks = tp_ ? tp_->ranks : 1;
+  const double comm = tp_ ? TpComm{}.step_ns(model_, *tp_, rows) : 0.0;
+  return cost_.base_ns + (cost_.per_row_ns * rows + cost_.per_kv_read_ns * reads) / ranks +
+         std::llround(comm);
 }
 
 engine::Status<DeviceError> SimDevice::bind(const engine::PoolLayout& global,
@@ -398,7 +412,7 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     if (clock_) {
       now_ns_ += launched ? clock_->step_ns(plan) : clock_->refused_ns();
     } else {
-      now_ns_ += cost_.base_ns + (launched ? cost_.per_row_ns * plan.num_rows() : 0);
+      now_ns_ += launched ? three_term_ns(plan.num_rows(), 0) : cost_.base_ns;
     }
     return engine::unexpected(DeviceError{
         DeviceErrorCode::kFault, "injected fault at " + std::string(fault_site_name(site)), site});
@@ -432,9 +446,7 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     }
   }
   if (fire(FaultSite::kSync)) return fault(FaultSite::kSync);
-  out.cost_ns =
-      clock_ ? clock_->step_ns(plan)
-             : cost_.base_ns + cost_.per_row_ns * plan.num_rows() + cost_.per_kv_read_ns * reads;
+  out.cost_ns = clock_ ? clock_->step_ns(plan) : three_term_ns(plan.num_rows(), reads);
   now_ns_ += out.cost_ns;
   steps_executed_ += 1;
   return out;

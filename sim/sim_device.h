@@ -24,11 +24,16 @@ namespace twinstep::sim {
 
 // Step time = base + per row + per KV record read; nanoseconds of virtual time. With
 // `calibrated` set, the calibrated model (sim/cost_model.h) replaces the three terms.
+// `tensor_parallel` > 1 models the model split over that many GPUs in lockstep (issue 17): the
+// calibrated terms over one rank's geometry, or the per-row and per-read terms divided by the
+// ranks, plus the collectives (TpComm, assumed figures). The model must split (the campaign
+// checks it with engine::tensor_parallel_plan).
 struct CostModel {
   int64_t base_ns = 150'000;
   int64_t per_row_ns = 2'000;
   int64_t per_kv_read_ns = 5;
   std::shared_ptr<const CalibratedCost> calibrated;
+  int32_t tensor_parallel = 1;
 };
 
 // The token a logits row at `position` yields, computed from the plain token list
@@ -147,7 +152,10 @@ class SimDevice final : public engine::Device {
   engine::ModelConfig model_;
   engine::FaultInjector* faults_;
   CostModel cost_;
-  std::optional<CalibratedClock> clock_;  // from cost_.calibrated
+  std::optional<CalibratedClock> clock_;          // from cost_.calibrated
+  std::optional<engine::TensorParallelPlan> tp_;  // cost_.tensor_parallel > 1
+  // The three-term clock's step time (base, rows and reads over the ranks, the collectives).
+  int64_t three_term_ns(int32_t rows, int64_t reads) const;
   HostPool pools_[engine::kFamilyCount];
   bool bound_ = false;
   ReadMode read_mode_ = ReadMode::kPageDigests;
