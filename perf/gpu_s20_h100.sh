@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# perf/gpu_s20_h100.sh (session 20, for an H100 when no H200 comes; one call): the decode A/B of
+# the folded q/k/v write (quick bench, two rounds in turns; on an 80 GB card the table stops at
+# b=64), then the gates of what this session changed with the folded write on
+# (TWINSTEP_QKV_WRITE=attention: the path its default would take): gated GEMM (clusters of
+# four), NCCL (one rank), split decode, decode graphs, model gates.
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+card_setup
+build_gates
+t built
+BIN=build/gpu-gates/bin
+for round in 1 2; do
+  for arm in def attn; do
+    v=""
+    [ $arm = attn ] && v=attention
+    TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "dec_${arm}_$round" 90 \
+      "$BIN/engine_throughput_bench" --decode
+    echo "$arm $round: $(grep -E "^\| decode b=(1|16|64) " "$OUT/dec_${arm}_$round.log" |
+      awk -F'|' '{printf "%s %s; ", $2, $4}')"
+  done
+done
+t arms
+TWINSTEP_QKV_WRITE=attention timeout 330 ctest --preset gpu-gates \
+  -R "GatedGemmGates|NcclGates|DecodeSplitGates|DecodeGraphGates|ModelGates" > "$OUT/ctest.log" 2>&1
+echo "ctest (attention write): exit $?"
+grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|\*\*\*" "$OUT/ctest.log" | head -20
+grep -E "\[gate\] (gated GEMM resident|NCCL|.*HF|g12b|gsoft)" "$OUT/ctest.log" | cut -c1-220 | head -20
+t done
+cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log
