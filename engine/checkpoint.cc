@@ -255,6 +255,69 @@ std::unique_ptr<ModelWeights> ModelWeights::random(const ModelConfig& config, ui
   return weights;
 }
 
+std::unique_ptr<ModelWeights> ModelWeights::shard(const ModelWeights& full,
+                                                  const TensorParallelPlan& plan, int32_t rank) {
+  const ModelConfig& c = full.config();
+  TS_CHECK(rank >= 0 && rank < plan.ranks) << "rank " << rank << " of " << plan.ranks;
+  std::unique_ptr<ModelWeights> out(new ModelWeights());
+  out->config_ = plan.rank_geometry(c);
+  out->source_ = full.source_.string() + " (rank " + std::to_string(rank) + " of " +
+                 std::to_string(plan.ranks) + ")";
+  const std::vector<TensorSpec> specs = expected_tensors(out->config_);
+  out->owned_.reserve(specs.size());
+  for (const TensorSpec& spec : specs) {
+    const WeightView& w = full.get(spec.name);
+    // [first, first + count) of the full tensor's rows (by_rows) or columns; count < 0: whole.
+    int64_t first = 0, count = -1;
+    bool by_rows = true;
+    const auto ends_with = [&](const std::string& suffix) {
+      return spec.name.size() >= suffix.size() &&
+             spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    int32_t layer = -1;
+    if (spec.name.rfind("layers.", 0) == 0) layer = std::stoi(spec.name.substr(7));
+    const Family f = layer >= 0 ? c.layer_types[layer] : Family::kGlobal;
+    const int64_t hd = layer >= 0 ? c.family(f).head_dim : 0;
+    if (spec.name == "embed_tokens.weight") {
+      first = plan.first_vocab_row(rank), count = plan.vocab;
+    } else if (ends_with("self_attn.q_proj.weight")) {
+      first = plan.first_q_head(rank) * hd, count = plan.q_heads * hd;
+    } else if (ends_with("self_attn.k_proj.weight") || ends_with("self_attn.v_proj.weight")) {
+      first = plan.first_kv_head(f, rank) * hd, count = plan.family(f).kv_heads * hd;
+    } else if (ends_with("self_attn.o_proj.weight")) {
+      first = plan.first_q_head(rank) * hd, count = plan.q_heads * hd, by_rows = false;
+    } else if (ends_with("mlp.gate_proj.weight") || ends_with("mlp.up_proj.weight")) {
+      first = plan.first_column(rank), count = plan.intermediate;
+    } else if (ends_with("mlp.down_proj.weight")) {
+      first = plan.first_column(rank), count = plan.intermediate, by_rows = false;
+    }
+    std::vector<uint16_t>& data = out->owned_.emplace_back();
+    if (count < 0) {
+      data.assign(w.bf16.begin(), w.bf16.end());
+    } else {
+      TS_CHECK(w.shape.size() == 2) << spec.name;
+      const int64_t rows = w.shape[0], cols = w.shape[1];
+      if (by_rows) {
+        TS_CHECK(first + count <= rows) << spec.name;
+        data.assign(w.bf16.begin() + first * cols, w.bf16.begin() + (first + count) * cols);
+      } else {
+        TS_CHECK(first + count <= cols) << spec.name;
+        data.reserve(static_cast<size_t>(rows * count));
+        for (int64_t r = 0; r < rows; ++r) {
+          const auto row = w.bf16.begin() + r * cols;
+          data.insert(data.end(), row + first, row + first + count);
+        }
+      }
+    }
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    TS_CHECK(static_cast<int64_t>(data.size()) == n)
+        << spec.name << ": " << data.size() << " of " << n;
+    out->tensors_[spec.name] = WeightView{spec.shape, {data.data(), data.size()}};
+  }
+  return out;
+}
+
 Status<CheckpointError> write_checkpoint_tensors(const ModelWeights& weights,
                                                  const std::filesystem::path& file) {
   std::vector<TensorToWrite> out;

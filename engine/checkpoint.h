@@ -15,6 +15,7 @@
 #include "engine/config.h"
 #include "engine/result.h"
 #include "engine/safetensors.h"
+#include "engine/tensor_parallel.h"
 #include "engine/weight_init.h"
 
 namespace twinstep::engine {
@@ -64,6 +65,14 @@ class ModelWeights {
                                        std::map<std::string, const TensorView*>* canonical);
   // Seeded random weights on the host (small geometries: tests, fixtures).
   static std::unique_ptr<ModelWeights> random(const ModelConfig& config, uint64_t seed);
+  // Rank `rank`'s share of `full` under `plan` (issue 17), as a checkpoint of the rank's geometry
+  // (plan.rank_geometry): column-parallel weights cut by rows (q_proj: the rank's query heads;
+  // k_proj, v_proj: its KV heads, a replicated head whole; gate_proj, up_proj: its intermediate
+  // rows; embed_tokens: its vocabulary rows), row-parallel ones by columns (o_proj: its heads'
+  // columns; down_proj: its intermediate columns), norms and scalars whole. Host copies (a
+  // rank's share of the 12B is ~12 GB / N). `plan` must be the split of full.config().
+  static std::unique_ptr<ModelWeights> shard(const ModelWeights& full,
+                                             const TensorParallelPlan& plan, int32_t rank);
 
  private:
   ModelConfig config_;
