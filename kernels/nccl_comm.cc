@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #if TWINSTEP_HAVE_NCCL
@@ -79,7 +80,9 @@ Result<std::unique_ptr<NcclComm>, KernelError> NcclComm::create(const NcclId& id
     return nccl_error("NcclComm::create: rank " + std::to_string(rank) + " of " +
                       std::to_string(ranks) + ": expected ranks >= 1 and 0 <= rank < ranks");
   }
-  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  // Once a process: setenv races with the getenv of a rank initialising on another thread.
+  static std::once_flag nvls_off;
+  std::call_once(nvls_off, [] { setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); });
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
     return nccl_error("NcclComm::create: cudaSetDevice(" + std::to_string(device) +
                       "): " + cudaGetErrorString(e));

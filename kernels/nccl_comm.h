@@ -6,9 +6,10 @@
 // ranks' logits slices or argmax candidates.
 //
 // NVLink multicast (NVLS) stays off: create() sets NCCL_NVLS_ENABLE=0 in the environment unless
-// it is already set (the runner's notes require it off; it also reserves memory per
-// communicator). Every failure is a kNccl status naming the call and NCCL's own message; a
-// build without NCCL (cmake/find_nccl.cmake found none) compiles the same API, whose calls all
+// it is already set, once a process and before any rank's initialisation reads it (ranks on
+// other threads wait for it in create()) (the runner's notes require it off; it also reserves
+// memory per communicator). Every failure is a kNccl status naming the call and NCCL's own message;
+// a build without NCCL (cmake/find_nccl.cmake found none) compiles the same API, whose calls all
 // fail saying so.
 #pragma once
 
