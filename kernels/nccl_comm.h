@@ -5,10 +5,10 @@
 // down's partial products (and of the embedding rows a rank holds), and the all-gather of the
 // ranks' logits slices or argmax candidates.
 //
-// NVLink multicast (NVLS) stays off: create() sets NCCL_NVLS_ENABLE=0 in the environment unless
-// it is already set, once a process and before any rank's initialisation reads it (ranks on
-// other threads wait for it in create()) (the runner's notes require it off; it also reserves
-// memory per communicator). Every failure is a kNccl status naming the call and NCCL's own message;
+// NVLink multicast (NVLS) stays off, as the runner's notes require (it also reserves memory per
+// communicator): create() sets NCCL_NVLS_ENABLE=0 in the environment unless it is already set,
+// once a process and before any rank's initialisation reads it (ranks on other threads wait for
+// it in create()). Every failure is a kNccl status naming the call and NCCL's own message;
 // a build without NCCL (cmake/find_nccl.cmake found none) compiles the same API, whose calls all
 // fail saying so.
 #pragma once
