@@ -21,6 +21,7 @@
 #include <string>
 
 #include "kernels/ops.h"
+#include "kernels/tp_comm.h"
 
 namespace twinstep::kernels {
 
@@ -36,25 +37,25 @@ std::string nccl_version();
 // A new unique id (rank 0 calls it once per communicator clique).
 Result<NcclId, KernelError> nccl_make_id();
 
-class NcclComm {
+class NcclComm final : public TpComm {
  public:
   // Rank `rank` of `ranks` on CUDA device `device` (made current for the call): every rank of
   // the clique must call it with the same id, concurrently (it blocks until all have joined).
   // ranks >= 1, 0 <= rank < ranks.
   static Result<std::unique_ptr<NcclComm>, KernelError> create(const NcclId& id, int32_t ranks,
                                                                int32_t rank, int device);
-  ~NcclComm();
+  ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
-  int32_t ranks() const { return ranks_; }
-  int32_t rank() const { return rank_; }
+  int32_t ranks() const override { return ranks_; }
+  int32_t rank() const override { return rank_; }
 
   // data[0, n) = the sum over the ranks of their data[0, n), in place, bf16 (fp32 inside NCCL's
   // reduction kernels is not promised: the sum is NCCL's, in its order).
-  KernelStatus all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream);
+  KernelStatus all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) override;
   // out[r n, r n + n) = rank r's in[0, n), for every r: out holds ranks() * n elements.
-  KernelStatus all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream);
+  KernelStatus all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) override;
   KernelStatus all_gather(const float* in, float* out, int64_t n, cudaStream_t stream);
   KernelStatus all_gather(const int32_t* in, int32_t* out, int64_t n, cudaStream_t stream);
   // Aborts the communicator (a rank failed: the others' pending collectives return instead of

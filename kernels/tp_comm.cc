@@ -1,0 +1,155 @@
+#include "kernels/tp_comm.h"
+
+#include <algorithm>
+#include <string>
+
+namespace twinstep::kernels {
+namespace {
+
+KernelStatus cuda_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Ok{};
+  return cuda_status(e, what);
+}
+
+KernelStatus bad(const std::string& message) {
+  return unexpected(KernelError{KernelErrorCode::kBadArgument, message});
+}
+
+}  // namespace
+
+LoopbackClique::LoopbackClique(int32_t ranks)
+    : ranks_(ranks),
+      barrier_(ranks),
+      in_(ranks, nullptr),
+      out_(ranks, nullptr),
+      ready_(ranks, nullptr),
+      done_(ranks, nullptr),
+      scratch_(ranks, nullptr),
+      scratch_n_(ranks, 0) {}
+
+LoopbackClique::~LoopbackClique() {
+  for (cudaEvent_t e : ready_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (cudaEvent_t e : done_) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
+  for (bf16* p : scratch_) cudaFree(p);
+}
+
+Result<std::shared_ptr<LoopbackClique>, KernelError> LoopbackClique::create(int32_t ranks) {
+  if (ranks < 1 || ranks > kLoopbackMaxRanks) {
+    return unexpected(
+        KernelError{KernelErrorCode::kBadArgument, "LoopbackClique: ranks must be in [1, " +
+                                                       std::to_string(kLoopbackMaxRanks) +
+                                                       "], got " + std::to_string(ranks)});
+  }
+  std::shared_ptr<LoopbackClique> c(new LoopbackClique(ranks));
+  for (int32_t r = 0; r < ranks; ++r) {
+    for (cudaEvent_t* e : {&c->ready_[r], &c->done_[r]}) {
+      if (cudaError_t err = cudaEventCreateWithFlags(e, cudaEventDisableTiming);
+          err != cudaSuccess) {
+        return unexpected(cuda_status(err, "LoopbackClique: cudaEventCreate").error());
+      }
+    }
+  }
+  return c;
+}
+
+LoopbackComm::LoopbackComm(std::shared_ptr<LoopbackClique> clique, int32_t rank)
+    : clique_(std::move(clique)), rank_(rank) {
+  TS_CHECK(clique_ != nullptr && rank >= 0 && rank < clique_->ranks())
+      << "rank " << rank << " of a clique of " << (clique_ ? clique_->ranks() : 0);
+}
+
+// Every rank: (1) makes sure its scratch holds n, records `ready` on its stream and meets the
+// others; (2) its stream waits for every rank's `ready`, sums every rank's data into its own
+// scratch, records `done`; meets the others; (3) its stream waits for every rank's `done` (no
+// rank still reads its data) and copies its scratch over its data. A failure on one rank still
+// reaches both barriers, so the others never wait forever; it is returned to that rank's caller.
+KernelStatus LoopbackComm::all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) {
+  LoopbackClique& c = *clique_;
+  const int32_t r = rank_;
+  KernelStatus status = Ok{};
+  if (n < 0 || (n > 0 && data == nullptr)) {
+    status = bad("LoopbackComm::all_reduce_sum: n " + std::to_string(n) +
+                 (n < 0 ? " must be >= 0" : " with a null buffer"));
+  }
+  if (status.ok() && n > c.scratch_n_[r]) {
+    if (c.scratch_[r] != nullptr) cudaFree(c.scratch_[r]);
+    c.scratch_[r] = nullptr;
+    c.scratch_n_[r] = 0;
+    status = cuda_check(cudaMalloc(&c.scratch_[r], n * sizeof(bf16)), "LoopbackComm: scratch");
+    if (status.ok()) c.scratch_n_[r] = n;
+  }
+  c.in_[r] = data;
+  if (status.ok()) status = cuda_check(cudaEventRecord(c.ready_[r], stream), "ready");
+  c.barrier_.arrive_and_wait();
+  std::vector<const bf16*> a(c.ranks_);
+  bool all_in = true;
+  for (int32_t q = 0; q < c.ranks_; ++q) {
+    a[q] = static_cast<const bf16*>(c.in_[q]);
+    all_in = all_in && (n == 0 || a[q] != nullptr);
+  }
+  if (status.ok() && !all_in) {
+    status = bad("LoopbackComm::all_reduce_sum: another rank failed its part");
+  }
+  for (int32_t q = 0; status.ok() && q < c.ranks_; ++q) {
+    status = cuda_check(cudaStreamWaitEvent(stream, c.ready_[q], 0), "wait ready");
+  }
+  if (status.ok() && n > 0) {
+    status = loopback_rank_sum(a.data(), c.ranks_, c.scratch_[r], n, stream);
+  }
+  if (status.ok()) status = cuda_check(cudaEventRecord(c.done_[r], stream), "done");
+  c.barrier_.arrive_and_wait();
+  for (int32_t q = 0; status.ok() && q < c.ranks_; ++q) {
+    status = cuda_check(cudaStreamWaitEvent(stream, c.done_[q], 0), "wait done");
+  }
+  if (status.ok() && n > 0) {
+    status = cuda_check(
+        cudaMemcpyAsync(data, c.scratch_[r], n * sizeof(bf16), cudaMemcpyDeviceToDevice, stream),
+        "LoopbackComm: copy back");
+  }
+  // The clique's slots are reused by the next collective only after every rank has read them.
+  c.barrier_.arrive_and_wait();
+  c.in_[r] = nullptr;
+  return status;
+}
+
+// Every rank copies every rank's `in` into its `out`, after the owners' `ready`; the second
+// meeting keeps each `in` alive until every rank's copies are queued behind its `done`.
+KernelStatus LoopbackComm::all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) {
+  LoopbackClique& c = *clique_;
+  const int32_t r = rank_;
+  KernelStatus status = Ok{};
+  if (n < 0 || (n > 0 && (in == nullptr || out == nullptr))) {
+    status = bad("LoopbackComm::all_gather: n " + std::to_string(n) +
+                 (n < 0 ? " must be >= 0" : " with a null buffer"));
+  }
+  c.in_[r] = in;
+  if (status.ok()) status = cuda_check(cudaEventRecord(c.ready_[r], stream), "ready");
+  c.barrier_.arrive_and_wait();
+  for (int32_t q = 0; status.ok() && q < c.ranks_; ++q) {
+    if (n > 0 && c.in_[q] == nullptr) {
+      status = bad("LoopbackComm::all_gather: another rank failed its part");
+      break;
+    }
+    status = cuda_check(cudaStreamWaitEvent(stream, c.ready_[q], 0), "wait ready");
+    if (status.ok() && n > 0) {
+      status = cuda_check(cudaMemcpyAsync(out + q * n, c.in_[q], n * sizeof(bf16),
+                                          cudaMemcpyDeviceToDevice, stream),
+                          "LoopbackComm: gather copy");
+    }
+  }
+  if (status.ok()) status = cuda_check(cudaEventRecord(c.done_[r], stream), "done");
+  c.barrier_.arrive_and_wait();
+  // No rank's `in` may change before every rank's copies of it ran: each stream waits for all.
+  for (int32_t q = 0; status.ok() && q < c.ranks_; ++q) {
+    status = cuda_check(cudaStreamWaitEvent(stream, c.done_[q], 0), "wait done");
+  }
+  c.barrier_.arrive_and_wait();
+  c.in_[r] = nullptr;
+  return status;
+}
+
+}  // namespace twinstep::kernels
