@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,no
 build_gates
 t built
 timeout "${CTEST_TIMEOUT:-480}" ctest --preset gpu-gates \
-  -R "${CTEST_REGEX:-GatedGemmGates|NcclGates|DecodeSplitGates|DecodeGraphGates|ModelGates}" \
+  -R "${CTEST_REGEX:-GatedGemmGates|NcclGates|TpLoopbackGates|DecodeSplitGates|DecodeGraphGates|ModelGates}" \
   > "$OUT/ctest.log" 2>&1
 echo "ctest: exit $?"
 grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|\*\*\*" "$OUT/ctest.log" | head -20
