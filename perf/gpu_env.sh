@@ -1,7 +1,7 @@
 # perf/gpu_env.sh: the set-up the device scripts share (gpu_*_run.sh), sourced from them as
 #   . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-# It sets pipefail, makes $OUT (default /tmp/out), puts the cuDNN of the runner's python
-# (nvidia.cudnn) first on LD_LIBRARY_PATH where there is one, and defines:
+# It sets pipefail, makes $OUT (default /tmp/out), puts the cuDNN and NCCL of the runner's
+# python (nvidia.cudnn, nvidia.nccl) first on LD_LIBRARY_PATH where there are, and defines:
 #   t MSG                  MSG after the seconds since the sourcing ($start)
 #   part NAME LIMIT BIN ARGS...  BIN ARGS under `timeout LIMIT`, output to $OUT/NAME.log, then
 #                          one line "== NAME (BIN ARGS): exit RC, S s"
@@ -25,7 +25,8 @@ mkdir -p "$OUT"
 start=$(date +%s)
 t() { echo "[$(($(date +%s) - start)) s] $*"; }
 py_cudnn=$(python3 -c 'import nvidia.cudnn as m; print(m.__path__[0])' 2>/dev/null)
-export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${LD_LIBRARY_PATH}"
+py_nccl=$(python3 -c 'import nvidia.nccl as m; print(m.__path__[0])' 2>/dev/null)
+export LD_LIBRARY_PATH="${py_cudnn:+$py_cudnn/lib:}${py_nccl:+$py_nccl/lib:}${LD_LIBRARY_PATH}"
 part() {  # part NAME LIMIT BINARY ARGS...
   local name=$1 limit=$2
   shift 2
