@@ -32,15 +32,8 @@ function(twinstep_cudnn_header_version dir out_var)
 endfunction()
 
 # Candidate (include dir, lib dir) pairs.
-set(twinstep_cudnn_candidates "")
-foreach(inc IN LISTS CUDAToolkit_INCLUDE_DIRS)
-  list(APPEND twinstep_cudnn_candidates "${inc}|${CUDAToolkit_LIBRARY_DIR}")
-endforeach()
-include(${CMAKE_CURRENT_LIST_DIR}/python_package_dir.cmake)
-twinstep_python_package_dir(nvidia.cudnn py_cudnn_dir)
-if(py_cudnn_dir)
-  list(APPEND twinstep_cudnn_candidates "${py_cudnn_dir}/include|${py_cudnn_dir}/lib")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/library_homes.cmake)
+twinstep_library_homes(nvidia.cudnn twinstep_cudnn_candidates)
 
 foreach(pair IN LISTS twinstep_cudnn_candidates)
   string(REPLACE "|" ";" pair_list "${pair}")
