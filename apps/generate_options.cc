@@ -92,6 +92,10 @@ GenerateOptions parse_or_throw(const std::vector<std::string>& args, bool with_c
       o.eager = true;
     else if (a == "--batch-invariant")
       o.batch_invariant = true;
+    else if (a == "--tensor-parallel")
+      o.tensor_parallel = static_cast<int32_t>(parse_int(a, value()));
+    else if (a == "--tp-transport")
+      o.tp_transport = value();
     else if (a == "--temperature")
       o.sampling.temperature = static_cast<float>(parse_double(a, value()));
     else if (a == "--top-k")
@@ -127,6 +131,18 @@ GenerateOptions parse_or_throw(const std::vector<std::string>& args, bool with_c
   }
   if (o.page_size <= 0) fail("--page-size must be positive");
   if (!with_cuda && o.device == "cuda") fail("this build has no CUDA: use --device sim");
+  if (o.tensor_parallel < 1 || o.tensor_parallel > 16) {
+    fail("--tensor-parallel must be in [1, 16], got " + std::to_string(o.tensor_parallel));
+  }
+  if (o.tp_transport != "nccl" && o.tp_transport != "loopback") {
+    fail("--tp-transport must be 'nccl' or 'loopback', got '" + o.tp_transport + "'");
+  }
+  if (o.tensor_parallel > 1 && o.device != "cuda") fail("--tensor-parallel needs --device cuda");
+  if (o.tensor_parallel > 1 && o.batch_invariant) {
+    fail(
+        "--tensor-parallel and --batch-invariant do not go together (the collectives' sums "
+        "are the transport's, not a row's own)");
+  }
   return o;
 }
 
@@ -136,6 +152,7 @@ const char* const kGenerateUsage =
     "usage: twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,...] --max-tokens N\n"
     "                         [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]\n"
     "                         [--eager] [--batch-invariant]\n"
+    "                         [--tensor-parallel N [--tp-transport nccl|loopback]]\n"
     "                         [--temperature T] [--top-k K] [--top-p P] [--sample-seed S]\n"
     "                         [--page-size P] [--max-step-tokens N]\n"
     "       twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT\n"

@@ -22,6 +22,11 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool eager = false;            // cuda: no decode CUDA graphs
   bool batch_invariant = false;  // EngineConfig::batch_invariant, and the CUDA device's mode
+  // --tensor-parallel N (issue 17, cuda only): the model split over N ranks
+  // (kernels/tp_device.h), NCCL on N GPUs, or --tp-transport loopback: N ranks on one GPU (a
+  // check of the split forward, not a speed-up). Decode runs eagerly then (no graphs).
+  int32_t tensor_parallel = 1;
+  std::string tp_transport = "nccl";
   engine::SamplingParams sampling;
   int32_t page_size = 16;
   int32_t max_step_tokens = 2048;

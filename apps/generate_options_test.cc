@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace twinstep::apps {
 namespace {
 
@@ -40,6 +44,33 @@ TEST(GenerateOptions, BatchInvariantTakesNoValue) {
   ASSERT_FALSE(valued.ok());
   EXPECT_NE(valued.error().find("unknown argument '--batch-invariant=on'"), std::string::npos)
       << valued.error();
+}
+
+TEST(GenerateOptions, TensorParallelNeedsCudaAndARankCountInRange) {
+  auto one = parse_generate_args(base(), /*with_cuda=*/true);
+  ASSERT_TRUE(one.ok()) << one.error();
+  EXPECT_EQ(one->tensor_parallel, 1);
+  EXPECT_EQ(one->tp_transport, "nccl");
+  auto two = parse_generate_args(
+      with(base(), {"--tensor-parallel", "2", "--tp-transport", "loopback"}), true);
+  ASSERT_TRUE(two.ok()) << two.error();
+  EXPECT_EQ(two->tensor_parallel, 2);
+  EXPECT_EQ(two->tp_transport, "loopback");
+  const std::pair<std::vector<std::string>, std::string> bad[] = {
+      {{"--tensor-parallel", "0"}, "--tensor-parallel must be in [1, 16], got 0"},
+      {{"--tensor-parallel", "17"}, "--tensor-parallel must be in [1, 16], got 17"},
+      {{"--tensor-parallel", "2", "--tp-transport", "mpi"},
+       "--tp-transport must be 'nccl' or 'loopback', got 'mpi'"},
+      {{"--tensor-parallel", "2", "--device", "sim"}, "--tensor-parallel needs --device cuda"},
+      {{"--tensor-parallel", "2", "--batch-invariant"}, "do not go together"},
+  };
+  for (const auto& [more, message] : bad) {
+    std::vector<std::string> args = base();
+    args.insert(args.end(), more.begin(), more.end());
+    auto o = parse_generate_args(args, true);
+    ASSERT_FALSE(o.ok()) << message;
+    EXPECT_NE(o.error().find(message), std::string::npos) << o.error();
+  }
 }
 
 TEST(GenerateOptions, ParsesPromptsAndSampling) {

@@ -5,6 +5,7 @@
 //   twinstep-generate --model DIR|PRESET --prompt-ids 2,17,99[;5,6,7...] --max-tokens N
 //                     [--device cuda|sim] [--random-weights] [--seed S] [--ignore-eos]
 //                     [--eager] [--batch-invariant]
+//                     [--tensor-parallel N [--tp-transport nccl|loopback]]
 //                     [--temperature T --top-k K --top-p P --sample-seed S]
 //                     [--page-size P] [--max-step-tokens N]
 //   twinstep-generate --model ... --tokenizer DIR|tokenizer.json --prompt TEXT [--prompt ...]
@@ -33,6 +34,7 @@
 #include "text/tokenizer.h"
 #if defined(TWINSTEP_WITH_CUDA)
 #include "kernels/cuda_device.h"
+#include "kernels/tp_device.h"
 #endif
 
 namespace {
@@ -210,6 +212,16 @@ std::unique_ptr<engine::Device> make_device(const Options& o, const Model& m,
   kernels::CudaDeviceOptions dopt;
   dopt.random_seed = o.seed;
   dopt.batch_invariant = ec.batch_invariant;
+  if (o.tensor_parallel > 1) {  // eager decode: no graphs under tensor parallelism (yet)
+    kernels::TpDeviceOptions topt;
+    topt.ranks = o.tensor_parallel;
+    topt.transport = o.tp_transport == "loopback" ? kernels::TpTransport::kLoopback
+                                                  : kernels::TpTransport::kNccl;
+    topt.rank_options = dopt;
+    auto tp = kernels::TensorParallelDevice::create(m.config, m.weights.get(), topt);
+    if (!tp) fail("cuda device: " + tp.error().message);
+    return std::move(tp.value());
+  }
   auto d = kernels::CudaDevice::create(m.config, m.weights.get(), dopt);
   if (!d) fail("cuda device: " + d.error().message);
   if (!o.eager) {

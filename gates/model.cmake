@@ -12,3 +12,13 @@ twinstep_add_gate(prefix_cache_gates SOURCES prefix_cache_gates.cc)
 target_link_libraries(prefix_cache_gates PRIVATE nlohmann_json::nlohmann_json)
 target_compile_definitions(prefix_cache_gates PRIVATE
   TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")
+# Issue 17: the tensor-parallel forward on one GPU (the loopback clique) against the unsplit one.
+twinstep_add_gate(tp_gates SOURCES tp_gates.cc)
+target_link_libraries(tp_gates PRIVATE twinstep_sim nlohmann_json::nlohmann_json)
+target_compile_definitions(tp_gates PRIVATE
+  TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")
+# ... and across two GPUs over NCCL (label multi, manifests/gpu-multi-gates.json).
+twinstep_add_multi_gate(tp_multi_gates SOURCES tp_multi_gates.cc)
+target_link_libraries(tp_multi_gates PRIVATE nlohmann_json::nlohmann_json)
+target_compile_definitions(tp_multi_gates PRIVATE
+  TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")

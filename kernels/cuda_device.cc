@@ -212,10 +212,35 @@ Result<std::unique_ptr<CudaDevice>, DeviceError> CudaDevice::create(
   auto qkv_fused = resolve_qkv_gemm_fused_min_rows(options, std::getenv("TWINSTEP_QKV_GEMM_FUSED"));
   if (!qkv_fused) return unexpected(qkv_fused.error());
   d->options_.qkv_gemm_fused_min_rows = qkv_fused.value();
-  auto model = DeviceModel::create(config, weights, options.random_seed, d->stream_);
+  d->config_ = config;
+  engine::ModelConfig rank_config = config;
+  std::unique_ptr<engine::ModelWeights> share;
+  if (options.tp_comm != nullptr) {
+    auto split = engine::tensor_parallel_plan(config, options.tp_comm->ranks());
+    if (!split) {
+      return device_error(DeviceErrorCode::kBadLayout,
+                          "tensor parallelism: " + split.error().message);
+    }
+    const engine::TensorParallelPlan& plan = split.value();
+    if (options.batch_invariant) {
+      return device_error(DeviceErrorCode::kBadLayout,
+                          "tensor parallelism with the batch-invariant mode: the collectives' "
+                          "summation order is the transport's, not a row's own");
+    }
+    rank_config = plan.rank_geometry(config);
+    if (weights != nullptr)
+      share = engine::ModelWeights::shard(*weights, plan, options.tp_comm->rank());
+  }
+  auto model = DeviceModel::create(rank_config, share != nullptr ? share.get() : weights,
+                                   options.random_seed, d->stream_);
+  share.reset();  // uploaded: create() synchronised its stream
   if (!model) return unexpected(from_kernel(model.error()));
   d->model_ = std::move(model.value());
   d->forward_ = std::make_unique<ModelForward>(*d->model_, *d->blas_);
+  if (options.tp_comm != nullptr) {
+    d->forward_->set_tensor_parallel(
+        {options.tp_comm, rank_config.vocab_size * options.tp_comm->rank(), config.vocab_size});
+  }
   d->forward_->set_qkv_gemm_fused(qkv_fused.value(), options.qkv_gemm_unfused_twin
                                                          ? ModelForward::QkvGemmPath::kUnfusedTwin
                                                          : ModelForward::QkvGemmPath::kFused);
@@ -370,8 +395,7 @@ DecodeGraphs::Launch CudaDevice::capture_launch() {
 KernelStatus CudaDevice::launch_decode_bucket(const StepViews& views) {
   auto logits = forward_->run(views);
   if (!logits) return unexpected(logits.error());
-  return argmax(logits.value(), device_sampled_, views.num_logits, model_->config().vocab_size,
-                stream_);
+  return argmax(logits.value(), device_sampled_, views.num_logits, config_.vocab_size, stream_);
 }
 
 engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphConfig& gc) {
@@ -382,6 +406,11 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
   }
   if (graphs_ != nullptr) {
     return device_error(DeviceErrorCode::kBadLayout, "enable_decode_graphs() called twice");
+  }
+  if (options_.tp_comm != nullptr) {
+    return device_error(DeviceErrorCode::kBadLayout,
+                        "decode graphs under tensor parallelism are not built: the loopback "
+                        "transport's host barriers cannot be captured (decode steps run eagerly)");
   }
   if (gc.page_size <= 0 || gc.max_context <= 0 || gc.max_step_rows <= 0 || gc.max_logits <= 0) {
     return device_error(DeviceErrorCode::kBadLayout,
@@ -764,6 +793,11 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_graph(
   return sample(plan, buffers.value().logits, /*argmax_done=*/true);
 }
 
+void CudaDevice::set_tp_comm(TpComm* comm) {
+  options_.tp_comm = comm;
+  forward_->set_tp_comm(comm);
+}
+
 bool CudaDevice::fire(engine::FaultSite site) {
   return options_.faults != nullptr && options_.faults->fire(site);
 }
@@ -787,7 +821,7 @@ std::optional<DeviceError> CudaDevice::validate(const engine::StepPlan& plan) co
                              " outside temperature >= 0, top_k >= 0, top_p in (0, 1]"};
     }
   }
-  auto checked = check_plan(plan, layouts_[0], layouts_[1], model_->config().vocab_size);
+  auto checked = check_plan(plan, layouts_[0], layouts_[1], config_.vocab_size);
   if (!checked) return checked.error();
   if (plan.sliding_window != model_->config().sliding_window) {
     return DeviceError{DeviceErrorCode::kBadPlan,
@@ -998,7 +1032,7 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::sample(const engin
                                                                      bool argmax_done) {
   engine::DeviceOutput out;
   const int32_t L = plan.num_logits;
-  const int32_t V = model_->config().vocab_size;
+  const int32_t V = config_.vocab_size;
   std::vector<const engine::PlanSeq*> by_slot(L, nullptr);
   bool all_greedy = true;
   for (const engine::PlanSeq& seq : plan.seqs) {

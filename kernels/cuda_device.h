@@ -19,6 +19,7 @@
 #include "engine/device.h"
 #include "engine/fault.h"
 #include "engine/pool_sizing.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/attention_prefill_cudnn.h"
 #include "kernels/decode_graphs.h"
 #include "kernels/gemm_skinny.h"
@@ -205,6 +206,17 @@ struct CudaDeviceOptions {
   // attention_prefill_wgmma512_cluster.cu). TWINSTEP_PREFILL_512 (default, split, cluster48,
   // cluster64) overrides it in create() (resolve_prefill_variant_512).
   PrefillVariant prefill_variant_512 = PrefillVariant::kDefault;
+  // Tensor parallelism (issue 17; kernels/tp_device.h runs the ranks): with tp_comm set this
+  // device is rank tp_comm->rank() of the model's split over tp_comm->ranks()
+  // (engine::tensor_parallel_plan; a model that does not split is refused by name). It
+  // holds the rank's share of the weights (create() cuts it from the whole checkpoint it is
+  // given, ModelWeights::shard; without one, seeded random weights of the rank's geometry,
+  // which are no share of the unsplit model's), binds pools of the rank's KV heads, runs the
+  // forward with its collectives (ModelForward::set_tensor_parallel) and samples from the
+  // gathered whole logits rows. Tokens are checked against the model's vocabulary. Refused with
+  // it: the batch-invariant mode and decode graphs (enable_decode_graphs: the loopback
+  // transport's host barriers cannot be captured; NCCL's could, unmeasured).
+  TpComm* tp_comm = nullptr;
 };
 
 // An on/off option as create() resolves it from the environment variable `var` (value `env`,
@@ -375,6 +387,11 @@ class CudaDevice final : public engine::Device {
   // A whole family pool as bf16 bits (gates: untouched-pool checks).
   Result<std::vector<uint16_t>, engine::DeviceError> download_pool(engine::Family family) const;
   void set_faults(engine::FaultInjector* faults) { options_.faults = faults; }
+  // Tensor parallelism: a new communicator of the same clique shape (after a rank failed).
+  void set_tp_comm(TpComm* comm);
+  // The model this device serves (under tensor parallelism the whole model's; model().config()
+  // is the rank's geometry).
+  const engine::ModelConfig& config() const { return config_; }
 
  private:
   CudaDevice() = default;
@@ -408,6 +425,7 @@ class CudaDevice final : public engine::Device {
   }
 
   CudaDeviceOptions options_;
+  engine::ModelConfig config_;  // the whole model's (tokens, window, vocabulary of the logits)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Blas> blas_;
   std::unique_ptr<DeviceModel> model_;

@@ -322,6 +322,9 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
         split_rows, c.num_q_heads, static_cast<int32_t>(max_head_dim), kInvariantSplitSlots);
   }
   const int64_t tile_bytes = static_cast<int64_t>(sizeof(PrefillTile));
+  // Tensor parallelism: the gathered slices and the whole logits rows.
+  const int64_t tp_logits =
+      tp_.comm != nullptr ? int64_t{L} * tp_.vocab_total * static_cast<int64_t>(sizeof(float)) : 0;
   const int64_t sizes[] = {R * H * 2,
                            R * H * 2,
                            qkv_elements * 2,
@@ -335,7 +338,9 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
                            static_cast<int64_t>(tiles[0].size()) * tile_bytes,
                            static_cast<int64_t>(tiles[1].size()) * tile_bytes,
                            chunk_fold,
-                           chunk_partials};
+                           chunk_partials,
+                           tp_logits,
+                           tp_logits};
   int64_t total = 0;
   for (int64_t s : sizes) total += align_up(s);
   if (arena_ != nullptr) {
@@ -386,6 +391,8 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
   }
   chunk_fold_ = batch_invariant_ ? static_cast<float*>(slots[12]) : nullptr;
   chunk_partials_ = batch_invariant_ ? static_cast<float*>(slots[13]) : nullptr;
+  tp_gathered_ = tp_.comm != nullptr ? static_cast<float*>(slots[14]) : nullptr;
+  tp_logits_ = tp_.comm != nullptr ? static_cast<float*>(slots[15]) : nullptr;
   chunk_ml_offset_ = int64_t{split_rows} * c.num_q_heads * kInvariantSplitSlots * max_head_dim;
   rows_capacity_ = R;
   logits_capacity_ = L;
@@ -396,8 +403,51 @@ Result<ModelForward::Buffers, KernelError> ModelForward::reserve(int32_t rows, i
 
 void ModelForward::set_batch_invariant(bool on, PrefillVariant variant_256) {
   TS_CHECK(arena_ == nullptr) << "set_batch_invariant after the first reserve()";
+  TS_CHECK(!(on && tp_.comm != nullptr)) << "the batch-invariant mode under tensor parallelism";
   batch_invariant_ = on;
   invariant_variant_256_ = variant_256;
+}
+
+void ModelForward::set_tensor_parallel(const TensorParallelRank& tp) {
+  TS_CHECK(arena_ == nullptr) << "set_tensor_parallel after the first reserve()";
+  TS_CHECK(!(tp.comm != nullptr && batch_invariant_))
+      << "tensor parallelism in the batch-invariant mode";
+  if (tp.comm != nullptr) {
+    const int32_t slice = model_.config().vocab_size;
+    TS_CHECK(tp.vocab_total == int64_t{slice} * tp.comm->ranks() &&
+             tp.vocab_first == slice * tp.comm->rank())
+        << "vocab slice [" << tp.vocab_first << ", +" << slice << ") of " << tp.vocab_total
+        << " for rank " << tp.comm->rank() << " of " << tp.comm->ranks();
+  }
+  tp_ = tp;
+  tp_ranks_ = tp.comm != nullptr ? tp.comm->ranks() : 1;
+}
+
+void ModelForward::set_tp_comm(TpComm* comm) {
+  TS_CHECK(tp_.comm != nullptr && comm != nullptr && comm->ranks() == tp_ranks_ &&
+           comm->rank() == tp_.comm->rank())
+      << "set_tp_comm: another clique shape, or no tensor parallelism set";
+  tp_.comm = comm;
+}
+
+// The ranks' slices, [ranks][num_logits][slice] once gathered, into whole rows
+// [num_logits][vocab_total]: rank r's slice is the columns [r slice, r slice + slice).
+KernelStatus ModelForward::gather_logits(const float* slice_logits, int32_t num_logits,
+                                         cudaStream_t stream) {
+  const int64_t slice = model_.config().vocab_size;
+  const int64_t n = int64_t{num_logits} * slice;
+  if (auto s = tp_.comm->all_gather(slice_logits, tp_gathered_, n, stream); !s.ok()) return s;
+  for (int32_t r = 0; r < tp_ranks_; ++r) {
+    if (auto s = cuda_status(
+            cudaMemcpy2DAsync(tp_logits_ + r * slice, tp_.vocab_total * sizeof(float),
+                              tp_gathered_ + r * n, slice * sizeof(float), slice * sizeof(float),
+                              num_logits, cudaMemcpyDeviceToDevice, stream),
+            "cudaMemcpy2DAsync(tensor-parallel logits)");
+        !s.ok()) {
+      return s;
+    }
+  }
+  return Ok{};
 }
 
 void ModelForward::set_cudnn_local_prefill(bool on) {
@@ -508,8 +558,10 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
   mark(ForwardPhase::kOGemm, stream);
   if (auto s = prefetch_next(pf, true, L.gate_up, gate_up_bytes); !s.ok()) return s;
   const int32_t o_k = c.num_q_heads * L.head_dim;
+  TpComm* const tp = fused != nullptr ? fused->tp : nullptr;
   // Decode steps of a few rows: the residual norm in the GEMM's last block (gemm_stream.h).
-  const bool fold_norm = fused != nullptr && blas.few_row_norm_applies(rows, H, o_k) &&
+  const bool fold_norm = fused != nullptr && tp == nullptr &&
+                         blas.few_row_norm_applies(rows, H, o_k) &&
                          blas.few_row_norm_applies(rows, H, I);
   if (fold_norm) {
     StreamResidualNorm norm;
@@ -521,6 +573,9 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
     if (auto s = blas.gemm_residual_norm(b.attn, L.o, b.o, rows, H, o_k, norm); !s.ok()) return s;
   } else if (auto s = blas.gemm(b.attn, L.o, b.o, rows, H, o_k); !s.ok()) {
     return s;
+  }
+  if (tp != nullptr) {  // the ranks' partial o_proj products summed
+    if (auto s = tp->all_reduce_sum(b.o, n, stream); !s.ok()) return s;
   }
   if (auto s = prefetch_next(pf, false, L.gate_up, gate_up_bytes); !s.ok()) return s;
   mark(ForwardPhase::kNorms, stream);
@@ -570,6 +625,9 @@ KernelStatus finish_layer(const DeviceModel& model, const DeviceModel::Layer& L,
     if (auto s = blas.gemm_residual_norm(b.act, L.down, b.o, rows, H, I, norm); !s.ok()) return s;
   } else if (auto s = blas.gemm(b.act, L.down, b.o, rows, H, I); !s.ok()) {
     return s;
+  }
+  if (tp != nullptr) {  // the ranks' partial down products summed
+    if (auto s = tp->all_reduce_sum(b.o, n, stream); !s.ok()) return s;
   }
   if (fused != nullptr) {
     if (auto s = prefetch_next(pf, false, fused->next_weights, fused->next_weight_bytes); !s.ok())
@@ -630,8 +688,14 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
           .count();
   const ProgrammaticLaunchScope programmatic(programmatic_decode_ && step.decode_only);
   mark(ForwardPhase::kEmbed, stream);
-  TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
-                      embed_scale_bf16(c.hidden_size), stream));
+  if (tp_.comm != nullptr) {  // the rank's vocabulary rows, the others' zeros, summed
+    TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, tp_.vocab_total,
+                        embed_scale_bf16(c.hidden_size), stream, tp_.vocab_first, c.vocab_size));
+    TS_TRY(tp_.comm->all_reduce_sum(b.x, int64_t{R} * c.hidden_size, stream));
+  } else {
+    TS_TRY(embed_gather(step.tokens, model_.embed(), b.x, R, c.hidden_size, c.vocab_size,
+                        embed_scale_bf16(c.hidden_size), stream));
+  }
   // Small steps: each next GEMM's leading weights into L2 from a side stream, joined below.
   prefetch_.begin(R, stream);
   const auto qkv_bytes = [&](const DeviceModel::Layer& L) {
@@ -736,6 +800,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
     }
     const bool last = l + 1 == c.num_layers;
     FusedNext next{last ? nullptr : model_.layer(l + 1).input_norm, &prefetch_};
+    next.tp = tp_.comm;
     if (!last) {
       next.next_weights = model_.layer(l + 1).qkv;
       next.next_weight_bytes = qkv_bytes(model_.layer(l + 1));
@@ -747,6 +812,11 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   }
   TS_TRY(lm_head(model_, blas_, b, step.logit_rows, step.num_logits, R, stream));
   TS_TRY(prefetch_.end());
+  if (tp_.comm != nullptr) {
+    if (step.num_logits > 0) TS_TRY(gather_logits(b.logits, step.num_logits, stream));
+    mark(ForwardPhase::kEnd, stream);
+    return static_cast<const float*>(tp_logits_);
+  }
   mark(ForwardPhase::kEnd, stream);
   return static_cast<const float*>(b.logits);
 }

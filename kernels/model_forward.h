@@ -17,6 +17,7 @@
 #include "kernels/attention_prefill_tc.h"
 #include "kernels/l2_prefetch.h"
 #include "kernels/ops.h"
+#include "kernels/tp_comm.h"
 
 namespace twinstep::kernels {
 
@@ -99,6 +100,19 @@ inline constexpr int32_t kInvariantKeyChunk = 2048;
 inline constexpr int32_t kInvariantSplitRows = 64;   // steps of <= this many rows split
 inline constexpr int32_t kInvariantSplitSlots = 32;  // chunks of one tile over blocks: 64k keys
 
+// Tensor parallelism (issue 17): the forward as one rank of a model split over tp.comm's ranks
+// (engine/tensor_parallel.h). Its DeviceModel holds the rank's share (the rank's geometry:
+// its query and KV heads, MLP columns and vocabulary rows); the forward adds the collectives:
+// the embedding reads the rank's vocabulary rows (others zeros) and is all-reduced, o_proj's
+// and down's partial products are all-reduced before their residual norms, and the LM head's
+// vocabulary slice of the logits is all-gathered into the model's whole rows, so that every rank
+// returns the same logits.
+struct TensorParallelRank {
+  TpComm* comm = nullptr;   // null: the whole model on this GPU
+  int32_t vocab_first = 0;  // the rank's first vocabulary row in the model's
+  int32_t vocab_total = 0;  // the model's vocabulary
+};
+
 // Activation buffers sized for a row count, grown on demand.
 class ModelForward {
  public:
@@ -109,8 +123,16 @@ class ModelForward {
 
   // Runs every layer over the step's rows (writing their K/V into the pools), then the final
   // norm, LM head and softcap of the logits rows. Returns the device logits [num_logits,
-  // vocab] fp32, valid until the next call.
+  // vocab] fp32 (the model's whole vocabulary under tensor parallelism), valid until the next
+  // call.
   Result<const float*, KernelError> run(const StepViews& step);
+  // Tensor parallelism: set before the first reserve() (its gather buffers) and before any graph
+  // capture; set_tp_comm swaps the communicator afterwards (a new clique after a rank failed:
+  // same ranks, same rank). The batch-invariant mode is refused with it (an assertion): the
+  // collectives' summation order is the transport's, not a row's own.
+  void set_tensor_parallel(const TensorParallelRank& tp);
+  void set_tp_comm(TpComm* comm);
+  const TensorParallelRank& tensor_parallel() const { return tp_; }
 
   // The contiguous no-KV oracle uses the same activations (see oracle_forward.h).
   struct Buffers {
@@ -253,6 +275,13 @@ class ModelForward {
   double last_setup_us_ = 0;
   CudnnPrefill* prepare_cudnn(const StepViews& step);
   L2Prefetcher prefetch_;
+  // Tensor parallelism: the rank, and its logits buffers (the ranks' slices as gathered, then
+  // the whole rows), [logits capacity] rows each.
+  TensorParallelRank tp_;
+  int32_t tp_ranks_ = 1;
+  float* tp_gathered_ = nullptr;
+  float* tp_logits_ = nullptr;
+  KernelStatus gather_logits(const float* slice, int32_t num_logits, cudaStream_t stream);
 };
 
 // Benchmarks only (gates/engine_throughput_bench.cc): an observer of the forward's phase
@@ -293,6 +322,9 @@ struct FusedNext {
   L2Prefetcher* prefetch = nullptr;
   const void* next_weights = nullptr;
   int64_t next_weight_bytes = 0;
+  // Tensor parallelism: o_proj's and down's products are partial sums over the rank's heads and
+  // columns, all-reduced before the residual norms (which then never fold into the GEMMs).
+  TpComm* tp = nullptr;
 };
 
 // Shared by the paged forward and the oracle: the layer's MLP half and the residual updates

@@ -101,20 +101,21 @@ Result<std::unique_ptr<NcclComm>, KernelError> NcclComm::create(const NcclId& id
 }
 
 NcclComm::~NcclComm() {
-  if (comm_ != nullptr) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (void* c = comm_.load(); c != nullptr) ncclCommDestroy(static_cast<ncclComm_t>(c));
 }
 
 void NcclComm::abort() {
-  if (comm_ != nullptr) ncclCommAbort(static_cast<ncclComm_t>(comm_));
-  comm_ = nullptr;
+  // Once, whichever thread comes first (a failed rank aborts every rank's communicator).
+  if (void* c = comm_.exchange(nullptr); c != nullptr) ncclCommAbort(static_cast<ncclComm_t>(c));
 }
 
 KernelStatus NcclComm::all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) {
-  if (comm_ == nullptr) return nccl_error("all_reduce_sum: the communicator was aborted");
+  void* const comm = comm_.load();
+  if (comm == nullptr) return nccl_error("all_reduce_sum: the communicator was aborted");
   if (auto s = check_count(n, data, data, "all_reduce_sum"); !s.ok()) return s;
   if (n == 0) return Ok{};
   if (ncclResult_t r = ncclAllReduce(data, data, static_cast<size_t>(n), ncclBfloat16, ncclSum,
-                                     static_cast<ncclComm_t>(comm_), stream);
+                                     static_cast<ncclComm_t>(comm), stream);
       r != ncclSuccess) {
     return failed("ncclAllReduce", r);
   }
@@ -137,13 +138,13 @@ KernelStatus gather(void* comm, const T* in, T* out, int64_t n, cudaStream_t str
 }  // namespace
 
 KernelStatus NcclComm::all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) {
-  return gather(comm_, in, out, n, stream);
+  return gather(comm_.load(), in, out, n, stream);
 }
 KernelStatus NcclComm::all_gather(const float* in, float* out, int64_t n, cudaStream_t stream) {
-  return gather(comm_, in, out, n, stream);
+  return gather(comm_.load(), in, out, n, stream);
 }
 KernelStatus NcclComm::all_gather(const int32_t* in, int32_t* out, int64_t n, cudaStream_t stream) {
-  return gather(comm_, in, out, n, stream);
+  return gather(comm_.load(), in, out, n, stream);
 }
 
 #else  // !TWINSTEP_HAVE_NCCL: the same API, every call saying why it cannot run.

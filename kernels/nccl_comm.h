@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,15 +57,16 @@ class NcclComm final : public TpComm {
   KernelStatus all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) override;
   // out[r n, r n + n) = rank r's in[0, n), for every r: out holds ranks() * n elements.
   KernelStatus all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) override;
-  KernelStatus all_gather(const float* in, float* out, int64_t n, cudaStream_t stream);
+  KernelStatus all_gather(const float* in, float* out, int64_t n, cudaStream_t stream) override;
   KernelStatus all_gather(const int32_t* in, int32_t* out, int64_t n, cudaStream_t stream);
   // Aborts the communicator (a rank failed: the others' pending collectives return instead of
-  // hanging); the object is unusable afterwards, every call failing.
-  void abort();
+  // hanging); the object is unusable afterwards, every call failing. Any thread may call it,
+  // also while the rank's own thread is inside a collective (the first call aborts).
+  void abort() override;
 
  private:
   NcclComm() = default;
-  void* comm_ = nullptr;  // ncclComm_t
+  std::atomic<void*> comm_{nullptr};  // ncclComm_t; null once aborted
   int32_t ranks_ = 0, rank_ = 0;
 };
 

@@ -99,8 +99,13 @@ float embed_scale_bf16(int32_t hidden);
 // out[r, :] = table[tokens[r], :] * scale (fp32 product, rounded to bf16).
 // tokens: [rows] int32; table: [vocab, hidden]; out: [rows, hidden]. Traps on a token outside
 // [0, vocab). With scale 1 this is also a plain row gather (e.g. the logits rows).
+// A vocabulary slice (tensor parallelism, issue 17): with slice_rows > 0 the table holds only
+// rows [slice_first, slice_first + slice_rows) of the vocab; a token inside the slice reads its
+// row there, one outside writes a row of zeros (the all-reduce over the ranks completes it), and
+// a token outside [0, vocab) still traps.
 KernelStatus embed_gather(const int32_t* tokens, const bf16* table, bf16* out, int32_t rows,
-                          int32_t hidden, int32_t vocab, float scale, cudaStream_t stream);
+                          int32_t hidden, int32_t vocab, float scale, cudaStream_t stream,
+                          int32_t slice_first = 0, int32_t slice_rows = 0);
 
 // out[r, :] = x[r, :] * (mean(x[r, :]^2) + eps)^-0.5 * weight  (weight == nullptr: no weight).
 // x, out: [rows, dim]; weight: [dim] or nullptr. In place allowed.

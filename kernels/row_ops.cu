@@ -30,12 +30,21 @@ constexpr int kFlatThreads = 256;  // elementwise kernels
 
 __global__ void embed_gather_kernel(const int32_t* __restrict__ tokens,
                                     const bf16* __restrict__ table, bf16* __restrict__ out,
-                                    int32_t hidden, int32_t vocab, float scale) {
+                                    int32_t hidden, int32_t vocab, float scale, int32_t slice_first,
+                                    int32_t slice_rows) {
   const int32_t row = blockIdx.x;
   const int32_t token = tokens[row];
   TS_DEVICE_REQUIRE(token >= 0 && token < vocab);
-  const bf16* src = table + static_cast<int64_t>(token) * hidden;
   bf16* dst = out + static_cast<int64_t>(row) * hidden;
+  const int32_t local = token - slice_first;
+  if (local < 0 || local >= slice_rows) {  // another rank's row: zeros
+    for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
+      float f[8] = {};
+      store_bf16<8>(dst + c, f);
+    }
+    return;
+  }
+  const bf16* src = table + static_cast<int64_t>(local) * hidden;
   for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
     float f[8];
     load_bf16<8>(src + c, f);
@@ -829,18 +838,25 @@ bool head_dim_supported(int32_t head_dim) {
 }
 
 KernelStatus embed_gather(const int32_t* tokens, const bf16* table, bf16* out, int32_t rows,
-                          int32_t hidden, int32_t vocab, float scale, cudaStream_t stream) {
+                          int32_t hidden, int32_t vocab, float scale, cudaStream_t stream,
+                          int32_t slice_first, int32_t slice_rows) {
   if (rows < 0) return bad_argument("embed_gather: rows must be >= 0, got " + str(rows));
   if (hidden <= 0 || hidden % 8 != 0) {
     return bad_argument("embed_gather: hidden must be a positive multiple of 8, got " +
                         str(hidden));
   }
   if (vocab <= 0) return bad_argument("embed_gather: vocab must be > 0, got " + str(vocab));
+  if (slice_rows == 0) slice_rows = vocab;  // the whole table
+  if (slice_first < 0 || slice_rows < 0 || int64_t{slice_first} + slice_rows > vocab) {
+    return bad_argument("embed_gather: the slice [" + str(slice_first) + ", +" + str(slice_rows) +
+                        ") must lie inside the vocab of " + str(vocab));
+  }
   if (!aligned16(table) || !aligned16(out)) {
     return bad_argument("embed_gather: table and out must be 16-byte aligned");
   }
   if (rows == 0) return Ok{};
-  embed_gather_kernel<<<rows, 128, 0, stream>>>(tokens, table, out, hidden, vocab, scale);
+  embed_gather_kernel<<<rows, 128, 0, stream>>>(tokens, table, out, hidden, vocab, scale,
+                                                slice_first, slice_rows);
   return launch_status("embed_gather_kernel");
 }
 

@@ -25,7 +25,8 @@ LoopbackClique::LoopbackClique(int32_t ranks)
       ready_(ranks, nullptr),
       done_(ranks, nullptr),
       scratch_(ranks, nullptr),
-      scratch_n_(ranks, 0) {}
+      scratch_n_(ranks, 0),
+      dropped_(ranks, 0) {}
 
 LoopbackClique::~LoopbackClique() {
   for (cudaEvent_t e : ready_) {
@@ -67,9 +68,25 @@ LoopbackComm::LoopbackComm(std::shared_ptr<LoopbackClique> clique, int32_t rank)
 // scratch, records `done`; meets the others; (3) its stream waits for every rank's `done` (no
 // rank still reads its data) and copies its scratch over its data. A failure on one rank still
 // reaches both barriers, so the others never wait forever; it is returned to that rank's caller.
+bool LoopbackComm::enter() {
+  LoopbackClique& c = *clique_;
+  if (!c.aborted_.load(std::memory_order_acquire)) return true;
+  if (c.dropped_[rank_] == 0) {
+    c.dropped_[rank_] = 1;
+    c.barrier_.arrive_and_drop();
+  }
+  return false;
+}
+
+void LoopbackComm::abort() {
+  clique_->aborted_.store(true, std::memory_order_release);
+  (void)enter();
+}
+
 KernelStatus LoopbackComm::all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) {
   LoopbackClique& c = *clique_;
   const int32_t r = rank_;
+  if (!enter()) return bad("LoopbackComm::all_reduce_sum: the clique was aborted (a rank failed)");
   KernelStatus status = Ok{};
   if (n < 0 || (n > 0 && data == nullptr)) {
     status = bad("LoopbackComm::all_reduce_sum: n " + std::to_string(n) +
@@ -118,25 +135,27 @@ KernelStatus LoopbackComm::all_reduce_sum(bf16* data, int64_t n, cudaStream_t st
 
 // Every rank copies every rank's `in` into its `out`, after the owners' `ready`; the second
 // meeting keeps each `in` alive until every rank's copies are queued behind its `done`.
-KernelStatus LoopbackComm::all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) {
+KernelStatus LoopbackComm::gather_bytes(const void* in, void* out, int64_t bytes,
+                                        cudaStream_t stream) {
   LoopbackClique& c = *clique_;
   const int32_t r = rank_;
+  if (!enter()) return bad("LoopbackComm::all_gather: the clique was aborted (a rank failed)");
   KernelStatus status = Ok{};
-  if (n < 0 || (n > 0 && (in == nullptr || out == nullptr))) {
-    status = bad("LoopbackComm::all_gather: n " + std::to_string(n) +
-                 (n < 0 ? " must be >= 0" : " with a null buffer"));
+  if (bytes < 0 || (bytes > 0 && (in == nullptr || out == nullptr))) {
+    status = bad("LoopbackComm::all_gather: " + std::to_string(bytes) +
+                 (bytes < 0 ? " bytes: must be >= 0" : " bytes with a null buffer"));
   }
   c.in_[r] = in;
   if (status.ok()) status = cuda_check(cudaEventRecord(c.ready_[r], stream), "ready");
   c.barrier_.arrive_and_wait();
   for (int32_t q = 0; status.ok() && q < c.ranks_; ++q) {
-    if (n > 0 && c.in_[q] == nullptr) {
+    if (bytes > 0 && c.in_[q] == nullptr) {
       status = bad("LoopbackComm::all_gather: another rank failed its part");
       break;
     }
     status = cuda_check(cudaStreamWaitEvent(stream, c.ready_[q], 0), "wait ready");
-    if (status.ok() && n > 0) {
-      status = cuda_check(cudaMemcpyAsync(out + q * n, c.in_[q], n * sizeof(bf16),
+    if (status.ok() && bytes > 0) {
+      status = cuda_check(cudaMemcpyAsync(static_cast<uint8_t*>(out) + q * bytes, c.in_[q], bytes,
                                           cudaMemcpyDeviceToDevice, stream),
                           "LoopbackComm: gather copy");
     }
@@ -150,6 +169,14 @@ KernelStatus LoopbackComm::all_gather(const bf16* in, bf16* out, int64_t n, cuda
   c.barrier_.arrive_and_wait();
   c.in_[r] = nullptr;
   return status;
+}
+
+KernelStatus LoopbackComm::all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) {
+  return gather_bytes(in, out, n < 0 ? n : n * int64_t{sizeof(bf16)}, stream);
+}
+
+KernelStatus LoopbackComm::all_gather(const float* in, float* out, int64_t n, cudaStream_t stream) {
+  return gather_bytes(in, out, n < 0 ? n : n * int64_t{sizeof(float)}, stream);
 }
 
 }  // namespace twinstep::kernels

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <barrier>
 #include <cstdint>
 #include <memory>
@@ -31,6 +32,12 @@ class TpComm {
   virtual KernelStatus all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) = 0;
   // out[r n, r n + n) = rank r's in[0, n): out holds ranks() * n elements.
   virtual KernelStatus all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) = 0;
+  virtual KernelStatus all_gather(const float* in, float* out, int64_t n, cudaStream_t stream) = 0;
+  // This rank failed outside a collective (the step contract: a rank's failure fails the step on
+  // every rank): the other ranks' pending and later collectives return an error instead of
+  // waiting for it. The communicator, and the clique it belongs to, are unusable afterwards;
+  // the owner makes new ones.
+  virtual void abort() = 0;
 };
 
 // N ranks on the current GPU. Make one clique, then one LoopbackComm per rank (each used by its
@@ -52,6 +59,10 @@ class LoopbackClique {
   std::vector<cudaEvent_t> ready_, done_;
   std::vector<bf16*> scratch_;  // per rank, scratch_n_ elements
   std::vector<int64_t> scratch_n_;
+  // Set by a rank's abort(); each rank that sees it leaves the barrier (arrive_and_drop) once,
+  // so that the ranks still inside a collective complete its phases without it.
+  std::atomic<bool> aborted_{false};
+  std::vector<uint8_t> dropped_;  // per rank, written by its own thread only
 };
 
 class LoopbackComm final : public TpComm {
@@ -61,8 +72,14 @@ class LoopbackComm final : public TpComm {
   int32_t rank() const override { return rank_; }
   KernelStatus all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) override;
   KernelStatus all_gather(const bf16* in, bf16* out, int64_t n, cudaStream_t stream) override;
+  KernelStatus all_gather(const float* in, float* out, int64_t n, cudaStream_t stream) override;
+  void abort() override;
 
  private:
+  // The gather of `bytes` a rank (both element types).
+  KernelStatus gather_bytes(const void* in, void* out, int64_t bytes, cudaStream_t stream);
+  // At a collective's start: false (and this rank has left the barrier) once the clique aborted.
+  bool enter();
   std::shared_ptr<LoopbackClique> clique_;
   int32_t rank_;
 };
