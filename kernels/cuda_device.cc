@@ -710,10 +710,18 @@ engine::DeviceStats CudaDevice::stats() const {
 }
 
 Result<int64_t, DeviceError> CudaDevice::free_memory_bytes() const {
-  size_t free_b = 0, total_b = 0;
-  if (cudaError_t err = cudaMemGetInfo(&free_b, &total_b); err != cudaSuccess) {
-    return unexpected(cuda_error(err, "cudaMemGetInfo"));
+  // This device's GPU, whichever is the caller's current one (restored after).
+  int current = 0;
+  if (cudaError_t err = cudaGetDevice(&current); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaGetDevice"));
   }
+  if (cudaError_t err = cudaSetDevice(options_.device_ordinal); err != cudaSuccess) {
+    return unexpected(cuda_error(err, "cudaSetDevice"));
+  }
+  size_t free_b = 0, total_b = 0;
+  const cudaError_t err = cudaMemGetInfo(&free_b, &total_b);
+  (void)cudaSetDevice(current);
+  if (err != cudaSuccess) return unexpected(cuda_error(err, "cudaMemGetInfo"));
   return static_cast<int64_t>(free_b);
 }
 

@@ -1,7 +1,9 @@
 // kernels/tp_device.cc: the ranks of a tensor-parallel device, one host thread each per call.
 #include "kernels/tp_device.h"
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -202,6 +204,21 @@ engine::Result<engine::DeviceOutput, DeviceError> TensorParallelDevice::execute(
     }
   }
   return std::move(outs[0]->value());
+}
+
+Result<int64_t, DeviceError> TensorParallelDevice::rank_free_memory_bytes() const {
+  if (options_.transport == TpTransport::kLoopback) {
+    auto free_bytes = ranks_[0]->free_memory_bytes();
+    if (!free_bytes) return unexpected(free_bytes.error());
+    return free_bytes.value() / ranks();
+  }
+  int64_t least = INT64_MAX;
+  for (int32_t r = 0; r < ranks(); ++r) {
+    auto free_bytes = ranks_[r]->free_memory_bytes();
+    if (!free_bytes) return unexpected(named(free_bytes.error(), r, ranks()));
+    least = std::min(least, free_bytes.value());
+  }
+  return least;
 }
 
 engine::DeviceStats TensorParallelDevice::stats() const { return ranks_[0]->stats(); }

@@ -68,6 +68,10 @@ class TensorParallelDevice final : public engine::Device {
   void set_rank_faults(int32_t r, engine::FaultInjector* faults) { ranks_[r]->set_faults(faults); }
   // Communicators made anew after failed steps.
   uint64_t comm_rebuilds() const { return comm_rebuilds_; }
+  // The free device memory the tightest rank has for its pools: the least over the ranks' GPUs
+  // (NCCL), the one GPU's divided by the ranks (loopback). Size the pools with it and plan()
+  // (engine::pool_pages_for_bytes).
+  Result<int64_t, engine::DeviceError> rank_free_memory_bytes() const;
   // The pool layout rank r binds for the engine's `layout` (its KV heads).
   engine::PoolLayout rank_layout(const engine::PoolLayout& layout) const;
 

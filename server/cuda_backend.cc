@@ -7,6 +7,7 @@
 
 #include "engine/checkpoint.h"
 #include "kernels/cuda_device.h"
+#include "kernels/tp_device.h"
 
 namespace twinstep::server {
 namespace {
@@ -15,7 +16,7 @@ namespace {
 class OwningCudaDevice final : public engine::Device {
  public:
   OwningCudaDevice(std::unique_ptr<engine::ModelWeights> weights,
-                   std::unique_ptr<kernels::CudaDevice> device)
+                   std::unique_ptr<engine::Device> device)
       : weights_(std::move(weights)), device_(std::move(device)) {}
   std::string name() const override { return device_->name(); }
   engine::Status<engine::DeviceError> bind(const engine::PoolLayout& global,
@@ -30,7 +31,7 @@ class OwningCudaDevice final : public engine::Device {
 
  private:
   std::unique_ptr<engine::ModelWeights> weights_;
-  std::unique_ptr<kernels::CudaDevice> device_;
+  std::unique_ptr<engine::Device> device_;
 };
 
 }  // namespace
@@ -52,10 +53,49 @@ Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
   }
   kernels::CudaDeviceOptions device_options;
   device_options.batch_invariant = engine.batch_invariant;
+  char line[256];
+  if (options.tensor_parallel > 1) {
+    kernels::TpDeviceOptions tp_options;
+    tp_options.ranks = options.tensor_parallel;
+    tp_options.transport =
+        options.tp_loopback ? kernels::TpTransport::kLoopback : kernels::TpTransport::kNccl;
+    tp_options.rank_options = device_options;
+    auto tp = kernels::TensorParallelDevice::create(backend.model, weights.get(), tp_options);
+    if (!tp) return unexpected("CUDA device: " + tp.error().message);
+    kernels::TensorParallelDevice& d = *tp.value();
+    std::snprintf(line, sizeof line, "%s; decode graphs: off (tensor parallelism); ",
+                  d.name().c_str());
+    backend.summary += line;
+    if (options.gpu_memory_fraction) {
+      auto free_bytes = d.rank_free_memory_bytes();
+      if (!free_bytes) return unexpected("CUDA device: " + free_bytes.error().message);
+      const auto budget = static_cast<int64_t>(static_cast<double>(free_bytes.value()) *
+                                               *options.gpu_memory_fraction);
+      const kernels::PoolPages pages = kernels::pool_pages_for_bytes(
+          backend.model, engine.page_size, engine.max_running, budget, &d.plan());
+      if (pages.global <= 0 || pages.local <= 0) {
+        return unexpected("--gpu-memory-fraction " + std::to_string(*options.gpu_memory_fraction) +
+                          " of a rank's " + std::to_string(free_bytes.value() >> 20) +
+                          " MiB free leaves no room for a page of each family");
+      }
+      engine.pages_global = pages.global;
+      engine.pages_local = pages.local;
+      std::snprintf(line, sizeof line,
+                    "pools from %.2f of a rank's %.1f GiB free: %d global + %d local pages "
+                    "(%.1f GiB a rank)",
+                    *options.gpu_memory_fraction, free_bytes.value() / 1073741824.0, pages.global,
+                    pages.local, pages.bytes / 1073741824.0);
+    } else {
+      std::snprintf(line, sizeof line, "pools: %d global + %d local pages", engine.pages_global,
+                    engine.pages_local);
+    }
+    backend.summary += line;
+    backend.device = std::make_unique<OwningCudaDevice>(std::move(weights), std::move(tp.value()));
+    return backend;
+  }
   auto device = kernels::CudaDevice::create(backend.model, weights.get(), device_options);
   if (!device) return unexpected("CUDA device: " + device.error().message);
   kernels::CudaDevice& d = *device.value();
-  char line[256];
   if (engine.batch_invariant) backend.summary += "batch invariant; ";
   if (options.decode_graphs) {
     kernels::DecodeGraphConfig g;

@@ -26,6 +26,11 @@ struct CudaBackendOptions {
   // Size the pools from this fraction of the free GPU memory (sets engine.pages_global and
   // engine.pages_local); nullopt: keep engine's.
   std::optional<double> gpu_memory_fraction;
+  // The model split over this many ranks (kernels/tp_device.h; decode graphs off then): NCCL,
+  // rank r on GPU r, or with tp_loopback every rank on GPU 0. The pools are sized from the
+  // tightest rank's free memory (a GPU's share under loopback) and a rank's page bytes.
+  int32_t tensor_parallel = 1;
+  bool tp_loopback = false;
 };
 
 // The device for `engine` (its page size, step and running limits size the graphs and their

@@ -82,6 +82,11 @@ An OpenAI-compatible completions server: token ids in and out, or text with --to
                            captured before the pools are sized (default on)
   --gpu-memory-fraction F  cuda: size the KV pools from F (0 < F < 1) of the GPU memory free
                            after the weights, activations and graphs (not with --pages-*)
+  --tensor-parallel N      cuda: split the model over N GPUs (1..16; NCCL, rank r on GPU r);
+                           decode runs without graphs then
+  --tp-transport nccl|loopback
+                           cuda: loopback puts every rank on GPU 0 (checks the split forward
+                           on one GPU; not a speed-up)
   --sim-step-us N          sleep N us after each step, to pace the simulated device
 SIGINT/SIGTERM: stop accepting, abort in-flight requests, exit 0 once the pools are empty.
 )";
@@ -178,6 +183,16 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
     config.gpu_memory_fraction = f;
     return std::nullopt;
   };
+  flags["--tensor-parallel"] = [&](const std::string& v) {
+    return parse_int<int32_t>("--tensor-parallel", v, 1, 16, config.tensor_parallel);
+  };
+  flags["--tp-transport"] = [&](const std::string& v) -> std::optional<std::string> {
+    if (v != "nccl" && v != "loopback") {
+      return "--tp-transport: expected nccl or loopback, got '" + v + "'";
+    }
+    config.tp_transport = v;
+    return std::nullopt;
+  };
   bool pages_given = false;
   auto pages_flag = [&](const char* name, int32_t& out) {
     flags[name] = [name, &out, &pages_given](const std::string& v) {
@@ -234,6 +249,14 @@ Result<ServeConfig, std::string> parse_serve_args(const std::vector<std::string>
   if (config.gpu_memory_fraction && config.device != "cuda") {
     return unexpected(std::string("--gpu-memory-fraction: only meaningful with --device cuda"));
   }
+  if (config.tensor_parallel > 1 && config.device != "cuda") {
+    return unexpected(std::string("--tensor-parallel: only meaningful with --device cuda"));
+  }
+  if (config.tensor_parallel > 1 && config.engine.batch_invariant) {
+    return unexpected(std::string(
+        "--tensor-parallel and --batch-invariant do not go together (the collectives' sums are "
+        "the transport's, not a row's own)"));
+  }
   if (config.device == "cuda" && !config.model_dir && !config.help) {
     return unexpected(std::string("--device cuda: expected --model DIR (a checkpoint)"));
   }
@@ -288,6 +311,8 @@ Result<Backend, std::string> make_backend(const ServeConfig& config) {
     options.random_weights = config.random_weights;
     options.decode_graphs = config.cuda_graphs;
     options.gpu_memory_fraction = config.gpu_memory_fraction;
+    options.tensor_parallel = config.tensor_parallel;
+    options.tp_loopback = config.tp_transport == "loopback";
     auto cuda = make_cuda_backend(*config.model_dir, options, engine_config);
     if (!cuda) return unexpected("--device cuda: " + cuda.error());
     backend.model = std::move(cuda->model);

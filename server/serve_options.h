@@ -26,6 +26,11 @@ struct ServeConfig {
   // cuda: size both KV pools from this fraction of the GPU memory left free once the weights,
   // activations and graphs are in (instead of --pages-global/--pages-local).
   std::optional<double> gpu_memory_fraction;
+  // cuda: the model split over N ranks (issue 17, kernels/tp_device.h): NCCL, rank r on GPU r,
+  // or the loopback transport (every rank on GPU 0: a check of the split, not a speed-up).
+  // Decode runs eagerly then (no graphs).
+  int32_t tensor_parallel = 1;
+  std::string tp_transport = "nccl";
   ServerOptions server;
   engine::EngineConfig engine;
   bool help = false;

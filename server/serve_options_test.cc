@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
 namespace twinstep::server {
 namespace {
 
@@ -136,6 +138,32 @@ TEST(ServeOptions, CudaGraphAndMemoryFlags) {
   EXPECT_FALSE(config->cuda_graphs);
   ASSERT_TRUE(config->gpu_memory_fraction.has_value());
   EXPECT_DOUBLE_EQ(*config->gpu_memory_fraction, 0.85);
+}
+
+TEST(ServeOptions, TensorParallelFlags) {
+  auto config = parse_serve_args({"--device", "cuda", "--model", "m"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_EQ(config->tensor_parallel, 1);
+  EXPECT_EQ(config->tp_transport, "nccl");
+  config = parse_serve_args(
+      {"--device", "cuda", "--model", "m", "--tensor-parallel", "4", "--tp-transport=loopback"});
+  ASSERT_TRUE(config.ok()) << config.error();
+  EXPECT_EQ(config->tensor_parallel, 4);
+  EXPECT_EQ(config->tp_transport, "loopback");
+  const std::pair<std::vector<std::string>, std::string> bad[] = {
+      {{"--device", "cuda", "--model", "m", "--tensor-parallel", "0"}, "--tensor-parallel"},
+      {{"--device", "cuda", "--model", "m", "--tensor-parallel", "17"}, "--tensor-parallel"},
+      {{"--device", "cuda", "--model", "m", "--tp-transport", "mpi"},
+       "--tp-transport: expected nccl or loopback, got 'mpi'"},
+      {{"--tensor-parallel", "2"}, "--tensor-parallel: only meaningful with --device cuda"},
+      {{"--device", "cuda", "--model", "m", "--tensor-parallel", "2", "--batch-invariant"},
+       "do not go together"},
+  };
+  for (const auto& [args, message] : bad) {
+    auto refused = parse_serve_args(args);
+    ASSERT_FALSE(refused.ok()) << message;
+    EXPECT_NE(refused.error().find(message), std::string::npos) << refused.error();
+  }
 }
 
 TEST(ServeOptions, RandomWeightsOnlyWithCuda) {
