@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
@@ -1366,10 +1367,14 @@ int main(int argc, char** argv) {
   g_device = &device;
   std::printf("gemma4-12b random weights: %.2f GB in %.2f s\n", device.model().arena_bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - tw).count());
-  constexpr const char* kEpilogueNames[] = {"registers", "staged", "tensor-store"};
+  // Indexed by GatedPairEpilogue (kStagedQuad: staged, in clusters of four).
+  constexpr const char* kEpilogueNames[] = {"registers", "staged", "tensor-store",
+                                            "staged (clusters of four)"};
+  static_assert(std::size(kEpilogueNames) ==
+                static_cast<size_t>(kernels::GatedPairEpilogue::kStagedQuad) + 1);
   std::printf(
       "gated gate|up GEMM (kernels/gemm_gated.h) for steps of >= %d rows (0: off), in clusters "
-      "of two from %d rows (0: never) with the %s epilogue\n",
+      "from %d rows (0: never) with the %s epilogue\n",
       device.options().gated_gemm_min_rows, device.options().gated_gemm_pair_min_rows,
       kEpilogueNames[static_cast<int>(device.options().gated_gemm_pair_epilogue)]);
   if (argc == 3 && std::string(argv[1]) == "--records") {
