@@ -22,3 +22,6 @@ twinstep_add_multi_gate(tp_multi_gates SOURCES tp_multi_gates.cc)
 target_link_libraries(tp_multi_gates PRIVATE nlohmann_json::nlohmann_json)
 target_compile_definitions(tp_multi_gates PRIVATE
   TWINSTEP_SOURCE_DIR="${PROJECT_SOURCE_DIR}" TWINSTEP_BINARY_DIR="${CMAKE_BINARY_DIR}")
+# Not a test: TP=N against TP=1 on the 12B geometry (NCCL on N GPUs, or --loopback on one).
+add_executable(tp_throughput_bench tp_throughput_bench.cc)
+target_link_libraries(tp_throughput_bench PRIVATE twinstep_kernels)
