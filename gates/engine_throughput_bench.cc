@@ -24,7 +24,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <iterator>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
@@ -32,6 +31,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
