@@ -409,8 +409,9 @@ engine::Status<DeviceError> CudaDevice::enable_decode_graphs(const DecodeGraphCo
   }
   if (options_.tp_comm != nullptr) {
     return device_error(DeviceErrorCode::kBadLayout,
-                        "decode graphs under tensor parallelism are not built: the loopback "
-                        "transport's host barriers cannot be captured (decode steps run eagerly)");
+                        "decode graphs under tensor parallelism are not built (the loopback "
+                        "transport's host barriers cannot be captured; NCCL's capture with several "
+                        "GPUs in one process may deadlock): decode steps run eagerly");
   }
   if (gc.page_size <= 0 || gc.max_context <= 0 || gc.max_step_rows <= 0 || gc.max_logits <= 0) {
     return device_error(DeviceErrorCode::kBadLayout,

@@ -215,7 +215,8 @@ struct CudaDeviceOptions {
   // forward with its collectives (ModelForward::set_tensor_parallel) and samples from the
   // gathered whole logits rows. Tokens are checked against the model's vocabulary. Refused with
   // it: the batch-invariant mode and decode graphs (enable_decode_graphs: the loopback
-  // transport's host barriers cannot be captured; NCCL's could, unmeasured).
+  // transport's host barriers cannot be captured; NCCL's can, but its guide warns that capture
+  // with several GPUs in one process may deadlock: perf/NOTES.md, session 21).
   TpComm* tp_comm = nullptr;
 };
 
