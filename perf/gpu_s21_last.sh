@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# perf/gpu_s21_last.sh (session 21, for the last ~7 minutes of device budget): the decode A/B of
+# the folded q/k/v write (quick bench, one process an arm), then the tensor-parallel gates on one
+# GPU (TpGates, TpLoopbackGates) in what is left (END_S after the start, default 400).
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+card_setup
+{ cmake --preset gpu-gates &&
+  cmake --build build/gpu-gates -j16 --target engine_throughput_bench tp_gates tp_loopback_gates \
+    -- -k 0; } > /tmp/build.log 2>&1 || grep -m 20 -E "error" /tmp/build.log
+t built
+for arm in def attn; do
+  v=""
+  [ $arm = attn ] && v=attention
+  TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "dec_$arm" 80 \
+    build/gpu-gates/bin/engine_throughput_bench --decode
+  echo "$arm: $(grep -E "^\| decode b=(1|16|64|128) " "$OUT/dec_$arm.log" |
+    awk -F'|' '{printf "%s %s; ", $2, $4}')"
+done
+t arms
+left=$((${END_S:-400} - ($(date +%s) - start)))
+if [ $left -gt 20 ]; then
+  timeout $left ctest --test-dir build/gpu-gates -L gpu -R "TpGates|TpLoopbackGates" -V \
+    > "$OUT/tp.log" 2>&1
+  echo "tp ctest: exit $? (limit $left s)"
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|\*\*\*|\[gate\]|Failure|Expected|Which is|rror" \
+    "$OUT/tp.log" | cut -c1-260 | head -30
+fi
+t done
+cd "$OUT" && gzip -9 ./*.log
