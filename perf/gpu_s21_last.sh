@@ -19,7 +19,7 @@ done
 t arms
 left=$((${END_S:-400} - ($(date +%s) - start)))
 if [ $left -gt 20 ]; then
-  timeout $left ctest --test-dir build/gpu-gates -L gpu -R "TpGates|TpLoopbackGates" -V \
+  timeout $left ctest --preset gpu-gates -R "TpGates|TpLoopbackGates" \
     > "$OUT/tp.log" 2>&1
   echo "tp ctest: exit $? (limit $left s)"
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|Not Run|\*\*\*|\[gate\]|Failure|Expected|Which is|rror" \
