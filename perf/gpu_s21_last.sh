@@ -8,7 +8,8 @@ card_setup
   cmake --build build/gpu-gates -j16 --target engine_throughput_bench tp_gates tp_loopback_gates \
     -- -k 0; } > /tmp/build.log 2>&1 || grep -m 20 -E "error" /tmp/build.log
 t built
-for arm in def attn; do
+# SKIP_AB=1: the gates only (a budget of ~4 minutes).
+for arm in $([ -n "${SKIP_AB:-}" ] || echo def attn); do
   v=""
   [ $arm = attn ] && v=attention
   TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "dec_$arm" 80 \
