@@ -365,11 +365,13 @@ std::shared_ptr<const CalibratedCost> default_calibration_12b() {
 }
 
 double TpComm::step_ns(const engine::ModelConfig& model, const engine::TensorParallelPlan& plan,
-                       int32_t rows) const {
+                       int32_t rows, int32_t logits) const {
   if (plan.ranks <= 1) return 0;
-  const double bytes = static_cast<double>(plan.allreduce_bytes_per_row(model)) * rows;
-  const double ring = 2.0 * (plan.ranks - 1) / plan.ranks;
-  return plan.collectives_per_step(model) * call_ns + ring * bytes / bus_bytes_per_s * 1e9;
+  const double reduced = static_cast<double>(plan.allreduce_bytes_per_row(model)) * rows;
+  const double gathered = static_cast<double>(logits) * model.vocab_size * sizeof(float);
+  const double share = static_cast<double>(plan.ranks - 1) / plan.ranks;
+  return plan.collectives_per_step(model) * call_ns +
+         (2.0 * share * reduced + share * gathered) / bus_bytes_per_s * 1e9;
 }
 
 CalibratedClock::CalibratedClock(const engine::ModelConfig& model,
@@ -386,7 +388,7 @@ CalibratedClock::CalibratedClock(const engine::ModelConfig& model,
 
 int64_t CalibratedClock::step_ns(const engine::StepPlan& plan) const {
   const double ns = cost_->predict_ns(geometry_.features(step_shape(plan))) +
-                    (tp_ ? comm_.step_ns(model_, *tp_, plan.num_rows()) : 0.0);
+                    (tp_ ? comm_.step_ns(model_, *tp_, plan.num_rows(), plan.num_logits) : 0.0);
   TS_CHECK(std::isfinite(ns) && ns >= 0) << "predicted " << ns << " ns";
   return std::llround(ns);
 }

@@ -170,13 +170,19 @@ std::shared_ptr<const CalibratedCost> default_calibration_12b();
 // Tensor parallelism's collectives in the simulated clock (issue 17). NOT measured: no machine
 // with two GPUs has been lent to this project, so these are assumptions a fit would replace, of
 // the order NCCL reaches on NVLink-connected Hopper GPUs: a ring all-reduce of B bytes over N
-// ranks moves 2 (N - 1) / N x B a rank at `bus_bytes_per_s`, and every collective pays `call_ns`.
+// ranks moves 2 (N - 1) / N x B a rank at `bus_bytes_per_s`, a ring all-gather of B bytes in all
+// (N - 1) / N x B, and every collective pays `call_ns`. The CUDA engine's split forward
+// (kernels/tp_device.h) all-reduces the embedding and o_proj's and down's products (bf16 hidden
+// rows) and all-gathers the logits slices (fp32, num_logits x vocab in all). Its decode runs
+// eagerly under tensor parallelism (no graphs yet), which this clock, calibrated on graph
+// replays, does not charge: it is optimistic there at small batch.
 struct TpComm {
   double bus_bytes_per_s = 350e9;
   double call_ns = 12'000;
-  // The collectives' time in a step of `rows` rows over `plan`'s ranks (0 for one rank).
+  // The collectives' time in a step of `rows` rows and `logits` logits rows over `plan`'s ranks
+  // (0 for one rank).
   double step_ns(const engine::ModelConfig& model, const engine::TensorParallelPlan& plan,
-                 int32_t rows) const;
+                 int32_t rows, int32_t logits) const;
 };
 
 // A calibrated clock for one model: the geometry and the coefficients together. Under tensor

@@ -586,8 +586,9 @@ engine::StepPlan prefill_step(int32_t seqs, int32_t rows_each) {
 // Two ranks of the 12B under the committed calibration: a prefill step costs one rank's share
 // (between half and all of one GPU's time) plus the collectives, whose time is worked here by
 // hand from TpComm's figures: 98 collectives a step (the embedding's all-reduce, o_proj's and
-// down's in 48 layers, the LM head's gather) and 97 x 3840 x 2 bytes a row all-reduced, which a
-// two-rank ring moves once (2 (N - 1) / N = 1).
+// down's in 48 layers, the LM head's gather), 97 x 3840 x 2 bytes a row all-reduced, which a
+// two-rank ring moves once (2 (N - 1) / N = 1), and the logits rows' 262144 x 4 bytes each
+// gathered, half of which a rank receives ((N - 1) / N).
 TEST(CalibratedClock, TensorParallelChargesOneRanksShareAndTheCollectives) {
   auto cost = default_calibration_12b();
   ASSERT_NE(cost, nullptr) << "the build carries no calibration";
@@ -599,15 +600,19 @@ TEST(CalibratedClock, TensorParallelChargesOneRanksShareAndTheCollectives) {
   const CalibratedClock rank(tp->rank_geometry(model), cost);
   const engine::StepPlan prefill = tp_clock::prefill_step(4, 2048);
   const TpComm comm;
+  ASSERT_EQ(prefill.num_logits, 4);
   const double comm_ns =
-      98 * comm.call_ns + 97.0 * 3840 * 2 * prefill.num_rows() / comm.bus_bytes_per_s * 1e9;
+      98 * comm.call_ns +
+      (97.0 * 3840 * 2 * prefill.num_rows() + 0.5 * 4 * 262144 * 4) / comm.bus_bytes_per_s * 1e9;
   EXPECT_NEAR(static_cast<double>(two.step_ns(prefill) - rank.step_ns(prefill)), comm_ns, 1.0);
   EXPECT_LT(two.step_ns(prefill), one.step_ns(prefill));
   EXPECT_GT(rank.step_ns(prefill), one.step_ns(prefill) / 2) << "fixed terms stay per rank";
   // A decode step of one row: the collectives are their calls' latency.
   const engine::StepPlan decode = tp_clock::prefill_step(1, 1);
+  ASSERT_EQ(decode.num_logits, 1);
   EXPECT_NEAR(static_cast<double>(two.step_ns(decode) - rank.step_ns(decode)),
-              98 * comm.call_ns + 97.0 * 3840 * 2 / comm.bus_bytes_per_s * 1e9, 1.0);
+              98 * comm.call_ns + (97.0 * 3840 * 2 + 0.5 * 262144 * 4) / comm.bus_bytes_per_s * 1e9,
+              1.0);
   // One rank given as a plan is the plain clock.
   auto single = engine::tensor_parallel_plan(model, 1);
   ASSERT_TRUE(single.ok());
@@ -632,7 +637,7 @@ TEST(CalibratedClock, SimDeviceUnderTensorParallelism) {
     ASSERT_TRUE(device.bind(g, l).ok());
     auto out = device.execute(plan);
     ASSERT_TRUE(out.ok()) << out.error().message;
-    const double comm_ns = TpComm{}.step_ns(model, tp.value(), plan.num_rows());
+    const double comm_ns = TpComm{}.step_ns(model, tp.value(), plan.num_rows(), plan.num_logits);
     if (calibrated) {
       EXPECT_EQ(out->cost_ns, CalibratedClock(model, cm.calibrated, &tp.value()).step_ns(plan));
     } else {
