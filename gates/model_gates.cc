@@ -94,32 +94,37 @@ TEST_F(ModelGates, GreedyMatchesHfGenerate) {
 }
 
 TEST_F(ModelGates, TwinstepGenerateMatchesHf) {
-  for (const char* g : kGeometries) {
-    SCOPED_TRACE(g);
-    HfRefs r = refs(g);
-    ASSERT_FALSE(r.prompts.empty());
-    std::string prompts;
-    size_t max_tokens = 0;
-    for (const HfPrompt& p : r.prompts) {
-      prompts += (prompts.empty() ? "" : ";") + ids(p.prompt);
-      max_tokens = std::max(max_tokens, p.tokens.size());
-    }
-    const std::string cmd = std::string(TWINSTEP_BINARY_DIR) + "/bin/twinstep-generate --model '" +
-                            r.dir.string() + "' --device cuda --ignore-eos --prompt-ids '" +
-                            prompts + "' --max-tokens " + std::to_string(max_tokens);
-    FILE* pipe = popen(cmd.c_str(), "r");
-    ASSERT_NE(pipe, nullptr) << cmd;
-    std::string text;
-    char buf[4096];
-    while (size_t n = fread(buf, 1, sizeof(buf), pipe)) text.append(buf, n);
-    const int rc = pclose(pipe);
-    ASSERT_EQ(rc, 0) << cmd << "\n" << text;
-    std::stringstream lines(text);
-    std::string line;
-    for (size_t i = 0; i < r.prompts.size(); ++i) {
-      ASSERT_TRUE(std::getline(lines, line)) << "missing output line " << i << ":\n" << text;
-      const std::string want = ids(r.prompts[i].tokens);
-      EXPECT_EQ(line.substr(0, want.size()), want) << "prompt " << i;
+  // The whole model on the GPU, then split over two ranks on the same GPU (issue 17: the
+  // tensor-parallel device behind the CLI, over the loopback transport).
+  for (const std::string split : {"", " --tensor-parallel 2 --tp-transport loopback"}) {
+    for (const char* g : kGeometries) {
+      SCOPED_TRACE(std::string(g) + split);
+      HfRefs r = refs(g);
+      ASSERT_FALSE(r.prompts.empty());
+      std::string prompts;
+      size_t max_tokens = 0;
+      for (const HfPrompt& p : r.prompts) {
+        prompts += (prompts.empty() ? "" : ";") + ids(p.prompt);
+        max_tokens = std::max(max_tokens, p.tokens.size());
+      }
+      const std::string cmd = std::string(TWINSTEP_BINARY_DIR) +
+                              "/bin/twinstep-generate --model '" + r.dir.string() +
+                              "' --device cuda --ignore-eos --prompt-ids '" + prompts +
+                              "' --max-tokens " + std::to_string(max_tokens) + split;
+      FILE* pipe = popen(cmd.c_str(), "r");
+      ASSERT_NE(pipe, nullptr) << cmd;
+      std::string text;
+      char buf[4096];
+      while (size_t n = fread(buf, 1, sizeof(buf), pipe)) text.append(buf, n);
+      const int rc = pclose(pipe);
+      ASSERT_EQ(rc, 0) << cmd << "\n" << text;
+      std::stringstream lines(text);
+      std::string line;
+      for (size_t i = 0; i < r.prompts.size(); ++i) {
+        ASSERT_TRUE(std::getline(lines, line)) << "missing output line " << i << ":\n" << text;
+        const std::string want = ids(r.prompts[i].tokens);
+        EXPECT_EQ(line.substr(0, want.size()), want) << "prompt " << i;
+      }
     }
   }
 }
