@@ -63,11 +63,10 @@ LoopbackComm::LoopbackComm(std::shared_ptr<LoopbackClique> clique, int32_t rank)
       << "rank " << rank << " of a clique of " << (clique_ ? clique_->ranks() : 0);
 }
 
-// Every rank: (1) makes sure its scratch holds n, records `ready` on its stream and meets the
-// others; (2) its stream waits for every rank's `ready`, sums every rank's data into its own
-// scratch, records `done`; meets the others; (3) its stream waits for every rank's `done` (no
-// rank still reads its data) and copies its scratch over its data. A failure on one rank still
-// reaches both barriers, so the others never wait forever; it is returned to that rank's caller.
+// Abort: the aborting rank, and then each rank at its next collective, leaves the barrier once
+// (arrive_and_drop), so a rank still inside a collective completes its phases without them and
+// returns an error ("another rank failed its part"), and no rank waits at a barrier for a rank
+// that has left. Only a rank's own thread may call abort() (it drops that rank).
 bool LoopbackComm::enter() {
   LoopbackClique& c = *clique_;
   if (!c.aborted_.load(std::memory_order_acquire)) return true;
@@ -83,6 +82,11 @@ void LoopbackComm::abort() {
   (void)enter();
 }
 
+// Every rank: (1) makes sure its scratch holds n, records `ready` on its stream and meets the
+// others; (2) its stream waits for every rank's `ready`, sums every rank's data into its own
+// scratch, records `done`; meets the others; (3) its stream waits for every rank's `done` (no
+// rank still reads its data) and copies its scratch over its data. A failure on one rank still
+// reaches both barriers, so the others never wait forever; it is returned to that rank's caller.
 KernelStatus LoopbackComm::all_reduce_sum(bf16* data, int64_t n, cudaStream_t stream) {
   LoopbackClique& c = *clique_;
   const int32_t r = rank_;
