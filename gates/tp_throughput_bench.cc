@@ -168,7 +168,6 @@ int main(int argc, char** argv) {
   {
     auto d = kernels::CudaDevice::create(config, nullptr, dopt);
     if (!d) die("cuda device: %s", d.error().message.c_str());
-    d.value()->set_decode_graph_mode(kernels::DecodeGraphMode::kOff);
     one = measure(*d.value(), config, batches);
   }
   {
