@@ -62,6 +62,10 @@ struct DeviceStats {
   // them (handle, kernels, plans, workspace and buffers; before the pools when graphs are on).
   int32_t prefill_cudnn_plans = 0;
   int64_t prefill_cudnn_bytes = 0;
+  // Tensor parallelism (kernels::TensorParallelDevice): the ranks the model is split over (1:
+  // not split), and the cliques made anew after a rank failed a step.
+  int32_t tensor_parallel_ranks = 1;
+  uint64_t tensor_parallel_rebuilds = 0;
 };
 
 class Device {

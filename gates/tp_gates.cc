@@ -105,6 +105,8 @@ TEST_F(TpGates, ARankFailureFailsTheStepOnEveryRankAndLeavesTheFrontiers) {
     EXPECT_EQ(tp_ids(tokens[rid[i]]), tp_ids(r.prompts[i].tokens)) << "prompt " << i;
   }
   EXPECT_EQ(e->metrics().counters.steps_failed, static_cast<uint64_t>(kFaults));
+  EXPECT_EQ(e->metrics().device.tensor_parallel_ranks, 2);
+  EXPECT_EQ(e->metrics().device.tensor_parallel_rebuilds, static_cast<uint64_t>(kFaults));
   std::printf(
       "[gate] TP=2 loopback: %d injected rank faults failed their steps, %llu cliques "
       "made anew, tokens == HF\n",

@@ -221,6 +221,11 @@ Result<int64_t, DeviceError> TensorParallelDevice::rank_free_memory_bytes() cons
   return least;
 }
 
-engine::DeviceStats TensorParallelDevice::stats() const { return ranks_[0]->stats(); }
+engine::DeviceStats TensorParallelDevice::stats() const {
+  engine::DeviceStats d = ranks_[0]->stats();
+  d.tensor_parallel_ranks = ranks();
+  d.tensor_parallel_rebuilds = comm_rebuilds_;
+  return d;
+}
 
 }  // namespace twinstep::kernels

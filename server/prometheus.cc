@@ -261,6 +261,14 @@ std::string render_prometheus(const engine::Metrics& m, const LatencySnapshot& l
          "Padding rows computed to fill a decode step up to its graph's bucket.");
   sample(out, "twinstep_cuda_graph_padding_rows_total", "",
          static_cast<double>(d.graph_padded_rows));
+  header(out, "twinstep_tensor_parallel_ranks", "gauge",
+         "GPUs (ranks) the model is split over; 1: not split.");
+  sample(out, "twinstep_tensor_parallel_ranks", "", d.tensor_parallel_ranks);
+  header(out, "twinstep_tensor_parallel_rebuilds_total", "counter",
+         "Communicator cliques made anew after a rank failed a step (the step failed on every "
+         "rank).");
+  sample(out, "twinstep_tensor_parallel_rebuilds_total", "",
+         static_cast<double>(d.tensor_parallel_rebuilds));
 
   histogram(out, "twinstep_time_to_first_token_seconds",
             "Time from submit to the first generated token, measured at the step loop.",

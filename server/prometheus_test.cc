@@ -34,6 +34,8 @@ TEST(Prometheus, RendersEveryFamily) {
   m.device.graph_eager_decode_steps = 7;
   m.device.graph_misses = 5;
   m.device.graph_padded_rows = 12;
+  m.device.tensor_parallel_ranks = 2;
+  m.device.tensor_parallel_rebuilds = 3;
   LatencySnapshot latency;
   latency.ttft.observe(0.002);
   latency.inter_token.observe(0.0004);
@@ -71,6 +73,10 @@ TEST(Prometheus, RendersEveryFamily) {
            "twinstep_decode_steps_total{mode=\"eager_miss\"} 5\n",
            "twinstep_decode_steps_total{mode=\"eager_other\"} 2\n",
            "twinstep_cuda_graph_padding_rows_total 12\n",
+           "# TYPE twinstep_tensor_parallel_ranks gauge\n",
+           "twinstep_tensor_parallel_ranks 2\n",
+           "# TYPE twinstep_tensor_parallel_rebuilds_total counter\n",
+           "twinstep_tensor_parallel_rebuilds_total 3\n",
            "twinstep_requests_finished_total{kind=\"aborted\"} 6\n",
            "twinstep_requests_finished_total{kind=\"stop\"} 0\n",
            "# TYPE twinstep_time_to_first_token_seconds histogram\n",
