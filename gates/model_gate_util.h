@@ -106,6 +106,33 @@ inline HfRefs load_refs(const fs::path& root, const std::string& geometry) {
   return r;
 }
 
+// Small pages and small steps, so the tiny models' prompts (>= 32 tokens, windows 16/24) are
+// prefilled in several chunks, span many pages, and release pages behind the window.
+inline engine::EngineConfig tiny_engine_config() {
+  engine::EngineConfig ec;
+  ec.page_size = 8;
+  ec.pages_global = 512;
+  ec.pages_local = 512;
+  ec.max_running = 16;
+  ec.max_step_tokens = 48;
+  return ec;
+}
+
+inline std::unique_ptr<engine::Engine> make_engine(const engine::ModelConfig& config,
+                                                   const engine::EngineConfig& ec,
+                                                   engine::Device& d) {
+  auto e = engine::Engine::create(config, ec, d);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+  return e.ok() ? std::move(e.value()) : nullptr;
+}
+
+// Token ids as "1,2,3" (readable gate failures).
+inline std::string ids(const std::vector<int32_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
 // No GPU is a failure, never a skip.
 class ModelGate : public ::testing::Test {
  protected:

@@ -23,31 +23,6 @@ namespace {
 using engine::Family;
 using engine::TerminalKind;
 
-// Small pages and small steps, so the tiny models' prompts (>= 32 tokens, windows 16/24) are
-// prefilled in several chunks, span many pages, and release pages behind the window.
-engine::EngineConfig tiny_engine_config() {
-  engine::EngineConfig ec;
-  ec.page_size = 8;
-  ec.pages_global = 512;
-  ec.pages_local = 512;
-  ec.max_running = 16;
-  ec.max_step_tokens = 48;
-  return ec;
-}
-
-std::unique_ptr<engine::Engine> make_engine(const engine::ModelConfig& config,
-                                            const engine::EngineConfig& ec, engine::Device& d) {
-  auto e = engine::Engine::create(config, ec, d);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
-  return e.ok() ? std::move(e.value()) : nullptr;
-}
-
-std::string ids(const std::vector<int32_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
 // Submits every reference prompt of `r` greedily for as many tokens as HF generated.
 std::vector<engine::RequestId> submit_greedy(engine::Engine& e, const HfRefs& r) {
   std::vector<engine::RequestId> rid;

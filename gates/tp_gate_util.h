@@ -15,29 +15,6 @@
 
 namespace twinstep::gates {
 
-inline engine::EngineConfig tp_engine_config() {
-  engine::EngineConfig ec;
-  ec.page_size = 8;
-  ec.pages_global = 512;
-  ec.pages_local = 512;
-  ec.max_running = 16;
-  ec.max_step_tokens = 48;
-  return ec;
-}
-
-inline std::string tp_ids(const std::vector<int32_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
-inline std::unique_ptr<engine::Engine> tp_engine_over(const engine::ModelConfig& config,
-                                                      engine::Device& d) {
-  auto e = engine::Engine::create(config, tp_engine_config(), d);
-  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
-  return e.ok() ? std::move(e.value()) : nullptr;
-}
-
 inline std::unique_ptr<kernels::TensorParallelDevice> make_tp_device(
     const engine::ModelWeights& w, int32_t ranks, kernels::TpTransport transport,
     kernels::CudaDeviceOptions o = {}) {
@@ -59,8 +36,8 @@ inline void expect_split_matches_unsplit(const HfRefs& r, const engine::ModelCon
                                          kernels::CudaDevice& one,
                                          kernels::TensorParallelDevice& tp,
                                          const std::string& label) {
-  auto e1 = tp_engine_over(config, one);
-  auto en = tp_engine_over(config, tp);
+  auto e1 = make_engine(config, tiny_engine_config(), one);
+  auto en = make_engine(config, tiny_engine_config(), tp);
   ASSERT_NE(e1, nullptr);
   ASSERT_NE(en, nullptr);
   std::vector<engine::RequestId> id1, idn;
@@ -109,9 +86,8 @@ inline void expect_split_matches_unsplit(const HfRefs& r, const engine::ModelCon
   EXPECT_LE(max_diff, r.logit_tol);
   EXPECT_EQ(rank_differ, 0) << "ranks returned different gathered logits";
   for (size_t i = 0; i < id1.size(); ++i) {
-    EXPECT_EQ(tp_ids(tokn[idn[i]]), tp_ids(tok1[id1[i]])) << "prompt " << i << ": TP against TP=1";
-    EXPECT_EQ(tp_ids(tokn[idn[i]]), tp_ids(r.prompts[i].tokens))
-        << "prompt " << i << ": TP against HF";
+    EXPECT_EQ(ids(tokn[idn[i]]), ids(tok1[id1[i]])) << "prompt " << i << ": TP against TP=1";
+    EXPECT_EQ(ids(tokn[idn[i]]), ids(r.prompts[i].tokens)) << "prompt " << i << ": TP against HF";
   }
 }
 

@@ -52,7 +52,7 @@ TEST_F(TpGates, ARankFailureFailsTheStepOnEveryRankAndLeavesTheFrontiers) {
   sim::FaultPlan faults0(6), faults1(7);
   tp->set_rank_faults(0, &faults0);
   tp->set_rank_faults(1, &faults1);
-  auto e = tp_engine_over(w->config(), *tp);
+  auto e = make_engine(w->config(), tiny_engine_config(), *tp);
   ASSERT_NE(e, nullptr);
   std::vector<engine::RequestId> rid;
   for (const HfPrompt& p : r.prompts) {
@@ -102,7 +102,7 @@ TEST_F(TpGates, ARankFailureFailsTheStepOnEveryRankAndLeavesTheFrontiers) {
   EXPECT_TRUE(e->idle());
   EXPECT_EQ(tp->comm_rebuilds(), static_cast<uint64_t>(kFaults));
   for (size_t i = 0; i < rid.size(); ++i) {
-    EXPECT_EQ(tp_ids(tokens[rid[i]]), tp_ids(r.prompts[i].tokens)) << "prompt " << i;
+    EXPECT_EQ(ids(tokens[rid[i]]), ids(r.prompts[i].tokens)) << "prompt " << i;
   }
   EXPECT_EQ(e->metrics().counters.steps_failed, static_cast<uint64_t>(kFaults));
   EXPECT_EQ(e->metrics().device.tensor_parallel_ranks, 2);

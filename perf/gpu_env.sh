@@ -11,6 +11,9 @@
 #   build_gates [TARGET...]  configure the gpu-gates preset and build TARGETs (all without
 #                          any) with 16 jobs, log in /tmp/build.log; on failure its first
 #                          errors and exit 1
+#   build_keep_going [TARGET...]  as build_gates, but every target that compiles is built (-k 0:
+#                          a gate that does not compile fails alone in ctest); errors printed,
+#                          no exit
 #   card_setup             the card's name, driver, clock and power limit; on a card under
 #                          100 GB, TWINSTEP_BENCH_DECODE_MAX_BATCH=64 (the pools an H100 holds)
 #   decode_arms NAME:SKINNY...  the quick decode bench once an arm, in the order given (one
@@ -50,6 +53,12 @@ build_gates() {  # build_gates [TARGET...]
   [ $# -gt 0 ] && targets=(--target "$@")
   { cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 "${targets[@]}"; } \
     > /tmp/build.log 2>&1 || { grep -m 30 -E "error|Error" /tmp/build.log; exit 1; }
+}
+build_keep_going() {  # build_keep_going [TARGET...]: every target that compiles (-k 0); errors shown
+  local targets=()
+  [ $# -gt 0 ] && targets=(--target "$@")
+  { cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 "${targets[@]}" -- -k 0; } \
+    > /tmp/build.log 2>&1 || grep -m 20 -E "error" /tmp/build.log
 }
 card_setup() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader

@@ -7,9 +7,7 @@
 # left of the call (END_S, default 570 s after the start).
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 card_setup
-# Every target that compiles (-k 0): a gate that does not compile fails alone in ctest.
-{ cmake --preset gpu-gates && cmake --build build/gpu-gates -j16 -- -k 0; } > /tmp/build.log 2>&1 ||
-  grep -m 20 -E "error" /tmp/build.log
+build_keep_going
 t built
 for arm in def attn; do
   v=""

@@ -4,9 +4,7 @@
 # GPU (TpGates, TpLoopbackGates) in what is left (END_S after the start, default 400).
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 card_setup
-{ cmake --preset gpu-gates &&
-  cmake --build build/gpu-gates -j16 --target engine_throughput_bench tp_gates tp_loopback_gates \
-    -- -k 0; } > /tmp/build.log 2>&1 || grep -m 20 -E "error" /tmp/build.log
+build_keep_going engine_throughput_bench tp_gates tp_loopback_gates
 t built
 # SKIP_AB=1: the gates only (a budget of ~4 minutes).
 for arm in $([ -n "${SKIP_AB:-}" ] || echo def attn); do

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "engine/checkpoint.h"
 #include "kernels/cuda_device.h"
@@ -33,6 +35,43 @@ class OwningCudaDevice final : public engine::Device {
   std::unique_ptr<engine::ModelWeights> weights_;
   std::unique_ptr<engine::Device> device_;
 };
+
+// Sizes engine's pools from options.gpu_memory_fraction of free_bytes() (under tensor
+// parallelism, `tp`, a rank's free memory and a rank's page bytes), or keeps the engine's; the
+// pools' line goes on `summary`. An error names the fraction that leaves no room.
+template <class FreeBytes>
+std::optional<std::string> size_pools(FreeBytes&& free_bytes, const engine::ModelConfig& model,
+                                      const engine::TensorParallelPlan* tp,
+                                      const CudaBackendOptions& options,
+                                      engine::EngineConfig& engine, std::string& summary) {
+  char line[256];
+  if (!options.gpu_memory_fraction) {
+    std::snprintf(line, sizeof line, "pools: %d global + %d local pages", engine.pages_global,
+                  engine.pages_local);
+    summary += line;
+    return std::nullopt;
+  }
+  auto free = free_bytes();
+  if (!free) return "CUDA device: " + free.error().message;
+  const double fraction = *options.gpu_memory_fraction;
+  const auto budget = static_cast<int64_t>(static_cast<double>(free.value()) * fraction);
+  const kernels::PoolPages pages =
+      kernels::pool_pages_for_bytes(model, engine.page_size, engine.max_running, budget, tp);
+  const char* whose = tp != nullptr ? " of a rank's " : " of ";
+  if (pages.global <= 0 || pages.local <= 0) {
+    return "--gpu-memory-fraction " + std::to_string(fraction) + whose +
+           std::to_string(free.value() >> 20) +
+           " MiB free leaves no room for a page of each family";
+  }
+  engine.pages_global = pages.global;
+  engine.pages_local = pages.local;
+  std::snprintf(line, sizeof line,
+                "pools from %.2f%s%.1f GiB free: %d global + %d local pages (%.1f GiB%s)", fraction,
+                whose, free.value() / 1073741824.0, pages.global, pages.local,
+                pages.bytes / 1073741824.0, tp != nullptr ? " a rank" : "");
+  summary += line;
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -66,30 +105,10 @@ Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
     std::snprintf(line, sizeof line, "%s; decode graphs: off (tensor parallelism); ",
                   d.name().c_str());
     backend.summary += line;
-    if (options.gpu_memory_fraction) {
-      auto free_bytes = d.rank_free_memory_bytes();
-      if (!free_bytes) return unexpected("CUDA device: " + free_bytes.error().message);
-      const auto budget = static_cast<int64_t>(static_cast<double>(free_bytes.value()) *
-                                               *options.gpu_memory_fraction);
-      const kernels::PoolPages pages = kernels::pool_pages_for_bytes(
-          backend.model, engine.page_size, engine.max_running, budget, &d.plan());
-      if (pages.global <= 0 || pages.local <= 0) {
-        return unexpected("--gpu-memory-fraction " + std::to_string(*options.gpu_memory_fraction) +
-                          " of a rank's " + std::to_string(free_bytes.value() >> 20) +
-                          " MiB free leaves no room for a page of each family");
-      }
-      engine.pages_global = pages.global;
-      engine.pages_local = pages.local;
-      std::snprintf(line, sizeof line,
-                    "pools from %.2f of a rank's %.1f GiB free: %d global + %d local pages "
-                    "(%.1f GiB a rank)",
-                    *options.gpu_memory_fraction, free_bytes.value() / 1073741824.0, pages.global,
-                    pages.local, pages.bytes / 1073741824.0);
-    } else {
-      std::snprintf(line, sizeof line, "pools: %d global + %d local pages", engine.pages_global,
-                    engine.pages_local);
+    if (auto error = size_pools([&] { return d.rank_free_memory_bytes(); }, backend.model,
+                                &d.plan(), options, engine, backend.summary)) {
+      return unexpected(std::move(*error));
     }
-    backend.summary += line;
     backend.device = std::make_unique<OwningCudaDevice>(std::move(weights), std::move(tp.value()));
     return backend;
   }
@@ -115,29 +134,10 @@ Result<CudaBackend, std::string> make_cuda_backend(const std::string& model_dir,
   } else {
     backend.summary += "decode graphs: off; ";
   }
-  if (options.gpu_memory_fraction) {
-    auto free_bytes = d.free_memory_bytes();
-    if (!free_bytes) return unexpected("CUDA device: " + free_bytes.error().message);
-    const auto budget = static_cast<int64_t>(static_cast<double>(free_bytes.value()) *
-                                             *options.gpu_memory_fraction);
-    const kernels::PoolPages pages =
-        kernels::pool_pages_for_bytes(backend.model, engine.page_size, engine.max_running, budget);
-    if (pages.global <= 0 || pages.local <= 0) {
-      return unexpected("--gpu-memory-fraction " + std::to_string(*options.gpu_memory_fraction) +
-                        " of " + std::to_string(free_bytes.value() >> 20) +
-                        " MiB free leaves no room for a page of each family");
-    }
-    engine.pages_global = pages.global;
-    engine.pages_local = pages.local;
-    std::snprintf(line, sizeof line,
-                  "pools from %.2f of %.1f GiB free: %d global + %d local pages (%.1f GiB)",
-                  *options.gpu_memory_fraction, free_bytes.value() / 1073741824.0, pages.global,
-                  pages.local, pages.bytes / 1073741824.0);
-  } else {
-    std::snprintf(line, sizeof line, "pools: %d global + %d local pages", engine.pages_global,
-                  engine.pages_local);
+  if (auto error = size_pools([&] { return d.free_memory_bytes(); }, backend.model, nullptr,
+                              options, engine, backend.summary)) {
+    return unexpected(std::move(*error));
   }
-  backend.summary += line;
   backend.device =
       std::make_unique<OwningCudaDevice>(std::move(weights), std::move(device.value()));
   return backend;
