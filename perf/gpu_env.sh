@@ -19,6 +19,9 @@
 #   decode_arms NAME:SKINNY...  the quick decode bench once an arm, in the order given (one
 #                          process an arm), TWINSTEP_SKINNY=SKINNY (empty: unset, the defaults),
 #                          log $OUT/dec_NAME.log, its decode lines printed
+#   apply_decision         where build/gpu-gates/s22_decision says "fold" (perf/gpu_s22_h200.sh),
+#                          perf/s22_qkv_write_default.patch applied to this tree unless it is in
+#                          it already (the fold as the forward's default)
 #   link_build_bin BUILD BINDIR  BUILD/bin (the build dir compiled into the carried model gates)
 #                          made a link to the carried BINDIR, /work/main linked to this tree
 #                          where the gates' sources are not there
@@ -40,6 +43,15 @@ part() {  # part NAME LIMIT BINARY ARGS...
 summary() {  # summary LOG: the gate lines and verdicts of a gtest log
   grep -E "\[gate\]|${SUMMARY_MORE:+$SUMMARY_MORE|}OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
     grep -v "Google Test trace" | cut -c1-${SUMMARY_CUT:-420} | head -${LINES_MAX:-60}
+}
+apply_decision() {
+  local p=perf/s22_qkv_write_default.patch
+  [ "$(cat build/gpu-gates/s22_decision 2>/dev/null)" = fold ] || return 0
+  if patch -p1 -N -s --dry-run < $p > /dev/null 2>&1; then
+    patch -p1 -N -s < $p && echo "applied $p (the fold as the default)"
+  else
+    echo "$p: in this tree already"
+  fi
 }
 link_build_bin() {  # link_build_bin BUILD BINDIR
   if [ ! -e /work/main/gates/hf/make_refs.py ]; then

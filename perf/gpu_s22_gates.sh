@@ -9,6 +9,7 @@
 # FRESH=1 forgets the record (a new tree: the build is redone anyway, the record is not).
 . "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv,noheader
+apply_decision  # the q/k/v write's default as perf/gpu_s22_h200.sh decided on this machine
 build_gates
 t built
 rec=build/gpu-gates/gates_ran.txt
