@@ -1,6 +1,7 @@
 #include "kernels/tp_comm.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
 namespace twinstep::kernels {
@@ -106,7 +107,7 @@ KernelStatus LoopbackComm::all_reduce_sum(bf16* data, int64_t n, cudaStream_t st
   c.in_[r] = data;
   if (status.ok()) status = cuda_check(cudaEventRecord(c.ready_[r], stream), "ready");
   c.barrier_.arrive_and_wait();
-  std::vector<const bf16*> a(c.ranks_);
+  std::array<const bf16*, kLoopbackMaxRanks> a{};  // no allocation a collective
   bool all_in = true;
   for (int32_t q = 0; q < c.ranks_; ++q) {
     a[q] = static_cast<const bf16*>(c.in_[q]);

@@ -1,11 +1,10 @@
-// kernels/tp_device.cc: the ranks of a tensor-parallel device, one host thread each per call.
+// kernels/tp_device.cc: the ranks of a tensor-parallel device, each call on every rank's worker.
 #include "kernels/tp_device.h"
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "kernels/nccl_comm.h"
@@ -32,21 +31,6 @@ int TensorParallelDevice::rank_ordinal(int32_t r) const {
   return options_.transport == TpTransport::kNccl ? r : options_.rank_options.device_ordinal;
 }
 
-template <class F>
-void TensorParallelDevice::on_ranks(F&& f) {
-  const int32_t n = ranks();
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int32_t r = 0; r < n; ++r) {
-    threads.emplace_back([this, r, &f] {
-      // The rank's GPU for this thread; a failure shows in the rank's own first CUDA call.
-      (void)cudaSetDevice(rank_ordinal(r));
-      f(r);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-}
-
 engine::Status<DeviceError> TensorParallelDevice::make_comms() {
   const int32_t n = plan_.ranks;
   std::vector<std::unique_ptr<TpComm>> comms(n);
@@ -59,18 +43,14 @@ engine::Status<DeviceError> TensorParallelDevice::make_comms() {
     if (!id) return tp_error(DeviceErrorCode::kCuda, id.error().message);
     std::vector<std::string> errors(n);
     // NCCL's ranks of one clique join concurrently (each blocks until all have).
-    std::vector<std::thread> threads;
-    for (int32_t r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        auto c = NcclComm::create(id.value(), n, r, r);
-        if (c) {
-          comms[r] = std::move(c.value());
-        } else {
-          errors[r] = c.error().message;
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    on_ranks([&](int32_t r) {
+      auto c = NcclComm::create(id.value(), n, r, r);
+      if (c) {
+        comms[r] = std::move(c.value());
+      } else {
+        errors[r] = c.error().message;
+      }
+    });
     for (int32_t r = 0; r < n; ++r) {
       if (!errors[r].empty()) {
         return tp_error(DeviceErrorCode::kCuda, "rank " + std::to_string(r) + ": " + errors[r]);
@@ -78,7 +58,13 @@ engine::Status<DeviceError> TensorParallelDevice::make_comms() {
     }
   }
   for (int32_t r = 0; r < n && r < ranks(); ++r) ranks_[r]->set_tp_comm(comms[r].get());
-  comms_ = std::move(comms);  // the old ones go only once no device points at them
+  // The old ones go only once no device points at them, each on its rank's worker, all at once
+  // (a clique's communicators are destroyed together, never one rank after the other).
+  std::vector<std::unique_ptr<TpComm>> old = std::move(comms_);
+  comms_ = std::move(comms);
+  on_ranks([&](int32_t r) {
+    if (r < static_cast<int32_t>(old.size())) old[r].reset();
+  });
   return Ok{};
 }
 
@@ -102,37 +88,44 @@ Result<std::unique_ptr<TensorParallelDevice>, DeviceError> TensorParallelDevice:
   std::unique_ptr<TensorParallelDevice> d(new TensorParallelDevice());
   d->plan_ = split.value();
   d->options_ = options;
+  // A worker a rank for the device's life, its CUDA device set once (a failure shows in the
+  // rank's own first CUDA call).
+  d->workers_ = std::make_unique<RankWorkers>(
+      options.ranks, [dev = d.get()](int32_t r) { (void)cudaSetDevice(dev->rank_ordinal(r)); });
   if (auto s = d->make_comms(); !s.ok()) return unexpected(s.error());
   const int32_t n = options.ranks;
   std::vector<std::unique_ptr<CudaDevice>> devices(n);
   std::vector<std::optional<DeviceError>> errors(n);
-  // One thread a rank: each uploads its share while the others do.
-  std::vector<std::thread> threads;
-  for (int32_t r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      CudaDeviceOptions o = options.rank_options;
-      o.device_ordinal = d->rank_ordinal(r);
-      o.tp_comm = d->comms_[r].get();
-      if (r != 0) o.faults = nullptr;
-      auto dev = CudaDevice::create(config, weights, o);
-      if (dev) {
-        devices[r] = std::move(dev.value());
-      } else {
-        errors[r] = dev.error();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  // Each rank uploads its share while the others do.
+  d->on_ranks([&](int32_t r) {
+    CudaDeviceOptions o = options.rank_options;
+    o.device_ordinal = d->rank_ordinal(r);
+    o.tp_comm = d->comms_[r].get();
+    if (r != 0) o.faults = nullptr;
+    auto dev = CudaDevice::create(config, weights, o);
+    if (dev) {
+      devices[r] = std::move(dev.value());
+    } else {
+      errors[r] = dev.error();
+    }
+  });
+  d->ranks_ = std::move(devices);  // the ones made: freed by ~TensorParallelDevice on failure
   for (int32_t r = 0; r < n; ++r) {
     if (errors[r]) return unexpected(named(*errors[r], r, n));
   }
-  d->ranks_ = std::move(devices);
   return d;
 }
 
 TensorParallelDevice::~TensorParallelDevice() {
-  ranks_.clear();  // before the communicators they point at
-  comms_.clear();
+  if (workers_ == nullptr) return;
+  // Each rank's device, then its communicator (the device points at it), freed on the rank's
+  // worker (its CUDA device current), all ranks at once.
+  on_ranks([&](int32_t r) {
+    if (r < static_cast<int32_t>(ranks_.size())) ranks_[r].reset();
+  });
+  on_ranks([&](int32_t r) {
+    if (r < static_cast<int32_t>(comms_.size())) comms_[r].reset();
+  });
 }
 
 std::string TensorParallelDevice::name() const {

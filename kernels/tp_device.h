@@ -1,6 +1,7 @@
 // kernels/tp_device.h: tensor parallelism as an engine::Device (issue 17). One scheduler, N
 // ranks: every rank is a CudaDevice holding its share of the model (CudaDeviceOptions::tp_comm),
-// and every Device call runs on all of them at once, one host thread a rank (threads, not
+// and every Device call runs on all of them at once, one persistent host thread a rank
+// (kernels/rank_workers.h: started once, its CUDA device set once; threads, not
 // processes: the ranks share the process's one plan, the weights are cut from one host
 // checkpoint, a failed rank is seen at once, and NCCL's communicators of one clique are created
 // concurrently from threads; the cost is that a rank's crash is the process's, which is what one
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "engine/device.h"
 #include "engine/tensor_parallel.h"
 #include "kernels/cuda_device.h"
+#include "kernels/rank_workers.h"
 #include "kernels/tp_comm.h"
 
 namespace twinstep::kernels {
@@ -77,9 +80,8 @@ class TensorParallelDevice final : public engine::Device {
 
  private:
   TensorParallelDevice() = default;
-  // f(r) for every rank at once, rank r on a thread whose current CUDA device is the rank's.
-  template <class F>
-  void on_ranks(F&& f);
+  // f(r) for every rank at once, rank r on its worker (whose current CUDA device is the rank's).
+  void on_ranks(const std::function<void(int32_t)>& f) { workers_->run(f); }
   // New communicators for every rank (the first ones, or after an abort).
   engine::Status<engine::DeviceError> make_comms();
   int rank_ordinal(int32_t r) const;
@@ -89,6 +91,8 @@ class TensorParallelDevice final : public engine::Device {
   std::vector<std::unique_ptr<TpComm>> comms_;
   std::vector<std::unique_ptr<CudaDevice>> ranks_;
   uint64_t comm_rebuilds_ = 0;
+  // The ranks' threads; the destructor frees the devices and communicators on them first.
+  std::unique_ptr<RankWorkers> workers_;
 };
 
 }  // namespace twinstep::kernels
