@@ -86,7 +86,9 @@ TEST_F(TpGates, ARankFailureFailsTheStepOnEveryRankAndLeavesTheFrontiers) {
       ++failed_steps;
       for (const engine::RequestUpdate& u : out.updates) {
         EXPECT_TRUE(u.new_tokens.empty()) << u.id << " got tokens from a failed step";
-        if (kv.count(u.id)) EXPECT_EQ(u.kv_len, kv[u.id]) << u.id << " frontier moved";
+        if (kv.count(u.id)) {
+          EXPECT_EQ(u.kv_len, kv[u.id]) << u.id << " frontier moved";
+        }
         EXPECT_FALSE(u.terminal.has_value());
       }
       ASSERT_TRUE(e->check_invariants().empty());

@@ -1147,6 +1147,10 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
         DeviceError{DeviceErrorCode::kFault, "injected fault: launch", engine::FaultSite::kLaunch});
   }
   launches_ += 1;
+  // Tensor parallelism: a step whose logits only feed greedy ids keeps each rank's slice and
+  // gathers one (value, index) pair a row a rank instead (ModelForward::tp_greedy_argmax).
+  const bool tp_argmax = options_.tp_comm != nullptr && greedy_ids_only(plan);
+  views.value().whole_logits = !tp_argmax;
   auto logits = forward_->run(views.value());
   host_phases_.forward_setup_us = forward_->last_setup_us();
   if (!logits) {
@@ -1160,7 +1164,28 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return unexpected(DeviceError{DeviceErrorCode::kFault, "injected fault: after KV write",
                                   engine::FaultSite::kAfterKvWrite});
   }
+  if (tp_argmax && plan.num_logits > 0) {
+    if (auto r = reserve_sampled(plan.num_logits); !r.ok()) return unexpected(r.error());
+    if (auto s =
+            forward_->tp_greedy_argmax(logits.value(), plan.num_logits, device_sampled_, stream_);
+        !s.ok()) {
+      cudaStreamSynchronize(stream_);
+      return unexpected(from_kernel(s.error()));
+    }
+    return sample(plan, nullptr, /*argmax_done=*/true);
+  }
   return sample(plan, logits.value(), /*argmax_done=*/false);
+}
+
+// Every logits row samples greedily and nothing else reads the logits (no logprobs asked, no
+// capture): sample() then needs the ids alone (its need_host and logprob conditions).
+bool CudaDevice::greedy_ids_only(const engine::StepPlan& plan) const {
+  if (options_.capture_logits) return false;
+  for (const engine::PlanSeq& seq : plan.seqs) {
+    if (seq.logits_index < 0) continue;
+    if (!seq.sampling.greedy() || seq.sampling.top_logprobs >= 0) return false;
+  }
+  return true;
 }
 
 Result<std::vector<uint16_t>, DeviceError> CudaDevice::download_pool(Family family) const {

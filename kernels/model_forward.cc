@@ -14,6 +14,7 @@
 #include "kernels/fused_norms.h"
 #include "kernels/gemm_gated.h"
 #include "kernels/gemm_stream.h"
+#include "kernels/tp_argmax.h"
 
 namespace twinstep::kernels {
 namespace {
@@ -450,6 +451,18 @@ KernelStatus ModelForward::gather_logits(const float* slice_logits, int32_t num_
   return Ok{};
 }
 
+// The pairs and the slice's argmax (int32, after the pairs) in tp_logits_, the ranks' pairs
+// gathered into tp_gathered_: both hold num_logits x vocab_total floats.
+KernelStatus ModelForward::tp_greedy_argmax(const float* slice_logits, int32_t num_logits,
+                                            int32_t* out, cudaStream_t stream) {
+  TS_CHECK(tp_.comm != nullptr && num_logits <= logits_capacity_)
+      << "tp_greedy_argmax: " << num_logits << " rows, capacity " << logits_capacity_;
+  if (num_logits == 0) return Ok{};
+  return kernels::tp_greedy_argmax(
+      slice_logits, num_logits, model_.config().vocab_size, *tp_.comm, tp_logits_,
+      reinterpret_cast<int32_t*>(tp_logits_ + 2 * int64_t{num_logits}), tp_gathered_, out, stream);
+}
+
 void ModelForward::set_cudnn_local_prefill(bool on) {
   TS_CHECK(arena_ == nullptr) << "set_cudnn_local_prefill after the first reserve()";
   TS_CHECK(!(on && batch_invariant_)) << "cuDNN prefill in the batch-invariant mode";
@@ -812,7 +825,7 @@ Result<const float*, KernelError> ModelForward::run(const StepViews& step) {
   }
   TS_TRY(lm_head(model_, blas_, b, step.logit_rows, step.num_logits, R, stream));
   TS_TRY(prefetch_.end());
-  if (tp_.comm != nullptr) {
+  if (tp_.comm != nullptr && step.whole_logits) {
     if (step.num_logits > 0) TS_TRY(gather_logits(b.logits, step.num_logits, stream));
     mark(ForwardPhase::kEnd, stream);
     return static_cast<const float*>(tp_logits_);

@@ -90,6 +90,10 @@ struct StepViews {
   // out: decode rows, short chunks): attention_prefill_tc runs them after cuDNN, in the same
   // layer. prefill_tiles stays the whole step's, for a step whose prepare() refuses.
   PrefillTilesView cudnn_rest_tiles;
+  // Tensor parallelism: false when every logits row of the step samples greedily with nothing
+  // else reading its logits (no logprobs, no capture): run() then leaves the logits as the
+  // rank's vocabulary slice, ungathered, for ModelForward::tp_greedy_argmax.
+  bool whole_logits = true;
 };
 
 // The batch-invariant mode's key chunks (ModelForward::set_batch_invariant): a row's keys are
@@ -123,9 +127,16 @@ class ModelForward {
 
   // Runs every layer over the step's rows (writing their K/V into the pools), then the final
   // norm, LM head and softcap of the logits rows. Returns the device logits [num_logits,
-  // vocab] fp32 (the model's whole vocabulary under tensor parallelism), valid until the next
+  // vocab] fp32 (the model's whole vocabulary under tensor parallelism, unless the step's
+  // whole_logits is false: then the rank's slice, [num_logits, slice]), valid until the next
   // call.
   Result<const float*, KernelError> run(const StepViews& step);
+  // Tensor parallelism, after a run() whose step had whole_logits false: out[i] = the model's
+  // greedy id of logits row i (ops.h argmax's contract on the whole row), the same on every
+  // rank, from the ranks' slices (kernels/tp_argmax.h: one (value, index) pair a row a rank
+  // all-gathered instead of the rows).
+  KernelStatus tp_greedy_argmax(const float* slice_logits, int32_t num_logits, int32_t* out,
+                                cudaStream_t stream);
   // Tensor parallelism: set before the first reserve() (its gather buffers) and before any graph
   // capture; set_tp_comm swaps the communicator afterwards (a new clique after a rank failed:
   // same ranks, same rank). The batch-invariant mode is refused with it (an assertion): the
