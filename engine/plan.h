@@ -117,6 +117,16 @@ struct StepPlan {
   int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
   const FamilyPlan& family(Family f) const { return f == Family::kGlobal ? global : local; }
   FamilyPlan& family(Family f) { return f == Family::kGlobal ? global : local; }
+  // Every logits row samples greedily and asks for no logprobs: the step's logits feed argmax
+  // ids only (under tensor parallelism the ranks then gather one (value, index) pair a row
+  // instead of the rows: kernels/tp_argmax.h, and the simulator's TpComm prices it so).
+  bool logits_feed_greedy_ids_only() const {
+    for (const PlanSeq& seq : seqs) {
+      if (seq.logits_index < 0) continue;
+      if (!seq.sampling.greedy() || seq.sampling.top_logprobs >= 0) return false;
+    }
+    return true;
+  }
 };
 
 }  // namespace twinstep::engine

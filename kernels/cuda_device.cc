@@ -1149,7 +1149,9 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
   launches_ += 1;
   // Tensor parallelism: a step whose logits only feed greedy ids keeps each rank's slice and
   // gathers one (value, index) pair a row a rank instead (ModelForward::tp_greedy_argmax).
-  const bool tp_argmax = options_.tp_comm != nullptr && greedy_ids_only(plan);
+  // (sample() then needs the ids alone: no host sampling, no logprobs, no captured logits.)
+  const bool tp_argmax =
+      options_.tp_comm != nullptr && !options_.capture_logits && plan.logits_feed_greedy_ids_only();
   views.value().whole_logits = !tp_argmax;
   auto logits = forward_->run(views.value());
   host_phases_.forward_setup_us = forward_->last_setup_us();
@@ -1175,17 +1177,6 @@ engine::Result<engine::DeviceOutput, DeviceError> CudaDevice::execute_on(
     return sample(plan, nullptr, /*argmax_done=*/true);
   }
   return sample(plan, logits.value(), /*argmax_done=*/false);
-}
-
-// Every logits row samples greedily and nothing else reads the logits (no logprobs asked, no
-// capture): sample() then needs the ids alone (its need_host and logprob conditions).
-bool CudaDevice::greedy_ids_only(const engine::StepPlan& plan) const {
-  if (options_.capture_logits) return false;
-  for (const engine::PlanSeq& seq : plan.seqs) {
-    if (seq.logits_index < 0) continue;
-    if (!seq.sampling.greedy() || seq.sampling.top_logprobs >= 0) return false;
-  }
-  return true;
 }
 
 Result<std::vector<uint16_t>, DeviceError> CudaDevice::download_pool(Family family) const {

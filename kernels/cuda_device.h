@@ -398,8 +398,6 @@ class CudaDevice final : public engine::Device {
   CudaDevice() = default;
   std::optional<engine::DeviceError> validate(const engine::StepPlan& plan) const;
   bool fire(engine::FaultSite site);
-  // Every logits row of the plan samples greedily, and nothing reads its logits but the argmax.
-  bool greedy_ids_only(const engine::StepPlan& plan) const;
   // cudnn: the step's cuDNN batch (choose_cudnn) or null; its seqs get no local tiles in
   // StepViews::cudnn_rest_tiles.
   Result<StepViews, engine::DeviceError> upload(const engine::StepPlan& plan,

@@ -365,10 +365,11 @@ std::shared_ptr<const CalibratedCost> default_calibration_12b() {
 }
 
 double TpComm::step_ns(const engine::ModelConfig& model, const engine::TensorParallelPlan& plan,
-                       int32_t rows, int32_t logits) const {
+                       int32_t rows, int32_t logits, bool greedy_ids_only) const {
   if (plan.ranks <= 1) return 0;
   const double reduced = static_cast<double>(plan.allreduce_bytes_per_row(model)) * rows;
-  const double gathered = static_cast<double>(logits) * model.vocab_size * sizeof(float);
+  const double row_bytes = greedy_ids_only ? 8.0 * plan.ranks : model.vocab_size * 4.0;
+  const double gathered = static_cast<double>(logits) * row_bytes;
   const double share = static_cast<double>(plan.ranks - 1) / plan.ranks;
   return plan.collectives_per_step(model) * call_ns +
          (2.0 * share * reduced + share * gathered) / bus_bytes_per_s * 1e9;
@@ -388,7 +389,9 @@ CalibratedClock::CalibratedClock(const engine::ModelConfig& model,
 
 int64_t CalibratedClock::step_ns(const engine::StepPlan& plan) const {
   const double ns = cost_->predict_ns(geometry_.features(step_shape(plan))) +
-                    (tp_ ? comm_.step_ns(model_, *tp_, plan.num_rows(), plan.num_logits) : 0.0);
+                    (tp_ ? comm_.step_ns(model_, *tp_, plan.num_rows(), plan.num_logits,
+                                         plan.logits_feed_greedy_ids_only())
+                         : 0.0);
   TS_CHECK(std::isfinite(ns) && ns >= 0) << "predicted " << ns << " ns";
   return std::llround(ns);
 }

@@ -180,9 +180,11 @@ struct TpComm {
   double bus_bytes_per_s = 350e9;
   double call_ns = 12'000;
   // The collectives' time in a step of `rows` rows and `logits` logits rows over `plan`'s ranks
-  // (0 for one rank).
+  // (0 for one rank). The logits rows are gathered whole (vocabulary x 4 bytes a row), or, when
+  // they feed greedy ids only (StepPlan::logits_feed_greedy_ids_only), as one 8-byte (value,
+  // index) pair a row a rank, as the CUDA ranks do.
   double step_ns(const engine::ModelConfig& model, const engine::TensorParallelPlan& plan,
-                 int32_t rows, int32_t logits) const;
+                 int32_t rows, int32_t logits, bool greedy_ids_only) const;
 };
 
 // A calibrated clock for one model: the geometry and the coefficients together. Under tensor

@@ -587,8 +587,9 @@ engine::StepPlan prefill_step(int32_t seqs, int32_t rows_each) {
 // (between half and all of one GPU's time) plus the collectives, whose time is worked here by
 // hand from TpComm's figures: 98 collectives a step (the embedding's all-reduce, o_proj's and
 // down's in 48 layers, the LM head's gather), 97 x 3840 x 2 bytes a row all-reduced, which a
-// two-rank ring moves once (2 (N - 1) / N = 1), and the logits rows' 262144 x 4 bytes each
-// gathered, half of which a rank receives ((N - 1) / N).
+// two-rank ring moves once (2 (N - 1) / N = 1), and what the logits rows gather, half of which a
+// rank receives ((N - 1) / N): 262144 x 4 bytes a row when they are sampled (temperature > 0),
+// one 8-byte (value, index) pair a row a rank (2 x 8 bytes) when they feed greedy ids only.
 TEST(CalibratedClock, TensorParallelChargesOneRanksShareAndTheCollectives) {
   auto cost = default_calibration_12b();
   ASSERT_NE(cost, nullptr) << "the build carries no calibration";
@@ -598,21 +599,35 @@ TEST(CalibratedClock, TensorParallelChargesOneRanksShareAndTheCollectives) {
   const CalibratedClock one(model, cost);
   const CalibratedClock two(model, cost, &tp.value());
   const CalibratedClock rank(tp->rank_geometry(model), cost);
-  const engine::StepPlan prefill = tp_clock::prefill_step(4, 2048);
   const TpComm comm;
+  const auto sampled = [](engine::StepPlan plan) {
+    for (engine::PlanSeq& seq : plan.seqs) seq.sampling.temperature = 0.7f;
+    return plan;
+  };
+  const engine::StepPlan greedy_prefill = tp_clock::prefill_step(4, 2048);
+  const engine::StepPlan prefill = sampled(greedy_prefill);
   ASSERT_EQ(prefill.num_logits, 4);
-  const double comm_ns =
-      98 * comm.call_ns +
-      (97.0 * 3840 * 2 * prefill.num_rows() + 0.5 * 4 * 262144 * 4) / comm.bus_bytes_per_s * 1e9;
-  EXPECT_NEAR(static_cast<double>(two.step_ns(prefill) - rank.step_ns(prefill)), comm_ns, 1.0);
+  ASSERT_TRUE(greedy_prefill.logits_feed_greedy_ids_only());
+  ASSERT_FALSE(prefill.logits_feed_greedy_ids_only());
+  const double reduced_bytes = 97.0 * 3840 * 2 * prefill.num_rows();
+  EXPECT_NEAR(
+      static_cast<double>(two.step_ns(prefill) - rank.step_ns(prefill)),
+      98 * comm.call_ns + (reduced_bytes + 0.5 * 4 * 262144 * 4) / comm.bus_bytes_per_s * 1e9, 1.0);
+  EXPECT_NEAR(static_cast<double>(two.step_ns(greedy_prefill) - rank.step_ns(greedy_prefill)),
+              98 * comm.call_ns + (reduced_bytes + 0.5 * 4 * 2 * 8) / comm.bus_bytes_per_s * 1e9,
+              1.0);
   EXPECT_LT(two.step_ns(prefill), one.step_ns(prefill));
   EXPECT_GT(rank.step_ns(prefill), one.step_ns(prefill) / 2) << "fixed terms stay per rank";
   // A decode step of one row: the collectives are their calls' latency.
-  const engine::StepPlan decode = tp_clock::prefill_step(1, 1);
+  const engine::StepPlan decode = sampled(tp_clock::prefill_step(1, 1));
   ASSERT_EQ(decode.num_logits, 1);
   EXPECT_NEAR(static_cast<double>(two.step_ns(decode) - rank.step_ns(decode)),
               98 * comm.call_ns + (97.0 * 3840 * 2 + 0.5 * 262144 * 4) / comm.bus_bytes_per_s * 1e9,
               1.0);
+  // Logprobs read the whole rows: a greedy row that asks for them gathers them.
+  engine::StepPlan logprobs = tp_clock::prefill_step(1, 1);
+  logprobs.seqs[0].sampling.top_logprobs = 0;
+  EXPECT_EQ(two.step_ns(logprobs), two.step_ns(decode));
   // One rank given as a plan is the plain clock.
   auto single = engine::tensor_parallel_plan(model, 1);
   ASSERT_TRUE(single.ok());
@@ -637,7 +652,8 @@ TEST(CalibratedClock, SimDeviceUnderTensorParallelism) {
     ASSERT_TRUE(device.bind(g, l).ok());
     auto out = device.execute(plan);
     ASSERT_TRUE(out.ok()) << out.error().message;
-    const double comm_ns = TpComm{}.step_ns(model, tp.value(), plan.num_rows(), plan.num_logits);
+    const double comm_ns =
+        TpComm{}.step_ns(model, tp.value(), plan.num_rows(), plan.num_logits, true);
     if (calibrated) {
       EXPECT_EQ(out->cost_ns, CalibratedClock(model, cm.calibrated, &tp.value()).step_ns(plan));
     } else {

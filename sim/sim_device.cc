@@ -126,9 +126,12 @@ SimDevice::SimDevice(const engine::ModelConfig& model, engine::FaultInjector* fa
   }
 }
 
-int64_t SimDevice::three_term_ns(int32_t rows, int32_t logits, int64_t reads) const {
+int64_t SimDevice::three_term_ns(const engine::StepPlan& plan, int64_t reads) const {
+  const int32_t rows = plan.num_rows();
   const int64_t ranks = tp_ ? tp_->ranks : 1;
-  const double comm = tp_ ? TpComm{}.step_ns(model_, *tp_, rows, logits) : 0.0;
+  const double comm = tp_ ? TpComm{}.step_ns(model_, *tp_, rows, plan.num_logits,
+                                             plan.logits_feed_greedy_ids_only())
+                          : 0.0;
   return cost_.base_ns + (cost_.per_row_ns * rows + cost_.per_kv_read_ns * reads) / ranks +
          std::llround(comm);
 }
@@ -412,7 +415,7 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     if (clock_) {
       now_ns_ += launched ? clock_->step_ns(plan) : clock_->refused_ns();
     } else {
-      now_ns_ += launched ? three_term_ns(plan.num_rows(), plan.num_logits, 0) : cost_.base_ns;
+      now_ns_ += launched ? three_term_ns(plan, 0) : cost_.base_ns;
     }
     return engine::unexpected(DeviceError{
         DeviceErrorCode::kFault, "injected fault at " + std::string(fault_site_name(site)), site});
@@ -446,8 +449,7 @@ engine::Result<engine::DeviceOutput, DeviceError> SimDevice::execute(const engin
     }
   }
   if (fire(FaultSite::kSync)) return fault(FaultSite::kSync);
-  out.cost_ns =
-      clock_ ? clock_->step_ns(plan) : three_term_ns(plan.num_rows(), plan.num_logits, reads);
+  out.cost_ns = clock_ ? clock_->step_ns(plan) : three_term_ns(plan, reads);
   now_ns_ += out.cost_ns;
   steps_executed_ += 1;
   return out;

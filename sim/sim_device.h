@@ -155,7 +155,7 @@ class SimDevice final : public engine::Device {
   std::optional<CalibratedClock> clock_;          // from cost_.calibrated
   std::optional<engine::TensorParallelPlan> tp_;  // cost_.tensor_parallel > 1
   // The three-term clock's step time (base, rows and reads over the ranks, the collectives).
-  int64_t three_term_ns(int32_t rows, int32_t logits, int64_t reads) const;
+  int64_t three_term_ns(const engine::StepPlan& plan, int64_t reads) const;
   HostPool pools_[engine::kFamilyCount];
   bool bound_ = false;
   ReadMode read_mode_ = ReadMode::kPageDigests;
