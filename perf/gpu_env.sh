@@ -19,6 +19,9 @@
 #   decode_arms NAME:SKINNY...  the quick decode bench once an arm, in the order given (one
 #                          process an arm), TWINSTEP_SKINNY=SKINNY (empty: unset, the defaults),
 #                          log $OUT/dec_NAME.log, its decode lines printed
+#   qkv_arm NAME ARM [LIMIT]  the quick decode bench (one process) with TWINSTEP_QKV_WRITE unset
+#                          (ARM def) or "attention" (ARM attn, the folded write), log
+#                          $OUT/NAME.log, under timeout LIMIT (90 s)
 #   apply_decision         where build/gpu-gates/s22_decision says "fold" (perf/gpu_s22_h200.sh),
 #                          perf/s22_qkv_write_default.patch applied to this tree unless it is in
 #                          it already (the fold as the forward's default)
@@ -43,6 +46,12 @@ part() {  # part NAME LIMIT BINARY ARGS...
 summary() {  # summary LOG: the gate lines and verdicts of a gtest log
   grep -E "\[gate\]|${SUMMARY_MORE:+$SUMMARY_MORE|}OK \]|FAILED|Failure|xpected|Which is|Value of|rror:|passed|failed" "$1" |
     grep -v "Google Test trace" | cut -c1-${SUMMARY_CUT:-420} | head -${LINES_MAX:-60}
+}
+qkv_arm() {  # qkv_arm NAME ARM [LIMIT]
+  local v=""
+  [ "$2" = attn ] && v=attention
+  TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "$1" "${3:-90}" \
+    build/gpu-gates/bin/engine_throughput_bench --decode
 }
 apply_decision() {
   local p=perf/s22_qkv_write_default.patch

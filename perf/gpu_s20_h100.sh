@@ -8,13 +8,9 @@
 card_setup
 build_gates
 t built
-BIN=build/gpu-gates/bin
 for round in 1 2; do
   for arm in def attn; do
-    v=""
-    [ $arm = attn ] && v=attention
-    TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "dec_${arm}_$round" 90 \
-      "$BIN/engine_throughput_bench" --decode
+    qkv_arm "dec_${arm}_$round" $arm
     echo "$arm $round: $(grep -E "^\| decode b=(1|16|64) " "$OUT/dec_${arm}_$round.log" |
       awk -F'|' '{printf "%s %s; ", $2, $4}')"
   done

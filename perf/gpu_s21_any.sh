@@ -10,10 +10,7 @@ card_setup
 build_keep_going
 t built
 for arm in def attn; do
-  v=""
-  [ $arm = attn ] && v=attention
-  TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "dec_$arm" 90 \
-    build/gpu-gates/bin/engine_throughput_bench --decode
+  qkv_arm "dec_$arm" $arm
   echo "$arm: $(grep -E "^\| decode b=(1|16|64|128) " "$OUT/dec_$arm.log" |
     awk -F'|' '{printf "%s %s; ", $2, $4}')"
 done

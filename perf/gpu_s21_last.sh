@@ -8,10 +8,7 @@ build_keep_going engine_throughput_bench tp_gates tp_loopback_gates
 t built
 # SKIP_AB=1: the gates only (a budget of ~4 minutes).
 for arm in $([ -n "${SKIP_AB:-}" ] || echo def attn); do
-  v=""
-  [ $arm = attn ] && v=attention
-  TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "dec_$arm" 80 \
-    build/gpu-gates/bin/engine_throughput_bench --decode
+  qkv_arm "dec_$arm" $arm 80
   echo "$arm: $(grep -E "^\| decode b=(1|16|64|128) " "$OUT/dec_$arm.log" |
     awk -F'|' '{printf "%s %s; ", $2, $4}')"
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # perf/gpu_s22_gates.sh (session 22): every gate (ctest --preset gpu-gates) over as many calls on
-# one warm machine as it takes. 87 gates no longer fit one call with the build (session 19: 81
+# one warm machine as it takes. 88 gates no longer fit one call with the build (session 19: 81
 # gates, 374 s of ctest and 68 s of build); the build folder stays on a warm machine between
 # calls, and so does the record this script keeps in it: build/gpu-gates/gates_ran.txt, the
 # numbers of the gates that have run (passed or failed) since the tree was built. Each call runs

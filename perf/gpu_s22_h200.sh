@@ -28,10 +28,7 @@ declare -A sum
 rounds=0
 for round in 1 2; do
   for arm in def attn; do
-    v=""
-    [ $arm = attn ] && v=attention
-    TWINSTEP_QKV_WRITE=$v TWINSTEP_BENCH_QUICK=1 part "q_${arm}_$round" 90 \
-      "$BIN/engine_throughput_bench" --decode
+    qkv_arm "q_${arm}_$round" $arm
     line=""
     for b in 1 16 64 128; do
       ms=$(b_ms "$OUT/q_${arm}_$round.log" $b)
