@@ -6,7 +6,9 @@
 // the HF parity gates hold the unsplit forward to), every rank's gathered logits bitwise equal;
 // at the end the greedy tokens equal the unsplit engine's and HF's kept tokens. Then the step
 // contract: a fault on ONE rank fails the step on every rank, moves no frontier, and the run
-// ends with HF's tokens. NCCL only changes the transport (NcclMultiGates, two GPUs).
+// ends with HF's tokens (that device captures no logits: its greedy ids come from the ranks'
+// (value, index) pairs, kernels/tp_argmax.h, not from gathered rows). NCCL only changes the
+// transport (NcclMultiGates, two GPUs).
 #include <cstdio>
 #include <map>
 #include <string>
